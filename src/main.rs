@@ -1,1 +1,176 @@
-fn main(){}
+//! The `qweb` command: `serve`, `check-config`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use qweb_server::{Config, Server};
+use tracing_subscriber::filter::{filter_fn, EnvFilter};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Layer;
+
+/// qweb: an event-driven HTTPS web server and reverse proxy.
+#[derive(Parser)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server. Without --config: HTTPS on https://127.0.0.1:8443 (a self-signed
+    /// certificate is generated on first run and kept in the state folder) and HTTP on
+    /// http://127.0.0.1:8080, serving ./public when it exists, else a built-in welcome page.
+    Serve {
+        /// TOML configuration file (see examples/qweb.toml for every key).
+        #[arg(short, long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+    /// Validate a configuration file and exit: 0 when valid, 1 with the file, line and key of
+    /// the first error otherwise. Certificates and keys are loaded to check them.
+    CheckConfig {
+        /// TOML configuration file.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::CheckConfig { file } => match Config::from_file(&file) {
+            Ok(c) => {
+                println!(
+                    "{}: ok ({} listener(s), {} route(s), {} worker(s))",
+                    file.display(),
+                    c.listeners.len(),
+                    c.routes.len(),
+                    c.workers
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Serve { config } => serve(config),
+    }
+}
+
+fn init_logging(config: &Config) {
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|v| EnvFilter::try_new(v).ok())
+        .unwrap_or_else(|| EnvFilter::new(&config.log.level));
+    use std::io::IsTerminal;
+    let errors = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_filter(filter)
+        .with_filter(filter_fn(|m| m.target() != "qweb::access"));
+    let access = config.log.access.then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stdout)
+            .with_ansi(false)
+            .with_target(false)
+            .with_level(false)
+            .with_filter(filter_fn(|m| m.target() == "qweb::access"))
+    });
+    tracing_subscriber::registry()
+        .with(errors)
+        .with(access)
+        .init();
+}
+
+fn serve(path: Option<PathBuf>) -> ExitCode {
+    let config = match &path {
+        Some(p) => match Config::from_file(p) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => Config::default_config(),
+    };
+    init_logging(&config);
+    let listeners = config.listeners.clone();
+    let workers = config.workers;
+    let server = match Server::start(config) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for (l, addr) in listeners.iter().zip(server.local_addrs()) {
+        let (scheme, protos) = match (&l.tls, l.http2) {
+            (Some(_), true) => ("https", "HTTP/2, HTTP/1.1"),
+            (Some(_), false) => ("https", "HTTP/1.1"),
+            (None, _) => ("http", "HTTP/1.1"),
+        };
+        eprintln!("qweb: listening on {scheme}://{addr}/ ({protos})");
+    }
+    let info = server.start_info();
+    if let Some(ss) = &info.self_signed {
+        eprintln!(
+            "qweb: self-signed certificate {} ({}); key {}",
+            ss.cert.display(),
+            if ss.created {
+                "generated now"
+            } else {
+                "reused"
+            },
+            ss.key.display()
+        );
+    }
+    if let Some(w) = &info.welcome {
+        eprintln!(
+            "qweb: no ./public folder: serving the built-in welcome site from {}",
+            w.display()
+        );
+    }
+    eprintln!("qweb: {workers} worker(s); Ctrl-C or SIGTERM stops");
+
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the signal handler: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(async move {
+        let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        else {
+            eprintln!("error: cannot install the SIGTERM handler");
+            return ExitCode::FAILURE;
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down: no new connections; waiting for in-flight requests");
+        let mut stopping = tokio::task::spawn_blocking(move || server.shutdown());
+        tokio::select! {
+            _ = &mut stopping => {
+                tracing::info!("stopped");
+                ExitCode::SUCCESS
+            }
+            _ = tokio::signal::ctrl_c() => {
+                tracing::warn!("second signal: exiting now");
+                ExitCode::from(130)
+            }
+            _ = term.recv() => {
+                tracing::warn!("second signal: exiting now");
+                ExitCode::from(130)
+            }
+        }
+    })
+}

@@ -1,1 +1,22 @@
+//! qweb's server: configuration, workers and listeners, the HTTP service (static files and
+//! reverse proxy), access logging, and graceful shutdown.
+//!
+//! [`Server::start`] binds every listener (one `SO_REUSEPORT` socket per worker), starts the
+//! workers (one thread, one single-threaded event loop each) and returns a [`RunningServer`]
+//! handle that knows the bound addresses and shuts the server down.
 
+pub mod config;
+
+mod body;
+mod conn;
+mod files;
+mod listen;
+mod proxy;
+mod response;
+mod server;
+mod service;
+mod welcome;
+mod worker;
+
+pub use config::{Config, ConfigError};
+pub use server::{RunningServer, Server, ServerError, StartInfo};

@@ -63,14 +63,13 @@ pub fn load_certified_key(
 ) -> Result<LoadedCert, TlsError> {
     let chain = load_certs(cert_path)?;
     let key_der = load_private_key(key_path)?;
-    let signing_key =
-        provider
-            .key_provider
-            .load_private_key(key_der)
-            .map_err(|e| TlsError::Key {
-                path: key_path.to_owned(),
-                message: format!("unsupported private key: {e}"),
-            })?;
+    let signing_key = provider
+        .key_provider
+        .load_private_key(key_der)
+        .map_err(|e| TlsError::Key {
+            path: key_path.to_owned(),
+            message: format!("unsupported private key: {e}"),
+        })?;
     let certified = CertifiedKey::new(chain, signing_key);
     certified.keys_match().map_err(|e| TlsError::Key {
         path: key_path.to_owned(),

@@ -35,7 +35,8 @@ pub fn ensure_self_signed(dir: &Path) -> Result<SelfSigned, TlsError> {
     let gen_err = |e: rcgen::Error| TlsError::Generate(e.to_string());
     let kp = rcgen::KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, rcgen::RsaKeySize::_2048)
         .map_err(gen_err)?;
-    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).map_err(gen_err)?;
+    let mut params =
+        rcgen::CertificateParams::new(vec!["localhost".to_string()]).map_err(gen_err)?;
     params.subject_alt_names.push(rcgen::SanType::IpAddress(
         std::net::Ipv4Addr::LOCALHOST.into(),
     ));

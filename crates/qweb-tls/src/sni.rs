@@ -31,7 +31,9 @@ impl SniResolver {
                     Some(suffix) => wildcard
                         .entry(suffix.to_owned())
                         .or_insert_with(|| cert.key.clone()),
-                    None => exact.entry(name.clone()).or_insert_with(|| cert.key.clone()),
+                    None => exact
+                        .entry(name.clone())
+                        .or_insert_with(|| cert.key.clone()),
                 };
             }
         }

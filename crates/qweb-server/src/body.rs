@@ -1,0 +1,112 @@
+//! The response body type, and the wrapper that counts bytes, logs the request and tells the
+//! connection when the response is finished.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::{BodyExt, Empty, Full};
+
+use crate::conn::RequestGuard;
+
+/// Errors a body can yield.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Every response body qweb produces. Bodies live on their worker, so they need not be
+/// `Send` (an upstream body holds the worker's connection pool).
+pub(crate) type Body = Pin<Box<dyn HttpBody<Data = Bytes, Error = BoxError>>>;
+
+/// Boxes a body.
+pub(crate) fn boxed<B>(b: B) -> Body
+where
+    B: HttpBody<Data = Bytes, Error = BoxError> + 'static,
+{
+    Box::pin(b)
+}
+
+/// A body of known bytes.
+pub(crate) fn full(b: impl Into<Bytes>) -> Body {
+    boxed(Full::new(b.into()).map_err(|never| match never {}))
+}
+
+/// An empty body.
+pub(crate) fn empty() -> Body {
+    boxed(Empty::new().map_err(|never| match never {}))
+}
+
+/// What the access log says about one request.
+pub(crate) struct AccessRecord {
+    pub start: Instant,
+    pub method: http::Method,
+    pub path: String,
+    pub status: u16,
+    pub log: bool,
+}
+
+/// Counts the body bytes sent; on drop (body finished, or the client went away) writes the
+/// access-log line and marks the request as no longer in flight on its connection.
+pub(crate) struct Logged {
+    inner: Body,
+    bytes: u64,
+    record: AccessRecord,
+    guard: RequestGuard,
+}
+
+impl Logged {
+    pub(crate) fn new(inner: Body, record: AccessRecord, guard: RequestGuard) -> Self {
+        Logged {
+            inner,
+            bytes: 0,
+            record,
+            guard,
+        }
+    }
+}
+
+impl HttpBody for Logged {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let r = this.inner.as_mut().poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &r {
+            if let Some(d) = frame.data_ref() {
+                this.bytes += d.len() as u64;
+            }
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        if self.record.log {
+            let r = &self.record;
+            let ms = r.start.elapsed().as_secs_f64() * 1000.0;
+            tracing::info!(
+                target: "qweb::access",
+                "{} \"{} {} {}\" {} {} {:.3}ms",
+                self.guard.conn().peer,
+                r.method,
+                r.path,
+                self.guard.conn().protocol.get(),
+                r.status,
+                self.bytes,
+                ms
+            );
+        }
+    }
+}

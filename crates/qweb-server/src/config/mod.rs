@@ -1,0 +1,620 @@
+//! Configuration: the TOML file, its validation, and the built-in default.
+//!
+//! Every error names the file, the line and column, and the key (see [`ConfigError`]). Unknown
+//! keys are refused. Relative paths in a file are resolved against the file's directory.
+
+mod error;
+mod raw;
+pub mod units;
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use error::ConfigError;
+use raw::{RawConfig, RawListener, RawRoute, Workers};
+use toml::Spanned;
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from (`None`: the built-in default).
+    pub source: Option<PathBuf>,
+    /// Number of worker threads.
+    pub workers: usize,
+    /// Where qweb keeps its state (the self-signed certificate, the built-in welcome site).
+    pub state_dir: PathBuf,
+    /// How long in-flight requests may run after SIGINT/SIGTERM before the process exits.
+    pub shutdown_timeout: Duration,
+    /// Protective limits.
+    pub limits: Limits,
+    /// Logging.
+    pub log: LogConfig,
+    /// Listening sockets.
+    pub listeners: Vec<ListenerConfig>,
+    /// Routes, longest prefix first.
+    pub routes: Vec<RouteConfig>,
+}
+
+/// Limits that protect the server from clients.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Largest request head (request line and headers) accepted; larger gets 431.
+    pub max_request_header_size: usize,
+    /// Time a client has to send a complete request head once it started one.
+    pub header_read_timeout: Duration,
+    /// Time an idle keep-alive connection is kept open.
+    pub keepalive_timeout: Duration,
+    /// Time a client has to complete the TLS handshake.
+    pub tls_handshake_timeout: Duration,
+    /// Open connections per worker; more wait in the listen backlog.
+    pub max_connections_per_worker: usize,
+    /// HTTP/2 streams per connection.
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_request_header_size: 16 * 1024,
+            header_read_timeout: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(75),
+            tls_handshake_timeout: Duration::from_secs(10),
+            max_connections_per_worker: 10_000,
+            max_concurrent_streams: 128,
+        }
+    }
+}
+
+/// Logging settings.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// One access-log line per request on stdout.
+    pub access: bool,
+    /// Log filter for everything else (stderr), e.g. `info` or `qweb=debug`.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            access: true,
+            level: "info".into(),
+        }
+    }
+}
+
+/// One listening address.
+#[derive(Debug, Clone)]
+pub struct ListenerConfig {
+    /// Address and port; port 0 picks a free port (used by tests).
+    pub address: SocketAddr,
+    /// TLS settings; `None` is plain HTTP/1.1.
+    pub tls: Option<TlsConfig>,
+    /// Offer HTTP/2 by ALPN (TLS listeners only).
+    pub http2: bool,
+}
+
+/// Where a TLS listener's certificates come from.
+#[derive(Debug, Clone)]
+pub enum TlsConfig {
+    /// The self-signed certificate in the state folder, generated on first use.
+    SelfSigned,
+    /// Certificate chains and keys; the first is the default, others are chosen by SNI.
+    Certificates(Vec<CertificateConfig>),
+}
+
+/// One certificate chain and its private key.
+#[derive(Debug, Clone)]
+pub struct CertificateConfig {
+    /// PEM chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+/// A path prefix and what serves it.
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    /// Matches the path itself and everything below it (`/api` matches `/api` and `/api/x`, not
+    /// `/apix`); `/` matches everything.
+    pub prefix: String,
+    /// Remove the prefix from the path before serving it (a static route then maps
+    /// `/prefix/x` to `root/x`, a proxy route forwards `/x`). Off: the whole path is used.
+    pub strip_prefix: bool,
+    /// What serves the route.
+    pub action: RouteAction,
+}
+
+/// What serves a route.
+#[derive(Debug, Clone)]
+pub enum RouteAction {
+    /// Files under a directory.
+    Static(StaticConfig),
+    /// Upstream HTTP/1.1 servers.
+    Proxy(ProxyConfig),
+}
+
+/// Static file serving.
+#[derive(Debug, Clone)]
+pub struct StaticConfig {
+    /// The document root.
+    pub root: PathBuf,
+    /// File served for a directory.
+    pub index: String,
+}
+
+/// Reverse proxy to upstream servers.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// Upstream servers, used round-robin.
+    pub upstreams: Vec<Upstream>,
+    /// Time to connect to an upstream.
+    pub connect_timeout: Duration,
+    /// Time to wait for the upstream's response head, and between body reads.
+    pub timeout: Duration,
+    /// Idle keep-alive connections kept per upstream per worker.
+    pub keepalive: usize,
+}
+
+/// One upstream server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    /// As written (`host:port`), used in logs.
+    pub name: String,
+    /// Resolved when the configuration is loaded.
+    pub addr: SocketAddr,
+}
+
+impl Config {
+    /// Reads and validates a configuration file.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: Some(path.to_owned()),
+            line: 0,
+            column: 0,
+            key: String::new(),
+            message: format!("cannot read the configuration file: {e}"),
+        })?;
+        Config::from_str_at(&text, Some(path))
+    }
+
+    /// Parses and validates configuration text; `file` names it in errors and anchors relative
+    /// paths (the current directory when `None`).
+    pub fn from_str_at(text: &str, file: Option<&Path>) -> Result<Config, ConfigError> {
+        let de = toml::Deserializer::new(text);
+        let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+            // toml::Spanned shows up in the path as a private field name: drop it.
+            let key = e
+                .path()
+                .to_string()
+                .replace(".$__serde_spanned_private_value", "");
+            let inner = e.into_inner();
+            ConfigError::at(
+                file,
+                text,
+                inner.span(),
+                if key == "." { String::new() } else { key },
+                inner.message().to_string(),
+            )
+        })?;
+        Validator { file, text }.validate(raw)
+    }
+
+    /// The configuration `qweb serve` uses without `--config`: HTTPS on 127.0.0.1:8443 with the
+    /// self-signed certificate, HTTP on 127.0.0.1:8080, serving `./public` when it exists, else
+    /// the built-in welcome site.
+    pub fn default_config() -> Config {
+        let root = PathBuf::from("public");
+        let action = if root.is_dir() {
+            RouteAction::Static(StaticConfig {
+                root: absolute(&root),
+                index: "index.html".into(),
+            })
+        } else {
+            RouteAction::Static(StaticConfig {
+                root: default_state_dir().join("welcome"),
+                index: "index.html".into(),
+            })
+        };
+        Config {
+            source: None,
+            workers: default_workers(),
+            state_dir: default_state_dir(),
+            shutdown_timeout: Duration::from_secs(10),
+            limits: Limits::default(),
+            log: LogConfig::default(),
+            listeners: vec![
+                ListenerConfig {
+                    address: ([127, 0, 0, 1], 8443).into(),
+                    tls: Some(TlsConfig::SelfSigned),
+                    http2: true,
+                },
+                ListenerConfig {
+                    address: ([127, 0, 0, 1], 8080).into(),
+                    tls: None,
+                    http2: false,
+                },
+            ],
+            routes: vec![RouteConfig {
+                prefix: "/".into(),
+                strip_prefix: false,
+                action,
+            }],
+        }
+    }
+
+    /// True when the built-in welcome site is what a route serves (it is written to the state
+    /// folder at start).
+    pub fn welcome_root(&self) -> PathBuf {
+        self.state_dir.join("welcome")
+    }
+}
+
+/// Default number of workers: the number of CPU cores.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Default state folder: `$QWEB_STATE_DIR`, else `$XDG_STATE_HOME/qweb`, else
+/// `$HOME/.local/state/qweb`, else `./.qweb`.
+pub fn default_state_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("QWEB_STATE_DIR").filter(|d| !d.is_empty()) {
+        return absolute(Path::new(&d));
+    }
+    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("qweb");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(h).join(".local/state/qweb");
+    }
+    absolute(Path::new(".qweb"))
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_owned())
+}
+
+struct Validator<'a> {
+    file: Option<&'a Path>,
+    text: &'a str,
+}
+
+impl Validator<'_> {
+    fn err(
+        &self,
+        span: Option<std::ops::Range<usize>>,
+        key: impl Into<String>,
+        msg: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError::at(self.file, self.text, span, key, msg)
+    }
+
+    /// A path from the file, relative to the file's directory.
+    fn path(&self, p: &Path) -> PathBuf {
+        let base = self
+            .file
+            .and_then(Path::parent)
+            .map(Path::to_owned)
+            .unwrap_or_default();
+        absolute(&base.join(p))
+    }
+
+    fn validate(&self, raw: RawConfig) -> Result<Config, ConfigError> {
+        let defaults = Limits::default();
+        let workers = match raw.workers.as_ref().map(|w| *w.get_ref()) {
+            None | Some(Workers::Auto) => default_workers(),
+            Some(Workers::Count(n)) => n,
+        };
+        let state_dir = match &raw.state_dir {
+            Some(d) => self.path(d.get_ref()),
+            None => default_state_dir(),
+        };
+        let l = &raw.limits;
+        let limits = Limits {
+            max_request_header_size: l
+                .max_request_header_size
+                .map(|s| s.0 as usize)
+                .unwrap_or(defaults.max_request_header_size),
+            header_read_timeout: l
+                .header_read_timeout
+                .map(|d| d.0)
+                .unwrap_or(defaults.header_read_timeout),
+            keepalive_timeout: l
+                .keepalive_timeout
+                .map(|d| d.0)
+                .unwrap_or(defaults.keepalive_timeout),
+            tls_handshake_timeout: l
+                .tls_handshake_timeout
+                .map(|d| d.0)
+                .unwrap_or(defaults.tls_handshake_timeout),
+            max_connections_per_worker: l
+                .max_connections_per_worker
+                .unwrap_or(defaults.max_connections_per_worker)
+                .max(1),
+            max_concurrent_streams: l
+                .max_concurrent_streams
+                .unwrap_or(defaults.max_concurrent_streams)
+                .max(1),
+        };
+        if !(8192..=1 << 24).contains(&limits.max_request_header_size) {
+            let key = "limits.max_request_header_size";
+            return Err(self.err(
+                span_of_key(self.text, key),
+                key,
+                "must be between 8KiB and 16MiB",
+            ));
+        }
+        for (key, d) in [
+            ("limits.header_read_timeout", limits.header_read_timeout),
+            ("limits.keepalive_timeout", limits.keepalive_timeout),
+            ("limits.tls_handshake_timeout", limits.tls_handshake_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(self.err(span_of_key(self.text, key), key, "must be greater than 0"));
+            }
+        }
+        let mut log = LogConfig::default();
+        if let Some(a) = raw.log.access {
+            log.access = a;
+        }
+        if let Some(level) = &raw.log.level {
+            let v = level.get_ref().trim();
+            if v.is_empty() {
+                return Err(self.err(Some(level.span()), "log.level", "must not be empty"));
+            }
+            log.level = v.to_owned();
+        }
+
+        let listeners = match &raw.listeners {
+            Some(ls) => {
+                if ls.get_ref().is_empty() {
+                    return Err(self.err(
+                        Some(ls.span()),
+                        "listener",
+                        "at least one listener is needed",
+                    ));
+                }
+                let mut out: Vec<ListenerConfig> = Vec::new();
+                for (i, l) in ls.get_ref().iter().enumerate() {
+                    let cfg = self.listener(i, l)?;
+                    if cfg.address.port() != 0 && out.iter().any(|o| o.address == cfg.address) {
+                        return Err(self.err(
+                            Some(l.address.span()),
+                            format!("listener[{i}].address"),
+                            format!("{} is already used by another listener", cfg.address),
+                        ));
+                    }
+                    out.push(cfg);
+                }
+                out
+            }
+            None => Config::default_config().listeners,
+        };
+
+        let mut routes: Vec<RouteConfig> = Vec::new();
+        for (i, r) in raw.routes.iter().enumerate() {
+            let route = self.route(i, r)?;
+            if routes.iter().any(|o| o.prefix == route.prefix) {
+                return Err(self.err(
+                    Some(r.get_ref().prefix.span()),
+                    format!("route[{i}].prefix"),
+                    format!("prefix `{}` is used by another route", route.prefix),
+                ));
+            }
+            routes.push(route);
+        }
+        if routes.is_empty() {
+            routes = Config::default_config().routes;
+            if let RouteAction::Static(s) = &mut routes[0].action {
+                if s.root.ends_with("welcome") {
+                    s.root = state_dir.join("welcome");
+                }
+            }
+        }
+        routes.sort_by(|a, b| b.prefix.len().cmp(&a.prefix.len()));
+
+        Ok(Config {
+            source: self.file.map(absolute),
+            workers,
+            state_dir,
+            shutdown_timeout: raw
+                .shutdown_timeout
+                .map(|d| d.0)
+                .unwrap_or(Duration::from_secs(10)),
+            limits,
+            log,
+            listeners,
+            routes,
+        })
+    }
+
+    fn listener(&self, i: usize, l: &RawListener) -> Result<ListenerConfig, ConfigError> {
+        let tls = match &l.tls {
+            None => None,
+            Some(t) => {
+                let key = format!("listener[{i}].tls");
+                let tr = t.get_ref();
+                match (tr.self_signed, tr.certificates.is_empty()) {
+                    (true, true) => Some(TlsConfig::SelfSigned),
+                    (true, false) => {
+                        return Err(self.err(
+                            Some(t.span()),
+                            key,
+                            "use either `self_signed = true` or `certificates`, not both",
+                        ))
+                    }
+                    (false, true) => {
+                        return Err(self.err(
+                            Some(t.span()),
+                            key,
+                            "a TLS listener needs `certificates = [{ cert = \"...\", key = \"...\" }]` or `self_signed = true`",
+                        ))
+                    }
+                    (false, false) => {
+                        let provider = qweb_tls::provider();
+                        let mut certs = Vec::new();
+                        for (j, c) in tr.certificates.iter().enumerate() {
+                            let cert = self.path(c.cert.get_ref());
+                            let keyp = self.path(c.key.get_ref());
+                            if let Err(e) = qweb_tls::load_certified_key(&cert, &keyp, &provider) {
+                                let (span, which) = match &e {
+                                    qweb_tls::TlsError::Key { .. } => (c.key.span(), "key"),
+                                    qweb_tls::TlsError::Read { path, .. }
+                                    | qweb_tls::TlsError::Pem { path, .. }
+                                        if *path == keyp =>
+                                    {
+                                        (c.key.span(), "key")
+                                    }
+                                    _ => (c.cert.span(), "cert"),
+                                };
+                                return Err(self.err(
+                                    Some(span),
+                                    format!("{key}.certificates[{j}].{which}"),
+                                    e.to_string(),
+                                ));
+                            }
+                            certs.push(CertificateConfig { cert, key: keyp });
+                        }
+                        Some(TlsConfig::Certificates(certs))
+                    }
+                }
+            }
+        };
+        let http2 = l.http2.unwrap_or(true);
+        Ok(ListenerConfig {
+            address: *l.address.get_ref(),
+            http2: http2 && tls.is_some(),
+            tls,
+        })
+    }
+
+    fn route(&self, i: usize, r: &Spanned<RawRoute>) -> Result<RouteConfig, ConfigError> {
+        let rr = r.get_ref();
+        let prefix = rr.prefix.get_ref().clone();
+        if !prefix.starts_with('/') {
+            return Err(self.err(
+                Some(rr.prefix.span()),
+                format!("route[{i}].prefix"),
+                "a prefix starts with `/`",
+            ));
+        }
+        let prefix = if prefix.len() > 1 {
+            prefix.trim_end_matches('/').to_owned()
+        } else {
+            prefix
+        };
+        let action = match (&rr.root, &rr.upstreams) {
+            (Some(_), Some(_)) | (None, None) => {
+                return Err(self.err(
+                    Some(r.span()),
+                    format!("route[{i}]"),
+                    "a route has either `root` (static files) or `upstreams` (reverse proxy)",
+                ))
+            }
+            (Some(root), None) => {
+                let path = self.path(root.get_ref());
+                if !path.is_dir() {
+                    return Err(self.err(
+                        Some(root.span()),
+                        format!("route[{i}].root"),
+                        format!("{} is not a directory", path.display()),
+                    ));
+                }
+                RouteAction::Static(StaticConfig {
+                    root: path,
+                    index: rr.index.clone().unwrap_or_else(|| "index.html".into()),
+                })
+            }
+            (None, Some(ups)) => {
+                if ups.get_ref().is_empty() {
+                    return Err(self.err(
+                        Some(ups.span()),
+                        format!("route[{i}].upstreams"),
+                        "at least one upstream is needed",
+                    ));
+                }
+                let mut upstreams = Vec::new();
+                for (j, u) in ups.get_ref().iter().enumerate() {
+                    let up = parse_upstream(u.get_ref()).map_err(|m| {
+                        self.err(Some(u.span()), format!("route[{i}].upstreams[{j}]"), m)
+                    })?;
+                    upstreams.push(up);
+                }
+                RouteAction::Proxy(ProxyConfig {
+                    upstreams,
+                    connect_timeout: rr
+                        .connect_timeout
+                        .map(|d| d.0)
+                        .unwrap_or(Duration::from_secs(5)),
+                    timeout: rr.timeout.map(|d| d.0).unwrap_or(Duration::from_secs(60)),
+                    keepalive: rr.keepalive.unwrap_or(32),
+                })
+            }
+        };
+        if rr.index.is_some() && !matches!(action, RouteAction::Static(_)) {
+            return Err(self.err(
+                Some(r.span()),
+                format!("route[{i}].index"),
+                "`index` is for static routes",
+            ));
+        }
+        Ok(RouteConfig {
+            prefix,
+            strip_prefix: rr.strip_prefix.unwrap_or(false),
+            action,
+        })
+    }
+}
+
+/// `host:port` or `http://host:port`, resolved now.
+fn parse_upstream(s: &str) -> Result<Upstream, String> {
+    let hostport = if let Some(rest) = s.strip_prefix("http://") {
+        rest.trim_end_matches('/')
+    } else if s.starts_with("https://") {
+        return Err("https upstreams are not supported yet; use http://host:port".into());
+    } else {
+        s
+    };
+    if hostport.contains('/') {
+        return Err(format!("`{s}`: an upstream is `host:port` without a path"));
+    }
+    let mut addrs = hostport
+        .to_socket_addrs()
+        .map_err(|e| format!("`{s}` is not a reachable host:port: {e}"))?;
+    let addr = addrs
+        .next()
+        .ok_or_else(|| format!("`{s}` resolves to no address"))?;
+    Ok(Upstream {
+        name: hostport.to_owned(),
+        addr,
+    })
+}
+
+/// Byte span of a dotted key's value, for errors found after parsing (best effort: the first
+/// occurrence of the last key segment inside its table).
+fn span_of_key(text: &str, dotted: &str) -> Option<std::ops::Range<usize>> {
+    let (table, key) = dotted.rsplit_once('.').unwrap_or(("", dotted));
+    let mut in_table = table.is_empty();
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let t = line.trim();
+        if t.starts_with('[') {
+            in_table = t.trim_matches(|c| c == '[' || c == ']').trim() == table;
+        } else if in_table {
+            if let Some((k, _)) = t.split_once('=') {
+                if k.trim() == key {
+                    let start = offset + line.find(k.trim()).unwrap_or(0);
+                    return Some(start..start + key.len());
+                }
+            }
+        }
+        offset += line.len();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,116 @@
+//! The configuration file as written: serde types that mirror the TOML, before validation.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::units::{Dur, Size};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawConfig {
+    pub workers: Option<Spanned<Workers>>,
+    pub state_dir: Option<Spanned<PathBuf>>,
+    pub shutdown_timeout: Option<Dur>,
+    #[serde(default)]
+    pub limits: RawLimits,
+    #[serde(default)]
+    pub log: RawLog,
+    #[serde(default, rename = "listener")]
+    pub listeners: Option<Spanned<Vec<RawListener>>>,
+    #[serde(default, rename = "route")]
+    pub routes: Vec<Spanned<RawRoute>>,
+}
+
+/// `workers = "auto"` or a positive integer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Workers {
+    Auto,
+    Count(usize),
+}
+
+impl<'de> Deserialize<'de> for Workers {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Workers;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("\"auto\" or a number of workers from 1 to 1024")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Workers, E> {
+                match v {
+                    1..=1024 => Ok(Workers::Count(v as usize)),
+                    _ => Err(E::custom(format!(
+                        "workers must be \"auto\" or 1..=1024, not {v}"
+                    ))),
+                }
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Workers, E> {
+                match v {
+                    "auto" => Ok(Workers::Auto),
+                    _ => Err(E::custom(format!(
+                        "workers must be \"auto\" or 1..=1024, not \"{v}\""
+                    ))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLimits {
+    pub max_request_header_size: Option<Size>,
+    pub header_read_timeout: Option<Dur>,
+    pub keepalive_timeout: Option<Dur>,
+    pub tls_handshake_timeout: Option<Dur>,
+    pub max_connections_per_worker: Option<usize>,
+    pub max_concurrent_streams: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLog {
+    pub access: Option<bool>,
+    pub level: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawListener {
+    pub address: Spanned<SocketAddr>,
+    pub http2: Option<bool>,
+    pub tls: Option<Spanned<RawTls>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTls {
+    #[serde(default)]
+    pub self_signed: bool,
+    #[serde(default)]
+    pub certificates: Vec<RawCertificate>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCertificate {
+    pub cert: Spanned<PathBuf>,
+    pub key: Spanned<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRoute {
+    pub prefix: Spanned<String>,
+    pub root: Option<Spanned<PathBuf>>,
+    pub index: Option<String>,
+    pub upstreams: Option<Spanned<Vec<Spanned<String>>>>,
+    pub strip_prefix: Option<bool>,
+    pub connect_timeout: Option<Dur>,
+    pub timeout: Option<Dur>,
+    pub keepalive: Option<usize>,
+}

@@ -1,0 +1,114 @@
+use super::*;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::from_str_at(text, Some(Path::new("/etc/qweb/test.toml")))
+}
+
+fn err(text: &str) -> String {
+    parse(text).unwrap_err().to_string()
+}
+
+#[test]
+fn minimal_file_gets_defaults() {
+    let c = parse("workers = 3\n").unwrap();
+    assert_eq!(c.workers, 3);
+    assert_eq!(c.listeners.len(), 2);
+    assert_eq!(c.routes.len(), 1);
+    assert_eq!(c.limits.max_request_header_size, 16 * 1024);
+}
+
+#[test]
+fn unknown_key_names_file_line_and_key() {
+    let e = err("workers = 2\n\n[limits]\nkeepalive_timeout = \"5s\"\nbogus = 1\n");
+    assert!(
+        e.starts_with("/etc/qweb/test.toml:5:1: key `limits.bogus`"),
+        "{e}"
+    );
+    assert!(e.contains("unknown field `bogus`"), "{e}");
+}
+
+#[test]
+fn wrong_type_names_the_key() {
+    let e = err("[limits]\nkeepalive_timeout = \"5 fortnights\"\n");
+    assert!(e.contains(":2:"), "{e}");
+    assert!(e.contains("key `limits.keepalive_timeout`"), "{e}");
+    assert!(e.contains("unknown duration unit"), "{e}");
+    let e = err("workers = -1\n");
+    assert!(e.contains(":1:") && e.contains("key `workers`"), "{e}");
+}
+
+#[test]
+fn bad_listener_address() {
+    let e = err("[[listener]]\naddress = \"localhost:http\"\n");
+    assert!(e.contains(":2:11: key `listener[0].address`"), "{e}");
+}
+
+#[test]
+fn missing_certificate_file() {
+    let e = err(
+        "[[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\ncertificates = [{ cert = \"/nonexistent/c.pem\", key = \"/nonexistent/k.pem\" }]\n",
+    );
+    assert!(e.contains(":4:"), "{e}");
+    assert!(
+        e.contains("key `listener[0].tls.certificates[0].cert`"),
+        "{e}"
+    );
+    assert!(e.contains("cannot read /nonexistent/c.pem"), "{e}");
+}
+
+#[test]
+fn tls_needs_certificates() {
+    let e = err("[[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\n");
+    assert!(e.contains("key `listener[0].tls`"), "{e}");
+}
+
+#[test]
+fn route_errors() {
+    let e = err("[[route]]\nprefix = \"/\"\nroot = \"/definitely/not/here\"\n");
+    assert!(
+        e.contains(":3:8: key `route[0].root`") && e.contains("not a directory"),
+        "{e}"
+    );
+    let e = err("[[route]]\nprefix = \"api\"\nupstreams = [\"127.0.0.1:1\"]\n");
+    assert!(e.contains("key `route[0].prefix`"), "{e}");
+    let e = err("[[route]]\nprefix = \"/\"\n");
+    assert!(e.contains("either `root`"), "{e}");
+    let e = err("[[route]]\nprefix = \"/a\"\nupstreams = [\"127.0.0.1:1/x\"]\n");
+    assert!(e.contains(":3:14: key `route[0].upstreams[0]`"), "{e}");
+    let e = err("[[route]]\nprefix = \"/a\"\nupstreams = [\"127.0.0.1:1\"]\n[[route]]\nprefix = \"/a/\"\nupstreams = [\"127.0.0.1:2\"]\n");
+    assert!(
+        e.contains(":5:") && e.contains("used by another route"),
+        "{e}"
+    );
+}
+
+#[test]
+fn zero_timeout_refused() {
+    let e = err("[limits]\nheader_read_timeout = 0\n");
+    assert!(e.contains(":2:1: key `limits.header_read_timeout`"), "{e}");
+}
+
+#[test]
+fn routes_sorted_longest_first_and_relative_roots() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("site")).unwrap();
+    let file = dir.path().join("q.toml");
+    std::fs::write(
+        &file,
+        "[[route]]\nprefix = \"/\"\nroot = \"site\"\n[[route]]\nprefix = \"/api/\"\nupstreams = [\"http://127.0.0.1:9\"]\nstrip_prefix = true\n",
+    )
+    .unwrap();
+    let c = Config::from_file(&file).unwrap();
+    assert_eq!(c.routes[0].prefix, "/api");
+    match &c.routes[1].action {
+        RouteAction::Static(s) => assert_eq!(s.root, dir.path().join("site")),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn example_config_is_valid() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/qweb.toml");
+    let c = Config::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
+    assert!(!c.listeners.is_empty());
+}

@@ -1,0 +1,311 @@
+//! One client connection: TLS handshake (with a deadline), then HTTP/1.1 or HTTP/2 by ALPN,
+//! with the idle keep-alive and request-head timeouts, and graceful shutdown.
+
+use std::cell::Cell;
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::{pin, Pin};
+use std::rc::Rc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::{sleep_until, Instant};
+
+use crate::service::Service;
+use crate::worker::{ListenerCtx, WorkerCtx};
+
+/// What the watchdog of a connection needs to know, shared by the I/O wrapper, the service and
+/// the response bodies (all on the worker's thread).
+pub(crate) struct ConnState {
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// "HTTP/1.1" or "HTTP/2" (set once the protocol is known).
+    pub protocol: Cell<&'static str>,
+    in_flight: Cell<u32>,
+    last_activity: Cell<Instant>,
+    head_started: Cell<Option<Instant>>,
+    /// Woken when the deadline may have moved earlier (a request started or finished, a
+    /// request head started arriving).
+    changed: tokio::sync::Notify,
+}
+
+impl ConnState {
+    fn new(peer: SocketAddr) -> Self {
+        ConnState {
+            peer,
+            protocol: Cell::new("HTTP/1.1"),
+            in_flight: Cell::new(0),
+            last_activity: Cell::new(Instant::now()),
+            head_started: Cell::new(None),
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// A request head was parsed and handed to the service; the request is in flight until
+    /// the guard is dropped (response body finished, or the request abandoned).
+    pub(crate) fn request_started_guard(self: &Rc<Self>) -> RequestGuard {
+        self.head_started.set(None);
+        self.in_flight.set(self.in_flight.get() + 1);
+        self.changed.notify_one();
+        RequestGuard(self.clone())
+    }
+
+    fn request_done(&self) {
+        self.in_flight.set(self.in_flight.get().saturating_sub(1));
+        self.last_activity.set(Instant::now());
+        self.changed.notify_one();
+    }
+
+    fn on_read(&self) {
+        let now = Instant::now();
+        self.last_activity.set(now);
+        if self.in_flight.get() == 0 && self.head_started.get().is_none() {
+            self.head_started.set(Some(now));
+            self.changed.notify_one();
+        }
+    }
+
+    /// When the connection should be closed if nothing changes, and why.
+    fn deadline(
+        &self,
+        header_timeout: Duration,
+        idle_timeout: Duration,
+    ) -> Option<(Instant, &'static str)> {
+        if self.in_flight.get() > 0 {
+            return None;
+        }
+        match self.head_started.get() {
+            Some(t) => Some((t + header_timeout, "request head timeout")),
+            None => Some((
+                self.last_activity.get() + idle_timeout,
+                "idle keep-alive timeout",
+            )),
+        }
+    }
+}
+
+/// One request in flight on a connection.
+pub(crate) struct RequestGuard(Rc<ConnState>);
+
+impl RequestGuard {
+    /// The connection's state.
+    pub(crate) fn conn(&self) -> &ConnState {
+        &self.0
+    }
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.0.request_done();
+    }
+}
+
+/// Marks reads on the connection state; transparent otherwise.
+struct Tracked<T> {
+    inner: T,
+    state: Rc<ConnState>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.state.on_read();
+        }
+        r
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Spawns HTTP/2 stream tasks on the worker's `LocalSet`.
+#[derive(Clone, Copy)]
+pub(crate) struct LocalExec;
+
+impl<F> hyper::rt::Executor<F> for LocalExec
+where
+    F: Future + 'static,
+{
+    fn execute(&self, fut: F) {
+        tokio::task::spawn_local(fut);
+    }
+}
+
+/// Serves one accepted connection to completion.
+pub(crate) async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    listener: Rc<ListenerCtx>,
+    worker: Rc<WorkerCtx>,
+) {
+    let state = Rc::new(ConnState::new(peer));
+    let limits = &worker.limits;
+    match &listener.tls {
+        None => {
+            let io = Tracked {
+                inner: stream,
+                state: state.clone(),
+            };
+            drive(io, false, false, state, &listener, &worker).await;
+        }
+        Some(acceptor) => {
+            let mut shutdown = worker.shutdown.clone();
+            let hs = tokio::select! {
+                r = tokio::time::timeout(limits.tls_handshake_timeout, acceptor.accept(stream)) => r,
+                _ = shutdown.wait_for(|s| *s) => return,
+            };
+            let tls = match hs {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, "TLS handshake failed: {e}");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(qweb_tls::ALPN_H2);
+            let io = Tracked {
+                inner: tls,
+                state: state.clone(),
+            };
+            drive(io, true, h2, state, &listener, &worker).await;
+        }
+    }
+}
+
+async fn drive<T>(
+    io: T,
+    tls: bool,
+    h2: bool,
+    state: Rc<ConnState>,
+    listener: &Rc<ListenerCtx>,
+    worker: &Rc<WorkerCtx>,
+) where
+    T: AsyncRead + AsyncWrite + Unpin + 'static,
+{
+    let limits = &worker.limits;
+    let svc = Rc::new(Service::new(
+        worker.clone(),
+        state.clone(),
+        tls,
+        listener.local_addr,
+    ));
+    let service = service_fn(move |req| {
+        let svc = svc.clone();
+        async move { Ok::<_, Infallible>(svc.handle(req).await) }
+    });
+    let io = TokioIo::new(io);
+    let mut shutdown = worker.shutdown.clone();
+    if h2 {
+        state.protocol.set("HTTP/2");
+        let conn = hyper::server::conn::http2::Builder::new(LocalExec)
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(limits.max_concurrent_streams)
+            .max_header_list_size(limits.max_request_header_size as u32)
+            .serve_connection(io, service);
+        let mut conn = pin!(conn);
+        let mut closing = false;
+        loop {
+            let deadline = if closing {
+                None
+            } else {
+                state.deadline(limits.header_read_timeout, limits.keepalive_timeout)
+            };
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r { tracing::debug!(peer = %state.peer, "HTTP/2 connection error: {e}"); }
+                    return;
+                }
+                _ = state.changed.notified() => {}
+                _ = sleep_or_never(deadline.map(|d| d.0)) => {
+                    if state.deadline(limits.header_read_timeout, limits.keepalive_timeout).is_some_and(|(d, _)| d <= Instant::now()) {
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                }
+                _ = shutdown.wait_for(|s| *s), if !closing => {
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+        }
+    } else {
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(None)
+            .max_buf_size(limits.max_request_header_size)
+            .keep_alive(true)
+            .serve_connection(io, service);
+        let mut conn = pin!(conn);
+        let mut closing = false;
+        loop {
+            let deadline = state.deadline(limits.header_read_timeout, limits.keepalive_timeout);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r { tracing::debug!(peer = %state.peer, "HTTP/1 connection error: {e}"); }
+                    return;
+                }
+                _ = state.changed.notified() => {}
+                _ = sleep_or_never(deadline.map(|d| d.0)) => {
+                    if let Some((d, why)) = state.deadline(limits.header_read_timeout, limits.keepalive_timeout) {
+                        if d <= Instant::now() {
+                            tracing::debug!(peer = %state.peer, "closing: {why}");
+                            return;
+                        }
+                    }
+                }
+                _ = shutdown.wait_for(|s| *s), if !closing => {
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                    if state.in_flight.get() == 0 {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn sleep_or_never(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

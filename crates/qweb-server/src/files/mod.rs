@@ -1,0 +1,208 @@
+//! Static files: GET and HEAD, index files, redirects for directories, Content-Type, ETag and
+//! Last-Modified, conditional requests (304/412), single byte ranges (206/416).
+
+mod body;
+mod conditional;
+mod range;
+mod resolve;
+
+use std::fs::{File, Metadata, OpenOptions};
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
+
+use crate::body::{empty, full, Body};
+use crate::config::StaticConfig;
+use crate::response;
+use body::FileBody;
+use conditional::Outcome;
+use range::RangeRequest;
+use resolve::Target;
+
+/// Files this small are read whole into one buffer.
+const SMALL: u64 = 64 * 1024;
+
+/// One static route on one worker.
+pub(crate) struct StaticFiles {
+    root: PathBuf,
+    index: String,
+}
+
+impl StaticFiles {
+    /// `cfg.root` must exist; it is canonicalized so that symlink checks compare like with like.
+    pub(crate) fn new(cfg: &StaticConfig) -> std::io::Result<Self> {
+        Ok(StaticFiles {
+            root: std::fs::canonicalize(&cfg.root)?,
+            index: cfg.index.clone(),
+        })
+    }
+
+    /// Serves `path` (the part of the request path this route maps; starts with `/`).
+    /// `query` is kept on redirects.
+    pub(crate) fn serve(
+        &self,
+        method: &Method,
+        headers: &HeaderMap,
+        path: &str,
+        query: Option<&str>,
+    ) -> Response<Body> {
+        if method != Method::GET && method != Method::HEAD {
+            return response::method_not_allowed("GET, HEAD");
+        }
+        let rel = match resolve::decode(path) {
+            Ok(r) => r,
+            Err(code) => return response::status(code),
+        };
+        let file_path = match resolve::resolve(&self.root, &rel) {
+            Ok(Target::File(p)) => p,
+            Ok(Target::Dir(dir)) => {
+                if !path.ends_with('/') {
+                    return redirect_to_dir(path, query);
+                }
+                let index = dir.join(&self.index);
+                match resolve::resolve(&self.root, index.strip_prefix(&self.root).unwrap_or(&index))
+                {
+                    Ok(Target::File(p)) => p,
+                    // a directory without an index: no listings
+                    Ok(Target::Dir(_)) | Err(_) => return response::status(StatusCode::FORBIDDEN),
+                }
+            }
+            Err(code) => return response::status(code),
+        };
+        match self.serve_file(method, headers, &file_path) {
+            Ok(r) => r,
+            Err(code) => response::status(code),
+        }
+    }
+
+    fn serve_file(
+        &self,
+        method: &Method,
+        headers: &HeaderMap,
+        path: &Path,
+    ) -> Result<Response<Body>, StatusCode> {
+        // O_NONBLOCK: if the file was swapped for a FIFO since it was checked, open does not
+        // block; O_NOFOLLOW: nor for a symlink. The metadata checked is the opened file's.
+        let mut file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(resolve::io_status)?;
+        let meta = file.metadata().map_err(resolve::io_status)?;
+        if !meta.is_file() {
+            return Err(StatusCode::FORBIDDEN);
+        }
+        let len = meta.len();
+        let mtime = meta.modified().unwrap_or(UNIX_EPOCH);
+        let etag = etag(&meta, mtime);
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_TYPE, content_type(path));
+        h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+        if let Ok(v) = HeaderValue::from_str(&etag) {
+            h.insert(header::ETAG, v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(mtime)) {
+            h.insert(header::LAST_MODIFIED, v);
+        }
+
+        let range_allowed = match conditional::evaluate(headers, &etag, mtime) {
+            Outcome::NotModified => {
+                h.remove(header::CONTENT_TYPE);
+                h.remove(header::ACCEPT_RANGES);
+                return Ok(with_headers(StatusCode::NOT_MODIFIED, h, empty()));
+            }
+            Outcome::Failed => return Err(StatusCode::PRECONDITION_FAILED),
+            Outcome::Proceed { range_allowed } => range_allowed,
+        };
+
+        let range = match headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+            Some(v) if range_allowed => range::parse(v, len),
+            _ => RangeRequest::Full,
+        };
+        let (status, start, count) = match range {
+            RangeRequest::Full => (StatusCode::OK, 0, len),
+            RangeRequest::Partial { start, end } => {
+                let cr = format!("bytes {start}-{end}/{len}");
+                if let Ok(v) = HeaderValue::from_str(&cr) {
+                    h.insert(header::CONTENT_RANGE, v);
+                }
+                (StatusCode::PARTIAL_CONTENT, start, end - start + 1)
+            }
+            RangeRequest::Unsatisfiable => {
+                let mut r = response::status(StatusCode::RANGE_NOT_SATISFIABLE);
+                if let Ok(v) = HeaderValue::from_str(&format!("bytes */{len}")) {
+                    r.headers_mut().insert(header::CONTENT_RANGE, v);
+                }
+                return Ok(r);
+            }
+        };
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(count));
+        if method == Method::HEAD {
+            return Ok(with_headers(status, h, empty()));
+        }
+        if start > 0 {
+            file.seek(SeekFrom::Start(start))
+                .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+        }
+        let body = if count <= SMALL {
+            read_small(&mut file, count)?
+        } else {
+            crate::body::boxed(FileBody::new(file, count))
+        };
+        Ok(with_headers(status, h, body))
+    }
+}
+
+fn read_small(file: &mut File, count: u64) -> Result<Body, StatusCode> {
+    let mut buf = vec![0u8; count as usize];
+    file.read_exact(&mut buf)
+        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    Ok(full(buf))
+}
+
+fn with_headers(status: StatusCode, headers: HeaderMap, body: Body) -> Response<Body> {
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    *r.headers_mut() = headers;
+    r
+}
+
+fn redirect_to_dir(path: &str, query: Option<&str>) -> Response<Body> {
+    let location = match query {
+        Some(q) => format!("{path}/?{q}"),
+        None => format!("{path}/"),
+    };
+    let mut r = response::status(StatusCode::MOVED_PERMANENTLY);
+    if let Ok(v) = HeaderValue::from_str(&location) {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    r
+}
+
+/// `"<mtime in ns, hex>-<size, hex>"`: changes when the file is rewritten.
+fn etag(meta: &Metadata, mtime: SystemTime) -> String {
+    let ns = mtime
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("\"{:x}-{:x}\"", ns, meta.len())
+}
+
+fn content_type(path: &Path) -> HeaderValue {
+    let mime = mime_guess::from_path(path).first_or_octet_stream();
+    let essence = mime.essence_str();
+    let textual = mime.type_() == mime_guess::mime::TEXT
+        || matches!(
+            essence,
+            "application/javascript" | "application/json" | "image/svg+xml" | "application/xml"
+        );
+    let value = if textual && mime.get_param("charset").is_none() {
+        format!("{essence}; charset=utf-8")
+    } else {
+        mime.to_string()
+    };
+    HeaderValue::from_str(&value).unwrap_or(HeaderValue::from_static("application/octet-stream"))
+}

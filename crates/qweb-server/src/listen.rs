@@ -1,0 +1,32 @@
+//! Binding listeners: one `SO_REUSEPORT` socket per worker, all on the same port.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener};
+
+use socket2::{Domain, Protocol, Socket, Type};
+
+fn bind_one(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_nodelay(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(4096)?;
+    Ok(socket.into())
+}
+
+/// Binds `count` sockets on `addr`. When the port is 0, the first socket picks a free port and
+/// the others join it, so all workers share one port.
+pub(crate) fn bind_reuseport(addr: SocketAddr, count: usize) -> io::Result<Vec<TcpListener>> {
+    let first = bind_one(addr)?;
+    let bound = first.local_addr()?;
+    let mut out = vec![first];
+    for _ in 1..count {
+        out.push(bind_one(bound)?);
+    }
+    Ok(out)
+}

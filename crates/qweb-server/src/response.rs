@@ -1,0 +1,29 @@
+//! Small canned responses (errors, redirects).
+
+use http::{header, HeaderValue, Response, StatusCode};
+
+use crate::body::{full, Body};
+
+/// A response with a short plain-text body naming the status, e.g. `404 Not Found`.
+pub(crate) fn status(code: StatusCode) -> Response<Body> {
+    let text = format!(
+        "{} {}\n",
+        code.as_u16(),
+        code.canonical_reason().unwrap_or("")
+    );
+    let mut r = Response::new(full(text));
+    *r.status_mut() = code;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// 405 with `Allow`.
+pub(crate) fn method_not_allowed(allow: &'static str) -> Response<Body> {
+    let mut r = status(StatusCode::METHOD_NOT_ALLOWED);
+    r.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    r
+}

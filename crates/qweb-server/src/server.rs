@@ -1,0 +1,186 @@
+//! Starting and stopping the server.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use tokio::sync::watch;
+
+use crate::config::{Config, RouteAction, TlsConfig};
+use crate::listen::bind_reuseport;
+use crate::worker::{self, WorkerListener};
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A listening address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Certificates could not be loaded or generated.
+    #[error(transparent)]
+    Tls(#[from] qweb_tls::TlsError),
+    /// The state folder could not be written.
+    #[error("state folder {path}: {source}")]
+    State {
+        /// The folder.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A worker thread could not be started.
+    #[error("cannot start a worker thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// The server.
+pub struct Server;
+
+/// What the server did at start that the operator should know.
+#[derive(Debug, Clone, Default)]
+pub struct StartInfo {
+    /// The self-signed certificate in use, if any, and whether it was created now.
+    pub self_signed: Option<qweb_tls::SelfSigned>,
+    /// The built-in welcome site's folder, when it is served.
+    pub welcome: Option<PathBuf>,
+}
+
+/// A started server.
+pub struct RunningServer {
+    addrs: Vec<SocketAddr>,
+    info: StartInfo,
+    shutdown: watch::Sender<bool>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Binds every listener and starts the workers. Connections are accepted (queued in the
+    /// backlog) from the moment this returns.
+    pub fn start(config: Config) -> Result<RunningServer, ServerError> {
+        let mut info = StartInfo::default();
+        let welcome = config.welcome_root();
+        if config
+            .routes
+            .iter()
+            .any(|r| matches!(&r.action, RouteAction::Static(s) if s.root == welcome))
+        {
+            crate::welcome::install(&welcome).map_err(|source| ServerError::State {
+                path: welcome.clone(),
+                source,
+            })?;
+            info.welcome = Some(welcome);
+        }
+
+        let provider = qweb_tls::provider();
+        let mut tls_configs = Vec::new();
+        for l in &config.listeners {
+            let tls = match &l.tls {
+                None => None,
+                Some(t) => {
+                    let certs = match t {
+                        TlsConfig::SelfSigned => {
+                            let ss = qweb_tls::ensure_self_signed(&config.state_dir)?;
+                            let c = qweb_tls::load_certified_key(&ss.cert, &ss.key, &provider)?;
+                            info.self_signed = Some(ss);
+                            vec![c]
+                        }
+                        TlsConfig::Certificates(list) => list
+                            .iter()
+                            .map(|c| qweb_tls::load_certified_key(&c.cert, &c.key, &provider))
+                            .collect::<Result<Vec<_>, _>>()?,
+                    };
+                    let resolver = qweb_tls::SniResolver::new(&certs).ok_or_else(|| {
+                        qweb_tls::TlsError::Generate("no certificate for a TLS listener".into())
+                    })?;
+                    Some(Arc::new(qweb_tls::server_config(
+                        Arc::new(resolver),
+                        l.http2,
+                    )?))
+                }
+            };
+            tls_configs.push(tls);
+        }
+
+        let n = config.workers.max(1);
+        let mut per_worker: Vec<Vec<WorkerListener>> = (0..n).map(|_| Vec::new()).collect();
+        let mut addrs = Vec::new();
+        for (l, tls) in config.listeners.iter().zip(&tls_configs) {
+            let sockets = bind_reuseport(l.address, n).map_err(|source| ServerError::Bind {
+                addr: l.address,
+                source,
+            })?;
+            addrs.push(
+                sockets[0]
+                    .local_addr()
+                    .map_err(|source| ServerError::Bind {
+                        addr: l.address,
+                        source,
+                    })?,
+            );
+            for (w, socket) in sockets.into_iter().enumerate() {
+                per_worker[w].push(WorkerListener {
+                    socket,
+                    tls: tls.clone(),
+                });
+            }
+        }
+
+        let (tx, rx) = watch::channel(false);
+        let config = Arc::new(config);
+        let mut workers = Vec::new();
+        for (id, listeners) in per_worker.into_iter().enumerate() {
+            let (config, rx) = (config.clone(), rx.clone());
+            let handle = std::thread::Builder::new()
+                .name(format!("qweb-worker-{id}"))
+                .spawn(move || {
+                    if let Err(e) = worker::run(id, config, listeners, rx) {
+                        tracing::error!(worker = id, "worker failed: {e}");
+                    }
+                })
+                .map_err(ServerError::Thread)?;
+            workers.push(handle);
+        }
+        Ok(RunningServer {
+            addrs,
+            info,
+            shutdown: tx,
+            workers,
+        })
+    }
+}
+
+impl RunningServer {
+    /// The bound address of each listener, in configuration order.
+    pub fn local_addrs(&self) -> &[SocketAddr] {
+        &self.addrs
+    }
+
+    /// What start-up did (certificate, welcome site).
+    pub fn start_info(&self) -> &StartInfo {
+        &self.info
+    }
+
+    /// Stops accepting, lets in-flight requests finish (up to the configured
+    /// `shutdown_timeout`), then returns.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        let _ = self.shutdown.send(true);
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

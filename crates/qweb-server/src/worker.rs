@@ -1,0 +1,172 @@
+//! A worker: one OS thread running one single-threaded event loop (tokio current-thread
+//! runtime + `LocalSet`), accepting on its own `SO_REUSEPORT` sockets. Everything a request
+//! touches (routes, upstream pools, connection counters) is owned by the worker: no locks and
+//! no cross-thread hops on the request path.
+
+use std::cell::Cell;
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Notify};
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::{Config, Limits, RouteAction};
+use crate::files::StaticFiles;
+use crate::proxy::Proxy;
+
+/// What serves a route on this worker.
+pub(crate) enum Handler {
+    Static(StaticFiles),
+    Proxy(Rc<Proxy>),
+}
+
+/// A route on this worker.
+pub(crate) struct Route {
+    pub prefix: String,
+    pub strip_prefix: bool,
+    pub handler: Handler,
+}
+
+/// Worker-wide state, shared by its connections through `Rc`.
+pub(crate) struct WorkerCtx {
+    pub limits: Limits,
+    pub routes: Vec<Route>,
+    pub access_log: bool,
+    /// Becomes `true` when the server shuts down.
+    pub shutdown: watch::Receiver<bool>,
+    connections: Cell<usize>,
+    connection_closed: Notify,
+}
+
+/// One listener as this worker sees it.
+pub(crate) struct ListenerCtx {
+    pub tls: Option<TlsAcceptor>,
+    pub local_addr: SocketAddr,
+}
+
+/// A listener handed to a worker: its socket and TLS configuration.
+pub(crate) struct WorkerListener {
+    pub socket: StdListener,
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// Runs a worker until shutdown; returns when its connections are done or `deadline` passed.
+pub(crate) fn run(
+    id: usize,
+    config: Arc<Config>,
+    listeners: Vec<WorkerListener>,
+    shutdown: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let local = tokio::task::LocalSet::new();
+    let mut routes = Vec::new();
+    for r in &config.routes {
+        let handler = match &r.action {
+            RouteAction::Static(s) => Handler::Static(StaticFiles::new(s)?),
+            RouteAction::Proxy(p) => Handler::Proxy(Proxy::new(p)),
+        };
+        routes.push(Route {
+            prefix: r.prefix.clone(),
+            strip_prefix: r.strip_prefix,
+            handler,
+        });
+    }
+    let ctx = Rc::new(WorkerCtx {
+        limits: config.limits.clone(),
+        routes,
+        access_log: config.log.access,
+        shutdown: shutdown.clone(),
+        connections: Cell::new(0),
+        connection_closed: Notify::new(),
+    });
+    let deadline = config.shutdown_timeout;
+    local.block_on(&rt, async move {
+        let mut accepting = Vec::new();
+        for l in listeners {
+            let local_addr = l.socket.local_addr()?;
+            let socket = TcpListener::from_std(l.socket)?;
+            let lctx = Rc::new(ListenerCtx {
+                tls: l.tls.map(TlsAcceptor::from),
+                local_addr,
+            });
+            accepting.push(tokio::task::spawn_local(accept_loop(
+                socket,
+                lctx,
+                ctx.clone(),
+            )));
+        }
+        tracing::debug!(worker = id, "worker started");
+        let mut sd = shutdown.clone();
+        let _ = sd.wait_for(|s| *s).await;
+        for a in accepting {
+            let _ = a.await;
+        }
+        drain(&ctx, deadline).await;
+        tracing::debug!(worker = id, "worker stopped");
+        Ok::<(), std::io::Error>(())
+    })
+}
+
+/// Waits until every connection has finished, or the deadline passed.
+async fn drain(ctx: &Rc<WorkerCtx>, deadline: Duration) {
+    let wait = async {
+        while ctx.connections.get() > 0 {
+            ctx.connection_closed.notified().await;
+        }
+    };
+    if tokio::time::timeout(deadline, wait).await.is_err() {
+        tracing::warn!(
+            connections = ctx.connections.get(),
+            "shutdown deadline passed; closing the remaining connections"
+        );
+    }
+}
+
+struct ConnCount(Rc<WorkerCtx>);
+
+impl Drop for ConnCount {
+    fn drop(&mut self) {
+        self.0.connections.set(self.0.connections.get() - 1);
+        self.0.connection_closed.notify_waiters();
+    }
+}
+
+async fn accept_loop(socket: TcpListener, listener: Rc<ListenerCtx>, ctx: Rc<WorkerCtx>) {
+    let mut shutdown = ctx.shutdown.clone();
+    let max = ctx.limits.max_connections_per_worker;
+    loop {
+        // At the limit, stop accepting: new connections wait in the backlog.
+        while ctx.connections.get() >= max {
+            tokio::select! {
+                _ = ctx.connection_closed.notified() => {}
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+        }
+        let accepted = tokio::select! {
+            r = socket.accept() => r,
+            _ = shutdown.wait_for(|s| *s) => return,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                ctx.connections.set(ctx.connections.get() + 1);
+                let count = ConnCount(ctx.clone());
+                let (l, c) = (listener.clone(), ctx.clone());
+                tokio::task::spawn_local(async move {
+                    crate::conn::serve(stream, peer, l, c).await;
+                    drop(count);
+                });
+            }
+            Err(e) => {
+                // EMFILE/ENFILE and the like: back off instead of spinning.
+                tracing::error!(listener = %listener.local_addr, "accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
