@@ -298,30 +298,35 @@ impl HttpBody for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(None) => {
-                this.done = true;
-                Poll::Ready(None)
-            }
-            Poll::Ready(Some(Ok(f))) => {
-                this.sleep.as_mut().reset(Instant::now() + this.timeout);
-                if this.inner.is_end_stream() {
+        loop {
+            return match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(None) => {
                     this.done = true;
+                    Poll::Ready(None)
                 }
-                Poll::Ready(Some(Ok(f)))
-            }
-            Poll::Ready(Some(Err(e))) => {
-                this.sender = None;
-                Poll::Ready(Some(Err(e.into())))
-            }
-            Poll::Pending => {
-                if this.sleep.as_mut().poll(cx).is_ready() {
+                Poll::Ready(Some(Ok(f))) => {
+                    this.sleep.as_mut().reset(Instant::now() + this.timeout);
+                    if this.inner.is_end_stream() {
+                        this.done = true;
+                    }
+                    if f.data_ref().is_some_and(|d| d.is_empty()) {
+                        continue; // an empty chunk would become an empty DATA frame
+                    }
+                    Poll::Ready(Some(Ok(f)))
+                }
+                Poll::Ready(Some(Err(e))) => {
                     this.sender = None;
-                    tracing::warn!(upstream = %this.proxy.cfg.upstreams[this.idx].name, "upstream body read timed out");
-                    return Poll::Ready(Some(Err("upstream read timed out".into())));
+                    Poll::Ready(Some(Err(e.into())))
                 }
-                Poll::Pending
-            }
+                Poll::Pending => {
+                    if this.sleep.as_mut().poll(cx).is_ready() {
+                        this.sender = None;
+                        tracing::warn!(upstream = %this.proxy.cfg.upstreams[this.idx].name, "upstream body read timed out");
+                        return Poll::Ready(Some(Err("upstream read timed out".into())));
+                    }
+                    Poll::Pending
+                }
+            };
         }
     }
 

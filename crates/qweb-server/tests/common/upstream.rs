@@ -1,0 +1,160 @@
+//! A real upstream HTTP/1.1 server (hyper) for proxy tests.
+//!
+//! Paths:
+//! - `/echo...`: 200, body = the request body; headers `x-up-method`, `x-up-uri`, and
+//!   `x-up-h-<name>` for each request header received.
+//! - `/slow/<ms>`: waits, then 200 "slow".
+//! - `/stream/<n>/<ms>`: n chunks "chunk<i>\n", one every ms, no Content-Length.
+//! - `/big/<bytes>`: that many bytes of a repeating pattern.
+//! - `/hop`: a response carrying hop-by-hop headers.
+//! - `/gate`: sends "first\n", then waits until the test calls `gate.notify_one()`, then
+//!   sends "second\n" (shows that a response is streamed, not buffered).
+//! - anything else: 200 with body `up:<name>:<path>`.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+
+type UpBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+/// A running upstream.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    /// Connections accepted so far (to observe keep-alive reuse).
+    pub connections: Arc<AtomicUsize>,
+    /// Releases the second half of `/gate`.
+    pub gate: Arc<tokio::sync::Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The byte at `i` of the `/big` pattern.
+pub fn pattern(i: usize) -> u8 {
+    (i % 251) as u8
+}
+
+pub async fn start(name: &'static str) -> Upstream {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counter = connections.clone();
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let g = gate.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            counter.fetch_add(1, Ordering::SeqCst);
+            let g = g.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| handle(name, req, g.clone()));
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Upstream {
+        addr,
+        connections,
+        gate,
+        task,
+    }
+}
+
+fn full(b: impl Into<Bytes>) -> UpBody {
+    Full::new(b.into()).boxed()
+}
+
+async fn handle(
+    name: &'static str,
+    req: Request<Incoming>,
+    gate: Arc<tokio::sync::Notify>,
+) -> Result<Response<UpBody>, Infallible> {
+    let path = req.uri().path().to_owned();
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let resp = match parts.as_slice() {
+        _ if parts.contains(&"echo") => {
+            let mut b = Response::builder()
+                .header("x-up-method", req.method().as_str())
+                .header("x-up-uri", req.uri().to_string());
+            for (k, v) in req.headers() {
+                b = b.header(format!("x-up-h-{k}"), v.clone());
+            }
+            let body = req
+                .into_body()
+                .collect()
+                .await
+                .map(|c| c.to_bytes())
+                .unwrap_or_default();
+            b.body(full(body)).expect("resp")
+        }
+        ["slow", ms] => {
+            tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(1000))).await;
+            Response::new(full("slow"))
+        }
+        ["stream", n, ms] => {
+            let n: usize = n.parse().unwrap_or(3);
+            let ms: u64 = ms.parse().unwrap_or(100);
+            let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
+            tokio::spawn(async move {
+                for i in 0..n {
+                    if tx
+                        .send(Ok(Frame::data(Bytes::from(format!("chunk{i}\n")))))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+            });
+            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|x| (x, rx))
+            });
+            Response::new(StreamBody::new(stream).boxed())
+        }
+        ["gate"] => {
+            let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
+            tokio::spawn(async move {
+                let _ = tx.send(Ok(Frame::data(Bytes::from("first\n")))).await;
+                gate.notified().await;
+                let _ = tx.send(Ok(Frame::data(Bytes::from("second\n")))).await;
+            });
+            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|x| (x, rx))
+            });
+            Response::new(StreamBody::new(stream).boxed())
+        }
+        ["big", n] => {
+            let n: usize = n.parse().unwrap_or(0);
+            let body: Vec<u8> = (0..n).map(pattern).collect();
+            Response::new(full(body))
+        }
+        ["hop"] => Response::builder()
+            .header("connection", "x-secret, keep-alive")
+            .header("x-secret", "hop")
+            .header("keep-alive", "timeout=5")
+            .header("x-kept", "yes")
+            .body(full("hop"))
+            .expect("resp"),
+        _ => Response::new(full(format!("up:{name}:{path}"))),
+    };
+    Ok(resp)
+}

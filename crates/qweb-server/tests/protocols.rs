@@ -1,0 +1,105 @@
+//! HTTP/1.1 and HTTP/2 over real TLS (ALPN), plain HTTP/1.1, TLS versions, keep-alive.
+
+mod common;
+
+use common::{client, Proto, BOTH};
+
+#[tokio::test]
+async fn https_h1_and_h2_by_alpn() {
+    let t = common::start();
+    std::fs::write(t.site().join("index.html"), "hello").unwrap();
+    for proto in BOTH {
+        let c = client(&t.cert(), proto);
+        let r = c.get(format!("{}/", t.https())).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let want = match proto {
+            Proto::H1 => reqwest::Version::HTTP_11,
+            Proto::H2 => reqwest::Version::HTTP_2,
+        };
+        assert_eq!(r.version(), want);
+        assert_eq!(r.headers()["content-type"], "text/html; charset=utf-8");
+        assert_eq!(r.text().await.unwrap(), "hello");
+    }
+    let r = common::plain_client()
+        .get(format!("{}/", t.http()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.version(), reqwest::Version::HTTP_11);
+    assert_eq!(r.text().await.unwrap(), "hello");
+}
+
+#[tokio::test]
+async fn keep_alive_reuses_one_connection() {
+    let t = common::start();
+    std::fs::write(t.site().join("a.txt"), "a").unwrap();
+    // 20 sequential requests on one raw connection: all answered on it.
+    let mut req = Vec::new();
+    for _ in 0..19 {
+        req.extend_from_slice(b"GET /a.txt HTTP/1.1\r\nHost: x\r\n\r\n");
+    }
+    req.extend_from_slice(b"GET /a.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let out = common::raw_exchange(t.addrs[1], &req, std::time::Duration::from_secs(10)).await;
+    let text = String::from_utf8_lossy(&out);
+    assert_eq!(text.matches("HTTP/1.1 200 OK").count(), 20, "{text}");
+}
+
+#[tokio::test]
+async fn tls12_and_tls13_both_work() {
+    use std::sync::Arc;
+    let t = common::start();
+    std::fs::write(t.site().join("index.html"), "v").unwrap();
+    for version in [&rustls::version::TLS12, &rustls::version::TLS13] {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in qweb_tls::load_certs(&t.cert()).unwrap() {
+            roots.add(c).unwrap();
+        }
+        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
+            .with_protocol_versions(&[version])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+        let tcp = tokio::net::TcpStream::connect(t.addrs[0]).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut tls = connector.connect(name, tcp).await.unwrap();
+        let (_, conn) = tls.get_ref();
+        assert_eq!(conn.protocol_version(), Some(version.version));
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        tls.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = tls.read_to_end(&mut out).await;
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+        assert!(text.ends_with("\r\n\r\nv"), "{text}");
+    }
+}
+
+#[tokio::test]
+async fn tls10_and_tls11_are_refused() {
+    // rustls cannot even offer TLS 1.0/1.1, so send a raw TLS 1.1-only ClientHello.
+    let t = common::start();
+    let hello = tls11_client_hello();
+    let out = common::raw_exchange(t.addrs[0], &hello, std::time::Duration::from_secs(5)).await;
+    // The answer is an alert record (content type 21), never a ServerHello (22).
+    assert!(!out.is_empty(), "no answer");
+    assert_eq!(out[0], 21, "{out:?}");
+}
+
+/// A minimal ClientHello whose highest version is TLS 1.1 (0x0302).
+fn tls11_client_hello() -> Vec<u8> {
+    let mut body = vec![0x03, 0x02];
+    body.extend_from_slice(&[7u8; 32]); // random
+    body.push(0); // session id
+    body.extend_from_slice(&[0x00, 0x02, 0x00, 0x2f]); // TLS_RSA_WITH_AES_128_CBC_SHA
+    body.extend_from_slice(&[0x01, 0x00]); // null compression
+    let mut hs = vec![0x01];
+    hs.extend_from_slice(&(body.len() as u32).to_be_bytes()[1..]);
+    hs.extend_from_slice(&body);
+    let mut rec = vec![0x16, 0x03, 0x01];
+    rec.extend_from_slice(&(hs.len() as u16).to_be_bytes());
+    rec.extend_from_slice(&hs);
+    rec
+}
