@@ -1,5 +1,6 @@
 //! The `qweb` binary: zero-config start, check-config, graceful shutdown on SIGTERM.
 
+#[allow(dead_code)]
 #[path = "../crates/qweb-server/tests/common/upstream.rs"]
 mod upstream;
 

@@ -71,8 +71,19 @@ impl Service {
                     path.clone()
                 };
                 match &route.handler {
+                    Handler::Static(_)
+                        if route.strip_prefix && path == route.prefix && route.prefix != "/" =>
+                    {
+                        // `/static` -> `/static/`, so relative links resolve under the mount
+                        crate::files::redirect_to_dir(&path, req.uri().query())
+                    }
                     Handler::Static(files) => {
-                        files.serve(req.method(), req.headers(), &sub, req.uri().query())
+                        let mount = if route.strip_prefix && route.prefix != "/" {
+                            route.prefix.as_str()
+                        } else {
+                            ""
+                        };
+                        files.serve(req.method(), req.headers(), mount, &sub, req.uri().query())
                     }
                     Handler::Proxy(proxy) => {
                         let pq = match req.uri().query() {

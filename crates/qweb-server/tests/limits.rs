@@ -127,7 +127,7 @@ async fn idle_h2_connection_gets_goaway() {
     .await
     .unwrap();
     let driver = tokio::spawn(conn);
-    let req = http::Request::get(format!("https://localhost/a"))
+    let req = http::Request::get("https://localhost/a")
         .body(http_body_util::Empty::<bytes::Bytes>::new())
         .unwrap();
     let r = send.send_request(req).await.unwrap();

@@ -236,6 +236,35 @@ async fn index_redirects_and_errors() {
 }
 
 #[tokio::test]
+async fn directory_redirect_never_points_to_another_host() {
+    // `GET //evil.example` for an existing directory `evil.example`: a Location of
+    // `//evil.example/` would be a scheme-relative URL, i.e. a redirect to another host.
+    let t = common::start();
+    std::fs::create_dir_all(t.site().join("evil.example")).unwrap();
+    for (target, location) in [
+        ("//evil.example", "/evil.example/"),
+        ("///evil.example?q=1", "/evil.example/?q=1"),
+        ("/evil.example", "/evil.example/"),
+    ] {
+        let answer = raw_get(&t, target).await;
+        assert_eq!(raw_status(&answer), 301, "{target}:\n{answer}");
+        let got = answer
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("location")
+                    .then(|| v.trim().to_owned())
+            })
+            .unwrap_or_else(|| panic!("{target}: no Location:\n{answer}"));
+        assert_eq!(got, location, "{target}");
+        assert!(
+            !got.starts_with("//"),
+            "{target}: redirect to another host: {got}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn conditional_requests() {
     let t = common::start();
     let path = t.site().join("c.txt");
@@ -547,7 +576,7 @@ async fn path_traversal_is_impossible() {
         std::os::unix::fs::symlink(dir.join("secret"), site.join("leak")).unwrap();
         std::os::unix::fs::symlink(dir.join("secret"), site.join("leak.txt")).unwrap();
         std::os::unix::fs::symlink(dir.join("outside"), site.join("outdir")).unwrap();
-        std::os::unix::fs::symlink("../../secret", site.join("rel-leak")).unwrap();
+        std::os::unix::fs::symlink("../secret", site.join("rel-leak")).unwrap();
         std::os::unix::fs::symlink(site.join("a/b/page.txt"), site.join("inside")).unwrap();
         std::os::unix::fs::symlink("a/b", site.join("linkdir")).unwrap();
     });
@@ -642,41 +671,64 @@ async fn path_traversal_is_impossible() {
     }
 }
 
+fn mkfifo(path: &Path) {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    let rc = unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) };
+    assert_eq!(rc, 0, "mkfifo: {}", std::io::Error::last_os_error());
+}
+
+/// Opens and closes the write end of every FIFO given, so that a server thread blocked in
+/// opening or reading one gets EOF (otherwise a regression would hang the test when the
+/// server is dropped, instead of failing it).
+fn unblock(fifos: &[std::path::PathBuf]) {
+    use std::os::unix::fs::OpenOptionsExt;
+    for f in fifos {
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(f);
+    }
+}
+
 #[tokio::test]
 async fn fifo_is_refused_without_blocking() {
     let t = common::start();
     write(&t.site(), "ok.txt", "still serving");
-    let fifo = t.site().join("pipe.txt");
-    let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    let rc = unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) };
-    assert_eq!(rc, 0, "mkfifo: {}", std::io::Error::last_os_error());
     std::fs::create_dir_all(t.site().join("fifodir")).unwrap();
-    let index_fifo = t.site().join("fifodir/index.html");
-    let c_path = std::ffi::CString::new(index_fifo.as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: as above.
-    let rc = unsafe { libc::mkfifo(c_path.as_ptr(), 0o644) };
-    assert_eq!(rc, 0, "mkfifo: {}", std::io::Error::last_os_error());
+    let fifos = [
+        t.site().join("pipe.txt"),
+        t.site().join("fifodir/index.html"),
+    ];
+    for f in &fifos {
+        mkfifo(f);
+    }
 
     for proto in BOTH {
         let c = client(&t.cert(), proto);
         for path in ["/pipe.txt", "/fifodir/"] {
-            let r = tokio::time::timeout(
+            let Ok(r) = tokio::time::timeout(
                 Duration::from_secs(5),
                 c.get(format!("{}{path}", t.https())).send(),
             )
             .await
-            .unwrap_or_else(|_| panic!("{proto:?} {path}: the FIFO blocked the server"))
-            .unwrap();
+            else {
+                unblock(&fifos);
+                panic!("{proto:?} {path}: the FIFO blocked the server");
+            };
+            let r = r.unwrap();
             assert_eq!(r.status(), 403, "{proto:?} {path}");
             // the single worker is not stuck: the next request is answered
-            let r = tokio::time::timeout(
+            let Ok(r) = tokio::time::timeout(
                 Duration::from_secs(5),
                 c.get(format!("{}/ok.txt", t.https())).send(),
             )
             .await
-            .expect("the server is blocked")
-            .unwrap();
+            else {
+                unblock(&fifos);
+                panic!("{proto:?} after {path}: the server is blocked");
+            };
+            let r = r.unwrap();
             assert_eq!(r.status(), 200);
             assert_eq!(r.text().await.unwrap(), "still serving");
         }
@@ -684,4 +736,35 @@ async fn fifo_is_refused_without_blocking() {
     // and on a fresh plain connection
     let answer = raw_get(&t, "/ok.txt").await;
     assert_eq!(raw_status(&answer), 200, "{answer}");
+}
+
+#[tokio::test]
+async fn strip_prefix_static_route_redirects_under_its_mount() {
+    let t = common::start_with(
+        "[[route]]\nprefix = \"/static\"\nroot = \"{dir}/st\"\nstrip_prefix = true\n",
+        |d| {
+            std::fs::create_dir_all(d.join("st/dir")).unwrap();
+            std::fs::write(d.join("st/index.html"), "root-index").unwrap();
+            std::fs::write(d.join("st/dir/index.html"), "dir-index").unwrap();
+        },
+    );
+    let c = common::plain_client();
+    let r = c.get(format!("{}/static", t.http())).send().await.unwrap();
+    assert_eq!(r.status(), 301);
+    assert_eq!(r.headers()["location"], "/static/");
+    let r = c
+        .get(format!("{}/static/dir?x=1", t.http()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 301);
+    assert_eq!(r.headers()["location"], "/static/dir/?x=1");
+    let r = c
+        .get(format!("{}/static/dir/", t.http()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.text().await.unwrap(), "dir-index");
+    let r = c.get(format!("{}/static/", t.http())).send().await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "root-index");
 }

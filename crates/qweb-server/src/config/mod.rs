@@ -414,7 +414,7 @@ impl Validator<'_> {
                 }
             }
         }
-        routes.sort_by(|a, b| b.prefix.len().cmp(&a.prefix.len()));
+        routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
 
         Ok(Config {
             source: self.file.map(absolute),

@@ -41,11 +41,14 @@ impl StaticFiles {
     }
 
     /// Serves `path` (the part of the request path this route maps; starts with `/`).
-    /// `query` is kept on redirects.
+    /// `mount` is what precedes `path` in the request path (the route prefix when it was
+    /// stripped, else empty): redirects point at `mount + path + "/"`. `query` is kept on
+    /// redirects.
     pub(crate) fn serve(
         &self,
         method: &Method,
         headers: &HeaderMap,
+        mount: &str,
         path: &str,
         query: Option<&str>,
     ) -> Response<Body> {
@@ -60,7 +63,7 @@ impl StaticFiles {
             Ok(Target::File(p)) => p,
             Ok(Target::Dir(dir)) => {
                 if !path.ends_with('/') {
-                    return redirect_to_dir(path, query);
+                    return redirect_to_dir(&format!("{mount}{path}"), query);
                 }
                 let index = dir.join(&self.index);
                 match resolve::resolve(&self.root, index.strip_prefix(&self.root).unwrap_or(&index))
@@ -170,7 +173,11 @@ fn with_headers(status: StatusCode, headers: HeaderMap, body: Body) -> Response<
     r
 }
 
-fn redirect_to_dir(path: &str, query: Option<&str>) -> Response<Body> {
+/// 301 to `path/` (query kept).
+pub(crate) fn redirect_to_dir(path: &str, query: Option<&str>) -> Response<Body> {
+    // `//host/dir` must not become `Location: //host/dir/`, which a browser reads as a
+    // scheme-relative URL (another host): an open redirect. One leading slash is kept.
+    let path = format!("/{}", path.trim_start_matches('/'));
     let location = match query {
         Some(q) => format!("{path}/?{q}"),
         None => format!("{path}/"),

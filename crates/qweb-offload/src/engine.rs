@@ -1,0 +1,428 @@
+//! Engines: where ops run. [`InlineEngine`] runs them on the caller's thread;
+//! [`PoolEngine`] on dedicated threads behind a bounded queue.
+
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::completion::Completer;
+use crate::metrics::EngineMetrics;
+use crate::op::{Op, OpError};
+
+/// An op on its way to an engine, with where its result goes.
+pub struct Submission {
+    /// The op.
+    pub op: Op,
+    /// Where the result goes.
+    pub completer: Completer,
+    /// When it was submitted (for latency metrics and the added latency).
+    pub submitted_at: Instant,
+}
+
+impl Submission {
+    /// A submission made now.
+    pub fn new(op: Op, completer: Completer) -> Self {
+        Submission {
+            op,
+            completer,
+            submitted_at: Instant::now(),
+        }
+    }
+}
+
+/// Something that executes ops and reports completions. Nothing above an engine knows which
+/// one it is.
+pub trait Engine: Send + Sync + 'static {
+    /// The engine's configured name (metrics label).
+    fn name(&self) -> &str;
+    /// Hands a batch of ops to the engine without blocking. Returns the submissions it could
+    /// not take (its queue is full); their completers are untouched.
+    fn submit(&self, batch: Vec<Submission>) -> Vec<Submission>;
+    /// The engine's metrics.
+    fn metrics(&self) -> &EngineMetrics;
+}
+
+/// Runs each op on the caller's thread, at submission: the software baseline.
+pub struct InlineEngine {
+    name: String,
+    metrics: EngineMetrics,
+}
+
+impl InlineEngine {
+    /// An inline engine.
+    pub fn new(name: impl Into<String>) -> Self {
+        InlineEngine {
+            name: name.into(),
+            metrics: EngineMetrics::default(),
+        }
+    }
+}
+
+impl Engine for InlineEngine {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn submit(&self, batch: Vec<Submission>) -> Vec<Submission> {
+        self.metrics.on_submit(batch.len());
+        for s in batch {
+            let r = s.op.execute();
+            self.metrics
+                .on_complete(r.is_ok(), s.submitted_at.elapsed());
+            s.completer.complete(r);
+        }
+        Vec::new()
+    }
+
+    fn metrics(&self) -> &EngineMetrics {
+        &self.metrics
+    }
+}
+
+/// Parameters of a [`PoolEngine`].
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Engine threads.
+    pub threads: usize,
+    /// Most ops waiting in the queue; more are refused (saturation).
+    pub queue: usize,
+    /// For measurement only: every op completes no earlier than this long after submission,
+    /// as if the engine were a device (or a remote server) with this latency and unlimited
+    /// parallel slots. Zero in production.
+    pub added_latency: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            threads: 1,
+            queue: 1024,
+            added_latency: Duration::ZERO,
+        }
+    }
+}
+
+struct Delayed {
+    due: Instant,
+    seq: u64,
+    completer: Completer,
+    result: crate::op::OpResult,
+    submitted_at: Instant,
+}
+
+impl PartialEq for Delayed {
+    fn eq(&self, o: &Self) -> bool {
+        (self.due, self.seq) == (o.due, o.seq)
+    }
+}
+impl Eq for Delayed {}
+impl PartialOrd for Delayed {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Delayed {
+    // BinaryHeap is a max-heap: reverse so the earliest due comes first.
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (o.due, o.seq).cmp(&(self.due, self.seq))
+    }
+}
+
+struct PoolShared {
+    name: String,
+    queue: Mutex<VecDeque<Submission>>,
+    queue_cond: Condvar,
+    delayed: Mutex<(BinaryHeap<Delayed>, u64)>,
+    delayed_cond: Condvar,
+    stop: AtomicBool,
+    metrics: EngineMetrics,
+    cfg: PoolConfig,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Dedicated engine threads behind a bounded queue: a software accelerator on spare cores.
+pub struct PoolEngine {
+    shared: Arc<PoolShared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl PoolEngine {
+    /// Starts the engine's threads.
+    pub fn new(name: impl Into<String>, cfg: PoolConfig) -> std::io::Result<Self> {
+        let shared = Arc::new(PoolShared {
+            name: name.into(),
+            queue: Mutex::new(VecDeque::new()),
+            queue_cond: Condvar::new(),
+            delayed: Mutex::new((BinaryHeap::new(), 0)),
+            delayed_cond: Condvar::new(),
+            stop: AtomicBool::new(false),
+            metrics: EngineMetrics::default(),
+            cfg: PoolConfig {
+                threads: cfg.threads.max(1),
+                queue: cfg.queue.max(1),
+                added_latency: cfg.added_latency,
+            },
+        });
+        let mut threads = Vec::new();
+        for i in 0..shared.cfg.threads {
+            let s = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("qweb-engine-{}-{i}", s.name))
+                    .spawn(move || engine_thread(&s))?,
+            );
+        }
+        if !shared.cfg.added_latency.is_zero() {
+            let s = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("qweb-engine-{}-delay", s.name))
+                    .spawn(move || delay_thread(&s))?,
+            );
+        }
+        Ok(PoolEngine { shared, threads })
+    }
+}
+
+fn engine_thread(s: &PoolShared) {
+    loop {
+        let sub = {
+            let mut q = lock(&s.queue);
+            loop {
+                if s.stop.load(Relaxed) {
+                    return;
+                }
+                if let Some(sub) = q.pop_front() {
+                    s.metrics.queue_depth.fetch_sub(1, Relaxed);
+                    break sub;
+                }
+                q = s.queue_cond.wait(q).unwrap_or_else(PoisonError::into_inner);
+            }
+        };
+        let result = if sub.completer.is_wanted() {
+            sub.op.execute()
+        } else {
+            Err(OpError::Dropped) // nobody waits any more: skip the work
+        };
+        if s.cfg.added_latency.is_zero() {
+            s.metrics
+                .on_complete(result.is_ok(), sub.submitted_at.elapsed());
+            sub.completer.complete(result);
+        } else {
+            let mut d = lock(&s.delayed);
+            d.1 += 1;
+            let seq = d.1;
+            d.0.push(Delayed {
+                due: sub.submitted_at + s.cfg.added_latency,
+                seq,
+                completer: sub.completer,
+                result,
+                submitted_at: sub.submitted_at,
+            });
+            drop(d);
+            s.delayed_cond.notify_one();
+        }
+    }
+}
+
+fn delay_thread(s: &PoolShared) {
+    let mut d = lock(&s.delayed);
+    loop {
+        if s.stop.load(Relaxed) {
+            return;
+        }
+        let now = Instant::now();
+        match d.0.peek().map(|x| x.due) {
+            Some(due) if due <= now => {
+                if let Some(x) = d.0.pop() {
+                    s.metrics
+                        .on_complete(x.result.is_ok(), x.submitted_at.elapsed());
+                    x.completer.complete(x.result);
+                }
+            }
+            Some(due) => {
+                d = s
+                    .delayed_cond
+                    .wait_timeout(d, due - now)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
+            None => {
+                d = s
+                    .delayed_cond
+                    .wait(d)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+        }
+    }
+}
+
+impl Engine for PoolEngine {
+    fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    fn submit(&self, batch: Vec<Submission>) -> Vec<Submission> {
+        let s = &self.shared;
+        let mut rejected = Vec::new();
+        let mut accepted = 0;
+        {
+            let mut q = lock(&s.queue);
+            for sub in batch {
+                if q.len() >= s.cfg.queue {
+                    rejected.push(sub);
+                } else {
+                    q.push_back(sub);
+                    accepted += 1;
+                }
+            }
+        }
+        if accepted > 0 {
+            s.metrics.on_submit(accepted);
+            s.metrics.queue_depth.fetch_add(accepted as i64, Relaxed);
+            if accepted == 1 {
+                s.queue_cond.notify_one();
+            } else {
+                s.queue_cond.notify_all();
+            }
+        }
+        if !rejected.is_empty() {
+            s.metrics
+                .saturated
+                .fetch_add(rejected.len() as u64, Relaxed);
+        }
+        rejected
+    }
+
+    fn metrics(&self) -> &EngineMetrics {
+        &self.shared.metrics
+    }
+}
+
+impl Drop for PoolEngine {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Relaxed);
+        {
+            let _q = lock(&self.shared.queue);
+            self.shared.queue_cond.notify_all();
+        }
+        {
+            let _d = lock(&self.shared.delayed);
+            self.shared.delayed_cond.notify_all();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::completion::channel;
+    use crate::op::{OpOutput, SignOp, SignScheme};
+    use crate::LocalKey;
+
+    fn op() -> Op {
+        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        Op::Sign(SignOp {
+            key: Arc::new(LocalKey::from_der(&kp.serialize_der()).unwrap()),
+            scheme: SignScheme::EcdsaP256Sha256,
+            message: b"m".to_vec(),
+        })
+    }
+
+    #[test]
+    fn inline_completes_at_submit() {
+        let e = InlineEngine::new("inline");
+        let (c, w) = channel();
+        assert!(e.submit(vec![Submission::new(op(), c)]).is_empty());
+        assert!(matches!(w.wait(Duration::ZERO), Ok(OpOutput::Signature(_))));
+        assert_eq!(e.metrics().completed.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn pool_runs_ops_and_refuses_past_the_queue_bound() {
+        let e = PoolEngine::new(
+            "p",
+            PoolConfig {
+                threads: 2,
+                queue: 4,
+                added_latency: Duration::ZERO,
+            },
+        )
+        .unwrap();
+        let mut waits = Vec::new();
+        let mut batch = Vec::new();
+        for _ in 0..64 {
+            let (c, w) = channel();
+            batch.push(Submission::new(op(), c));
+            waits.push(w);
+        }
+        let rejected = e.submit(batch);
+        // at most `queue` can wait; the threads may have taken some already, but never all 64
+        assert!(rejected.len() >= 64 - 4 - 2, "rejected {}", rejected.len());
+        let accepted = 64 - rejected.len();
+        drop(rejected);
+        let ok = waits
+            .into_iter()
+            .map(|w| w.wait(Duration::from_secs(10)))
+            .filter(|r| r.is_ok())
+            .count();
+        assert_eq!(ok, accepted);
+        assert_eq!(e.metrics().saturated.load(Relaxed), (64 - accepted) as u64);
+    }
+
+    #[test]
+    fn added_latency_overlaps_ops() {
+        let e = PoolEngine::new(
+            "slow",
+            PoolConfig {
+                threads: 1,
+                queue: 1024,
+                added_latency: Duration::from_millis(50),
+            },
+        )
+        .unwrap();
+        let start = Instant::now();
+        let mut waits = Vec::new();
+        let mut batch = Vec::new();
+        for _ in 0..32 {
+            let (c, w) = channel();
+            batch.push(Submission::new(op(), c));
+            waits.push(w);
+        }
+        assert!(e.submit(batch).is_empty());
+        for w in waits {
+            assert!(w.wait(Duration::from_secs(10)).is_ok());
+        }
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(50), "{took:?}");
+        // 32 x 50 ms if they did not overlap; allow a very wide margin
+        assert!(took < Duration::from_millis(32 * 50 / 2), "{took:?}");
+        assert_eq!(e.metrics().in_flight_peak.load(Relaxed), 32);
+    }
+
+    #[test]
+    fn dropping_the_engine_fails_waiting_ops() {
+        let e = PoolEngine::new(
+            "d",
+            PoolConfig {
+                threads: 1,
+                queue: 16,
+                added_latency: Duration::from_secs(60),
+            },
+        )
+        .unwrap();
+        let (c, w) = channel();
+        assert!(e.submit(vec![Submission::new(op(), c)]).is_empty());
+        std::thread::sleep(Duration::from_millis(50));
+        drop(e);
+        assert_eq!(w.wait(Duration::from_secs(5)), Err(OpError::Dropped));
+    }
+}

@@ -1,0 +1,31 @@
+//! qweb's offload framework (see DESIGN.md: Op, Engine, offload mode, Job).
+//!
+//! - [`Op`]: one unit of offloadable work (a private-key signature today; compression chunks
+//!   are ops too). Plain data in, plain data out.
+//! - [`Engine`]: executes ops and reports completions; [`InlineEngine`] runs them on the
+//!   caller's thread (the software baseline), [`PoolEngine`] on dedicated threads behind a
+//!   bounded queue.
+//! - [`Completion`]: the result of one op, awaited by a task (async) or waited for by a thread
+//!   (sync).
+//! - [`job`]: runs synchronous library code (rustls' `process_new_packets`) on a stackful
+//!   coroutine so that an offload inside it can pause it and be resumed later.
+//! - [`Offloader`]: a worker's handle on an engine: batches submissions ("heuristic polling"),
+//!   applies the per-op timeout.
+//! - [`metrics`]: per-engine counters, gauges and a latency histogram.
+//!
+//! Nothing here knows about HTTP or TLS.
+
+mod completion;
+mod engine;
+pub mod job;
+mod key;
+pub mod metrics;
+mod offloader;
+mod op;
+
+pub use completion::{channel, Completer, Completion};
+pub use engine::{Engine, InlineEngine, PoolConfig, PoolEngine, Submission};
+pub use key::{KeyError, LocalKey};
+pub use metrics::EngineMetrics;
+pub use offloader::{BatchConfig, Offloader};
+pub use op::{Op, OpError, OpOutput, OpResult, SignOp, SignScheme};
