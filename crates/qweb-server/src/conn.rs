@@ -8,6 +8,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::{pin, Pin};
 use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -183,24 +184,38 @@ pub(crate) async fn serve(
             };
             drive(io, false, false, state, &listener, &worker).await;
         }
-        Some(acceptor) => {
+        Some(tls) => {
             let mut shutdown = worker.shutdown.clone();
+            let driver = match &tls.offloader {
+                Some(offloader) => qweb_tls::handshake::Driver::Job {
+                    offloader,
+                    gauges: &worker.metrics.handshake,
+                },
+                None => qweb_tls::handshake::Driver::Direct,
+            };
+            let accept = qweb_tls::handshake::accept(stream, tls.config.clone(), driver);
             let hs = tokio::select! {
-                r = tokio::time::timeout(limits.tls_handshake_timeout, acceptor.accept(stream)) => r,
+                r = tokio::time::timeout(limits.tls_handshake_timeout, accept) => r,
                 _ = shutdown.wait_for(|s| *s) => return,
             };
+            let m = &worker.metrics;
             let tls = match hs {
-                Ok(Ok(tls)) => tls,
+                Ok(Ok(tls)) => {
+                    m.handshakes_ok.fetch_add(1, Relaxed);
+                    tls
+                }
                 Ok(Err(e)) => {
+                    m.handshakes_failed.fetch_add(1, Relaxed);
                     tracing::debug!(%peer, "TLS handshake failed: {e}");
                     return;
                 }
                 Err(_) => {
+                    m.handshakes_failed.fetch_add(1, Relaxed);
                     tracing::debug!(%peer, "TLS handshake timed out");
                     return;
                 }
             };
-            let h2 = tls.get_ref().1.alpn_protocol() == Some(qweb_tls::ALPN_H2);
+            let h2 = tls.connection().alpn_protocol() == Some(qweb_tls::ALPN_H2);
             let io = Tracked {
                 inner: tls,
                 state: state.clone(),

@@ -7,10 +7,12 @@
 
 pub mod config;
 
+mod admin;
 mod body;
 mod conn;
 mod files;
 mod listen;
+mod metrics;
 mod proxy;
 mod response;
 mod server;

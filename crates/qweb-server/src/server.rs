@@ -7,9 +7,14 @@ use std::thread::JoinHandle;
 
 use tokio::sync::watch;
 
-use crate::config::{Config, RouteAction, TlsConfig};
+use std::collections::HashMap;
+
+use qweb_offload::{Engine, InlineEngine, PoolConfig, PoolEngine};
+
+use crate::config::{Config, EngineKind, FallbackPolicy, OffloadMode, RouteAction, TlsConfig};
 use crate::listen::bind_reuseport;
-use crate::worker::{self, WorkerListener};
+use crate::metrics::{Registry, WorkerMetrics};
+use crate::worker::{self, WorkerExtras, WorkerListener};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +41,14 @@ pub enum ServerError {
     /// A worker thread could not be started.
     #[error("cannot start a worker thread: {0}")]
     Thread(std::io::Error),
+    /// An engine could not be started.
+    #[error("cannot start offload engine `{name}`: {source}")]
+    Engine {
+        /// The engine.
+        name: String,
+        /// The error.
+        source: std::io::Error,
+    },
 }
 
 /// The server.
@@ -53,6 +66,7 @@ pub struct StartInfo {
 /// A started server.
 pub struct RunningServer {
     addrs: Vec<SocketAddr>,
+    admin: Option<SocketAddr>,
     info: StartInfo,
     shutdown: watch::Sender<bool>,
     workers: Vec<JoinHandle<()>>,
@@ -76,22 +90,73 @@ impl Server {
             info.welcome = Some(welcome);
         }
 
+        let mut engines: HashMap<String, Arc<dyn Engine>> = HashMap::new();
+        let mut engine_list: Vec<Arc<dyn Engine>> = Vec::new();
+        for e in &config.offload.engines {
+            let engine: Arc<dyn Engine> = match &e.kind {
+                EngineKind::Inline => Arc::new(InlineEngine::new(e.name.clone())),
+                EngineKind::Pool {
+                    threads,
+                    queue,
+                    added_latency,
+                } => Arc::new(
+                    PoolEngine::new(
+                        e.name.clone(),
+                        PoolConfig {
+                            threads: *threads,
+                            queue: *queue,
+                            added_latency: *added_latency,
+                        },
+                    )
+                    .map_err(|source| ServerError::Engine {
+                        name: e.name.clone(),
+                        source,
+                    })?,
+                ),
+            };
+            engines.insert(e.name.clone(), engine.clone());
+            engine_list.push(engine);
+        }
+
         let provider = qweb_tls::provider();
         let mut tls_configs = Vec::new();
+        let mut async_engines = Vec::new();
         for l in &config.listeners {
+            let offload = l
+                .offload
+                .as_ref()
+                .filter(|o| o.mode != OffloadMode::None)
+                .and_then(|o| engines.get(&o.engine).map(|e| (o, e.clone())));
+            let policy = offload.as_ref().map(|(o, e)| qweb_tls::OffloadPolicy {
+                engine: e.clone(),
+                timeout: o.timeout,
+                fallback: match o.fallback {
+                    FallbackPolicy::Software => qweb_tls::Fallback::Software,
+                    FallbackPolicy::Fail => qweb_tls::Fallback::Fail,
+                },
+            });
+            async_engines.push(
+                offload
+                    .as_ref()
+                    .filter(|(o, _)| o.mode == OffloadMode::Async)
+                    .map(|(o, e)| (e.clone(), o.timeout)),
+            );
+            let load = |cert: &std::path::Path, key: &std::path::Path| {
+                qweb_tls::load_certified_key_with(cert, key, &provider, policy.as_ref())
+            };
             let tls = match &l.tls {
                 None => None,
                 Some(t) => {
                     let certs = match t {
                         TlsConfig::SelfSigned => {
                             let ss = qweb_tls::ensure_self_signed(&config.state_dir)?;
-                            let c = qweb_tls::load_certified_key(&ss.cert, &ss.key, &provider)?;
+                            let c = load(&ss.cert, &ss.key)?;
                             info.self_signed = Some(ss);
                             vec![c]
                         }
                         TlsConfig::Certificates(list) => list
                             .iter()
-                            .map(|c| qweb_tls::load_certified_key(&c.cert, &c.key, &provider))
+                            .map(|c| load(&c.cert, &c.key))
                             .collect::<Result<Vec<_>, _>>()?,
                     };
                     let resolver = qweb_tls::SniResolver::new(&certs).ok_or_else(|| {
@@ -109,7 +174,12 @@ impl Server {
         let n = config.workers.max(1);
         let mut per_worker: Vec<Vec<WorkerListener>> = (0..n).map(|_| Vec::new()).collect();
         let mut addrs = Vec::new();
-        for (l, tls) in config.listeners.iter().zip(&tls_configs) {
+        for ((l, tls), async_engine) in config
+            .listeners
+            .iter()
+            .zip(&tls_configs)
+            .zip(&async_engines)
+        {
             let sockets = bind_reuseport(l.address, n).map_err(|source| ServerError::Bind {
                 addr: l.address,
                 source,
@@ -126,19 +196,41 @@ impl Server {
                 per_worker[w].push(WorkerListener {
                     socket,
                     tls: tls.clone(),
+                    async_engine: async_engine.clone(),
                 });
             }
         }
+
+        let worker_metrics: Vec<Arc<WorkerMetrics>> =
+            (0..n).map(|_| Arc::new(WorkerMetrics::default())).collect();
+        let registry = Arc::new(Registry {
+            workers: worker_metrics.clone(),
+            engines: engine_list,
+        });
+        let mut admin = match config.admin {
+            Some(addr) => {
+                let socket = bind_reuseport(addr, 1)
+                    .map_err(|source| ServerError::Bind { addr, source })?
+                    .pop();
+                socket.map(|s| (s, registry.clone()))
+            }
+            None => None,
+        };
+        let admin_addr = admin.as_ref().and_then(|(s, _)| s.local_addr().ok());
 
         let (tx, rx) = watch::channel(false);
         let config = Arc::new(config);
         let mut workers = Vec::new();
         for (id, listeners) in per_worker.into_iter().enumerate() {
             let (config, rx) = (config.clone(), rx.clone());
+            let extras = WorkerExtras {
+                metrics: worker_metrics[id].clone(),
+                admin: if id == 0 { admin.take() } else { None },
+            };
             let handle = std::thread::Builder::new()
                 .name(format!("qweb-worker-{id}"))
                 .spawn(move || {
-                    if let Err(e) = worker::run(id, config, listeners, rx) {
+                    if let Err(e) = worker::run(id, config, listeners, extras, rx) {
                         tracing::error!(worker = id, "worker failed: {e}");
                     }
                 })
@@ -147,6 +239,7 @@ impl Server {
         }
         Ok(RunningServer {
             addrs,
+            admin: admin_addr,
             info,
             shutdown: tx,
             workers,
@@ -158,6 +251,11 @@ impl RunningServer {
     /// The bound address of each listener, in configuration order.
     pub fn local_addrs(&self) -> &[SocketAddr] {
         &self.addrs
+    }
+
+    /// The admin listener's address, when configured.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin
     }
 
     /// What start-up did (certificate, welcome site).

@@ -48,6 +48,10 @@ impl Service {
     /// Handles one request.
     pub(crate) async fn handle(&self, req: Request<Incoming>) -> Response<Logged> {
         let guard = self.conn.request_started_guard();
+        self.worker
+            .metrics
+            .requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let start = Instant::now();
         let method = req.method().clone();
         let path = req.uri().path().to_owned();

@@ -9,12 +9,13 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use qweb_offload::{BatchConfig, Engine, Offloader};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
-use tokio_rustls::TlsAcceptor;
 
 use crate::config::{Config, Limits, RouteAction};
 use crate::files::StaticFiles;
+use crate::metrics::{Registry, WorkerMetrics};
 use crate::proxy::Proxy;
 
 /// What serves a route on this worker.
@@ -37,20 +38,38 @@ pub(crate) struct WorkerCtx {
     pub access_log: bool,
     /// Becomes `true` when the server shuts down.
     pub shutdown: watch::Receiver<bool>,
+    /// This worker's counters (also read by `/metrics`).
+    pub metrics: Arc<WorkerMetrics>,
     connections: Cell<usize>,
     connection_closed: Notify,
 }
 
+/// A TLS listener's handshake setup on this worker.
+pub(crate) struct TlsListener {
+    pub config: Arc<rustls::ServerConfig>,
+    /// Async offload: this worker's handle on the engine (handshakes run as jobs).
+    pub offloader: Option<Rc<Offloader>>,
+}
+
 /// One listener as this worker sees it.
 pub(crate) struct ListenerCtx {
-    pub tls: Option<TlsAcceptor>,
+    pub tls: Option<TlsListener>,
     pub local_addr: SocketAddr,
 }
 
-/// A listener handed to a worker: its socket and TLS configuration.
+/// A listener handed to a worker: its socket, TLS configuration, and (async offload) engine
+/// and per-op timeout.
 pub(crate) struct WorkerListener {
     pub socket: StdListener,
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub async_engine: Option<(Arc<dyn Engine>, Duration)>,
+}
+
+/// What a worker serves besides its listeners.
+pub(crate) struct WorkerExtras {
+    pub metrics: Arc<WorkerMetrics>,
+    /// Worker 0 serves the admin listener.
+    pub admin: Option<(StdListener, Arc<Registry>)>,
 }
 
 /// Runs a worker until shutdown; returns when its connections are done or `deadline` passed.
@@ -58,8 +77,14 @@ pub(crate) fn run(
     id: usize,
     config: Arc<Config>,
     listeners: Vec<WorkerListener>,
+    extras: WorkerExtras,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
+    qweb_offload::job::set_max_live(config.offload.max_jobs_per_worker);
+    let batch = BatchConfig {
+        enabled: config.offload.batch,
+        max: config.offload.batch_max,
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -81,6 +106,7 @@ pub(crate) fn run(
         routes,
         access_log: config.log.access,
         shutdown: shutdown.clone(),
+        metrics: extras.metrics,
         connections: Cell::new(0),
         connection_closed: Notify::new(),
     });
@@ -90,14 +116,25 @@ pub(crate) fn run(
         for l in listeners {
             let local_addr = l.socket.local_addr()?;
             let socket = TcpListener::from_std(l.socket)?;
-            let lctx = Rc::new(ListenerCtx {
-                tls: l.tls.map(TlsAcceptor::from),
-                local_addr,
+            let tls = l.tls.map(|config| TlsListener {
+                config,
+                offloader: l
+                    .async_engine
+                    .map(|(engine, timeout)| Offloader::new(engine, batch, timeout)),
             });
+            let lctx = Rc::new(ListenerCtx { tls, local_addr });
             accepting.push(tokio::task::spawn_local(accept_loop(
                 socket,
                 lctx,
                 ctx.clone(),
+            )));
+        }
+        if let Some((socket, registry)) = extras.admin {
+            let socket = TcpListener::from_std(socket)?;
+            accepting.push(tokio::task::spawn_local(crate::admin::serve(
+                socket,
+                registry,
+                shutdown.clone(),
             )));
         }
         tracing::debug!(worker = id, "worker started");
@@ -132,6 +169,10 @@ struct ConnCount(Rc<WorkerCtx>);
 impl Drop for ConnCount {
     fn drop(&mut self) {
         self.0.connections.set(self.0.connections.get() - 1);
+        self.0
+            .metrics
+            .connections
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         self.0.connection_closed.notify_waiters();
     }
 }
@@ -155,6 +196,9 @@ async fn accept_loop(socket: TcpListener, listener: Rc<ListenerCtx>, ctx: Rc<Wor
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
                 ctx.connections.set(ctx.connections.get() + 1);
+                ctx.metrics
+                    .connections
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let count = ConnCount(ctx.clone());
                 let (l, c) = (listener.clone(), ctx.clone());
                 tokio::task::spawn_local(async move {

@@ -61,8 +61,31 @@ pub fn load_certified_key(
     key_path: &Path,
     provider: &CryptoProvider,
 ) -> Result<LoadedCert, TlsError> {
+    load_certified_key_with(cert_path, key_path, provider, None)
+}
+
+/// Like [`load_certified_key`]; with `offload`, the key's signatures go to the policy's
+/// engine (see [`OffloadSigningKey`](crate::OffloadSigningKey)).
+pub fn load_certified_key_with(
+    cert_path: &Path,
+    key_path: &Path,
+    provider: &CryptoProvider,
+    offload: Option<&crate::OffloadPolicy>,
+) -> Result<LoadedCert, TlsError> {
     let chain = load_certs(cert_path)?;
     let key_der = load_private_key(key_path)?;
+    let local = match offload {
+        None => None,
+        Some(policy) => {
+            let key = qweb_offload::LocalKey::from_der(key_der.secret_der()).map_err(|e| {
+                TlsError::Key {
+                    path: key_path.to_owned(),
+                    message: format!("cannot offload this key: {e}"),
+                }
+            })?;
+            Some(crate::OffloadSigningKey::new(Arc::new(key), policy.clone()))
+        }
+    };
     let signing_key = provider
         .key_provider
         .load_private_key(key_der)
@@ -82,6 +105,11 @@ pub fn load_certified_key(
         path: cert_path.to_owned(),
         message,
     })?;
+    // the match was checked with rustls' own key; now swap in the offloading one
+    let certified = match local {
+        Some(k) => CertifiedKey::new(certified.cert, Arc::new(k)),
+        None => certified,
+    };
     Ok(LoadedCert {
         key: Arc::new(certified),
         dns_names,

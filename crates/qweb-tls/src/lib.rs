@@ -3,16 +3,25 @@
 //! This crate loads certificates and private keys (PEM chains; PKCS#8, PKCS#1 and SEC1 keys),
 //! chooses a certificate per connection by SNI, generates the self-signed default certificate
 //! that lets `qweb serve` start with no configuration, and builds the rustls `ServerConfig`
-//! (TLS 1.2 and 1.3 only, aws-lc-rs provider).
+//! (TLS 1.2 and 1.3 only, aws-lc-rs provider). With offload, the signing key is an
+//! [`OffloadSigningKey`] and the [`handshake`] driver runs rustls' steps as jobs that pause at
+//! the signature; after the handshake the connection is a [`TlsStream`].
 
 mod certs;
 mod error;
+pub mod handshake;
+mod offload_key;
 mod selfsigned;
 mod server_config;
 mod sni;
+mod stream;
 
-pub use certs::{load_certified_key, load_certs, load_private_key, LoadedCert};
+pub use certs::{
+    load_certified_key, load_certified_key_with, load_certs, load_private_key, LoadedCert,
+};
 pub use error::TlsError;
+pub use offload_key::{Fallback, OffloadPolicy, OffloadSigningKey};
 pub use selfsigned::{ensure_self_signed, SelfSigned};
 pub use server_config::{provider, server_config, ALPN_H2, ALPN_HTTP11};
 pub use sni::SniResolver;
+pub use stream::TlsStream;

@@ -34,6 +34,95 @@ pub struct Config {
     pub listeners: Vec<ListenerConfig>,
     /// Routes, longest prefix first.
     pub routes: Vec<RouteConfig>,
+    /// Offload engines and batching.
+    pub offload: OffloadConfig,
+    /// The admin listener (`/metrics`), off unless configured.
+    pub admin: Option<SocketAddr>,
+}
+
+/// Offload engines and how workers submit to them.
+#[derive(Debug, Clone)]
+pub struct OffloadConfig {
+    /// Engines by name; `inline` always exists.
+    pub engines: Vec<EngineConfig>,
+    /// Submit ops in batches (flush at `batch_max` or when the worker is idle).
+    pub batch: bool,
+    /// Largest batch.
+    pub batch_max: usize,
+    /// Most handshake jobs live at once per worker; past it, handshakes sign synchronously.
+    pub max_jobs_per_worker: usize,
+}
+
+impl Default for OffloadConfig {
+    fn default() -> Self {
+        OffloadConfig {
+            engines: vec![EngineConfig {
+                name: "inline".into(),
+                kind: EngineKind::Inline,
+            }],
+            batch: true,
+            batch_max: 16,
+            max_jobs_per_worker: 4096,
+        }
+    }
+}
+
+/// One engine.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Its name, used by listeners and in metrics.
+    pub name: String,
+    /// What it is.
+    pub kind: EngineKind,
+}
+
+/// Engine kinds.
+#[derive(Debug, Clone)]
+pub enum EngineKind {
+    /// Runs ops on the calling thread.
+    Inline,
+    /// Dedicated threads behind a bounded queue.
+    Pool {
+        /// Engine threads.
+        threads: usize,
+        /// Queue bound; past it ops are refused (saturation fallback).
+        queue: usize,
+        /// For measurement only: every op completes at least this long after submission.
+        added_latency: Duration,
+    },
+}
+
+/// How a listener's TLS handshakes wait for their private-key operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffloadMode {
+    /// rustls signs in place (no offload): the baseline.
+    None,
+    /// Submit to the engine and block the worker thread until the result (straight offload).
+    Sync,
+    /// Pause the handshake, serve others, resume on completion.
+    Async,
+}
+
+/// What a failed, timed-out or saturated offload does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallbackPolicy {
+    /// Sign in software with the local key.
+    Software,
+    /// Fail the handshake.
+    Fail,
+}
+
+/// A listener's offload settings.
+#[derive(Debug, Clone)]
+pub struct ListenerOffload {
+    /// Engine name.
+    pub engine: String,
+    /// Mode.
+    pub mode: OffloadMode,
+    /// Fallback policy.
+    pub fallback: FallbackPolicy,
+    /// Per-op timeout.
+    pub timeout: Duration,
 }
 
 /// Limits that protect the server from clients.
@@ -93,6 +182,8 @@ pub struct ListenerConfig {
     pub tls: Option<TlsConfig>,
     /// Offer HTTP/2 by ALPN (TLS listeners only).
     pub http2: bool,
+    /// Offload of the TLS private-key operations (`None`: rustls signs in place).
+    pub offload: Option<ListenerOffload>,
 }
 
 /// Where a TLS listener's certificates come from.
@@ -229,11 +320,13 @@ impl Config {
                     address: ([127, 0, 0, 1], 8443).into(),
                     tls: Some(TlsConfig::SelfSigned),
                     http2: true,
+                    offload: None,
                 },
                 ListenerConfig {
                     address: ([127, 0, 0, 1], 8080).into(),
                     tls: None,
                     http2: false,
+                    offload: None,
                 },
             ],
             routes: vec![RouteConfig {
@@ -241,6 +334,8 @@ impl Config {
                 strip_prefix: false,
                 action,
             }],
+            offload: OffloadConfig::default(),
+            admin: None,
         }
     }
 
@@ -368,6 +463,7 @@ impl Validator<'_> {
             log.level = v.to_owned();
         }
 
+        let offload = self.offload(&raw.offload)?;
         let listeners = match &raw.listeners {
             Some(ls) => {
                 if ls.get_ref().is_empty() {
@@ -379,7 +475,7 @@ impl Validator<'_> {
                 }
                 let mut out: Vec<ListenerConfig> = Vec::new();
                 for (i, l) in ls.get_ref().iter().enumerate() {
-                    let cfg = self.listener(i, l)?;
+                    let cfg = self.listener(i, l, &offload)?;
                     if cfg.address.port() != 0 && out.iter().any(|o| o.address == cfg.address) {
                         return Err(self.err(
                             Some(l.address.span()),
@@ -428,10 +524,128 @@ impl Validator<'_> {
             log,
             listeners,
             routes,
+            offload,
+            admin: raw.admin.as_ref().map(|a| *a.address.get_ref()),
         })
     }
 
-    fn listener(&self, i: usize, l: &RawListener) -> Result<ListenerConfig, ConfigError> {
+    fn offload(&self, raw: &raw::RawOffload) -> Result<OffloadConfig, ConfigError> {
+        let mut cfg = OffloadConfig::default();
+        if let Some(b) = raw.batch {
+            cfg.batch = b;
+        }
+        if let Some(m) = raw.batch_max {
+            cfg.batch_max = m.clamp(1, 1024);
+        }
+        if let Some(m) = raw.max_jobs_per_worker {
+            cfg.max_jobs_per_worker = m.max(1);
+        }
+        for (name, e) in &raw.engines {
+            let key = format!("offload.engines.{name}");
+            if name == "inline" {
+                return Err(self.err(
+                    Some(e.span()),
+                    key,
+                    "`inline` is built in; choose another name",
+                ));
+            }
+            let er = e.get_ref();
+            let kind = match er.kind.get_ref().as_str() {
+                "inline" => EngineKind::Inline,
+                "pool" => EngineKind::Pool {
+                    threads: er.threads.unwrap_or(1).clamp(1, 256),
+                    queue: er.queue.unwrap_or(1024).max(1),
+                    added_latency: er.added_latency.map(|d| d.0).unwrap_or_default(),
+                },
+                other => {
+                    return Err(self.err(
+                        Some(er.kind.span()),
+                        format!("{key}.kind"),
+                        format!("unknown engine kind `{other}` (use \"pool\" or \"inline\")"),
+                    ))
+                }
+            };
+            if matches!(kind, EngineKind::Inline)
+                && (er.threads.is_some() || er.queue.is_some() || er.added_latency.is_some())
+            {
+                return Err(self.err(
+                    Some(e.span()),
+                    key,
+                    "`threads`, `queue` and `added_latency` are for `pool` engines",
+                ));
+            }
+            cfg.engines.push(EngineConfig {
+                name: name.clone(),
+                kind,
+            });
+        }
+        Ok(cfg)
+    }
+
+    fn listener_offload(
+        &self,
+        i: usize,
+        raw: &Spanned<raw::RawListenerOffload>,
+        engines: &OffloadConfig,
+        tls: bool,
+    ) -> Result<ListenerOffload, ConfigError> {
+        let key = format!("listener[{i}].offload");
+        if !tls {
+            return Err(self.err(Some(raw.span()), key, "offload is for TLS listeners"));
+        }
+        let r = raw.get_ref();
+        let engine = r.engine.get_ref().clone();
+        if !engines.engines.iter().any(|e| e.name == engine) {
+            let names: Vec<&str> = engines.engines.iter().map(|e| e.name.as_str()).collect();
+            return Err(self.err(
+                Some(r.engine.span()),
+                format!("{key}.engine"),
+                format!("no engine named `{engine}` (defined: {})", names.join(", ")),
+            ));
+        }
+        let mode = match r.mode.as_ref().map(|m| (m.get_ref().as_str(), m.span())) {
+            None if engine == "inline" => OffloadMode::None,
+            None => OffloadMode::Async,
+            Some(("none", _)) => OffloadMode::None,
+            Some(("sync", _)) => OffloadMode::Sync,
+            Some(("async", _)) => OffloadMode::Async,
+            Some((other, span)) => {
+                return Err(self.err(
+                    Some(span),
+                    format!("{key}.mode"),
+                    format!("unknown mode `{other}` (use \"none\", \"sync\" or \"async\")"),
+                ))
+            }
+        };
+        let fallback = match r
+            .fallback
+            .as_ref()
+            .map(|m| (m.get_ref().as_str(), m.span()))
+        {
+            None | Some(("software", _)) => FallbackPolicy::Software,
+            Some(("fail", _)) => FallbackPolicy::Fail,
+            Some((other, span)) => {
+                return Err(self.err(
+                    Some(span),
+                    format!("{key}.fallback"),
+                    format!("unknown fallback `{other}` (use \"software\" or \"fail\")"),
+                ))
+            }
+        };
+        Ok(ListenerOffload {
+            engine,
+            mode,
+            fallback,
+            timeout: r.timeout.map(|d| d.0).unwrap_or(Duration::from_secs(2)),
+        })
+    }
+
+    fn listener(
+        &self,
+        i: usize,
+        l: &RawListener,
+        engines: &OffloadConfig,
+    ) -> Result<ListenerConfig, ConfigError> {
         let tls = match &l.tls {
             None => None,
             Some(t) => {
@@ -484,10 +698,15 @@ impl Validator<'_> {
             }
         };
         let http2 = l.http2.unwrap_or(true);
+        let offload = match &l.offload {
+            None => None,
+            Some(o) => Some(self.listener_offload(i, o, engines, tls.is_some())?),
+        };
         Ok(ListenerConfig {
             address: *l.address.get_ref(),
             http2: http2 && tls.is_some(),
             tls,
+            offload,
         })
     }
 

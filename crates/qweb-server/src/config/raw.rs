@@ -22,6 +22,43 @@ pub(crate) struct RawConfig {
     pub listeners: Option<Spanned<Vec<RawListener>>>,
     #[serde(default, rename = "route")]
     pub routes: Vec<Spanned<RawRoute>>,
+    #[serde(default)]
+    pub offload: RawOffload,
+    pub admin: Option<RawAdmin>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawOffload {
+    pub batch: Option<bool>,
+    pub batch_max: Option<usize>,
+    pub max_jobs_per_worker: Option<usize>,
+    #[serde(default)]
+    pub engines: std::collections::BTreeMap<String, Spanned<RawEngine>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawEngine {
+    pub kind: Spanned<String>,
+    pub threads: Option<usize>,
+    pub queue: Option<usize>,
+    pub added_latency: Option<Dur>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAdmin {
+    pub address: Spanned<SocketAddr>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawListenerOffload {
+    pub engine: Spanned<String>,
+    pub mode: Option<Spanned<String>>,
+    pub fallback: Option<Spanned<String>>,
+    pub timeout: Option<Dur>,
 }
 
 /// `workers = "auto"` or a positive integer.
@@ -84,6 +121,7 @@ pub(crate) struct RawListener {
     pub address: Spanned<SocketAddr>,
     pub http2: Option<bool>,
     pub tls: Option<Spanned<RawTls>>,
+    pub offload: Option<Spanned<RawListenerOffload>>,
 }
 
 #[derive(Debug, Deserialize)]

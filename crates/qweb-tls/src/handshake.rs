@@ -1,0 +1,146 @@
+//! The handshake driver: runs rustls' handshake steps over a socket; in async offload mode
+//! each `process_new_packets` runs as a job, so that a private-key signature inside it pauses
+//! the job while the worker serves other connections, and resumes it when the engine answers.
+
+use std::io;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use qweb_offload::job::{Job, Step};
+use qweb_offload::Offloader;
+use rustls::{ServerConfig, ServerConnection};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use crate::stream::{TlsStream, TryIo};
+
+/// Per-worker handshake counters the caller may observe.
+#[derive(Debug, Default)]
+pub struct HandshakeGauges {
+    /// Jobs paused on an offloaded op right now.
+    pub paused: AtomicI64,
+}
+
+/// How `process_new_packets` runs.
+pub enum Driver<'a> {
+    /// Directly on the worker (mode `none`, and `sync`: the signer blocks the thread).
+    Direct,
+    /// As a job: signatures pause it and go to this worker's offloader (mode `async`).
+    Job {
+        /// The worker's handle on the engine.
+        offloader: &'a Rc<Offloader>,
+        /// Gauges to update while paused.
+        gauges: &'a HandshakeGauges,
+    },
+}
+
+fn invalid(e: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+/// Writes everything rustls wants to send.
+async fn flush(conn: &mut ServerConnection, io: &mut TcpStream) -> io::Result<()> {
+    while conn.wants_write() {
+        let mut out = Vec::with_capacity(4096);
+        conn.write_tls(&mut out)?;
+        io.write_all(&out).await?;
+    }
+    Ok(())
+}
+
+/// Resolves when the peer has closed its end (EOF or error) before sending anything more.
+async fn peer_gone(io: &TcpStream) {
+    let mut b = [0u8; 1];
+    match io.peek(&mut b).await {
+        Ok(0) | Err(_) => {}
+        Ok(_) => std::future::pending().await, // more data: the peer is alive
+    }
+}
+
+/// Performs the server side of a TLS handshake on `io`.
+pub async fn accept(
+    mut io: TcpStream,
+    config: Arc<ServerConfig>,
+    driver: Driver<'_>,
+) -> io::Result<TlsStream> {
+    let mut conn = Box::new(ServerConnection::new(config).map_err(invalid)?);
+    loop {
+        flush(&mut conn, &mut io).await?;
+        if !conn.is_handshaking() {
+            break;
+        }
+        // read one batch of records
+        io.readable().await?;
+        match conn.read_tls(&mut TryIo(&io)) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed during the handshake",
+                ))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+        let result;
+        (conn, result) = match &driver {
+            Driver::Direct => {
+                let r = conn.process_new_packets().map(|_| ());
+                (conn, r)
+            }
+            Driver::Job { offloader, gauges } => run_as_job(conn, &io, offloader, gauges).await?,
+        };
+        if let Err(e) = result {
+            let _ = flush(&mut conn, &mut io).await; // the alert
+            return Err(invalid(e));
+        }
+    }
+    Ok(TlsStream::new(io, *conn))
+}
+
+/// Runs `process_new_packets` as a job; every op it pauses on is executed by the offloader
+/// while this task waits (and the worker runs other tasks).
+async fn run_as_job(
+    mut conn: Box<ServerConnection>,
+    io: &TcpStream,
+    offloader: &Rc<Offloader>,
+    gauges: &HandshakeGauges,
+) -> io::Result<(Box<ServerConnection>, Result<(), rustls::Error>)> {
+    let (mut job, mut step) = Job::start(move || {
+        let r = conn.process_new_packets().map(|_| ());
+        (conn, r)
+    });
+    loop {
+        match step {
+            Step::Paused(op) => {
+                gauges.paused.fetch_add(1, Relaxed);
+                let _unpause = Unpause(gauges);
+                let result = tokio::select! {
+                    r = offloader.run(op) => r,
+                    _ = peer_gone(io) => {
+                        // `job` is dropped on return: its stack is unwound and recycled
+                        return Err(io::Error::new(
+                            io::ErrorKind::ConnectionAborted,
+                            "peer closed while its handshake was paused",
+                        ));
+                    }
+                };
+                drop(_unpause);
+                step = job.resume(result);
+            }
+            Step::Done(Ok(out)) => return Ok(out),
+            Step::Done(Err(_panic)) => {
+                return Err(io::Error::other("the handshake job panicked"));
+            }
+        }
+    }
+}
+
+struct Unpause<'a>(&'a HandshakeGauges);
+
+impl Drop for Unpause<'_> {
+    fn drop(&mut self) {
+        self.0.paused.fetch_sub(1, Relaxed);
+    }
+}

@@ -1,0 +1,173 @@
+//! A rustls signing key whose signatures go to an offload engine.
+//!
+//! rustls calls [`Signer::sign`] synchronously inside `process_new_packets`. Inside a job
+//! (async mode) the signer pauses the job with the op; the handshake driver has the engine
+//! execute it and resumes the job with the result. Outside a job (sync mode) the signer
+//! submits the op to the engine itself and blocks the thread until the result arrives: the
+//! paper's "straight" offload, kept as the baseline.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use qweb_offload::job;
+use qweb_offload::{
+    channel, Engine, LocalKey, Op, OpError, OpOutput, SignOp, SignScheme, Submission,
+};
+use rustls::sign::{Signer, SigningKey};
+use rustls::{SignatureAlgorithm, SignatureScheme};
+
+/// What to do when the engine fails, times out or is saturated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallback {
+    /// Sign in software with the local key.
+    Software,
+    /// Fail the handshake (with a log line).
+    Fail,
+}
+
+/// Offload parameters of a signing key.
+#[derive(Clone)]
+pub struct OffloadPolicy {
+    /// The engine (also used directly in sync mode).
+    pub engine: Arc<dyn Engine>,
+    /// Per-op timeout in sync mode (async mode applies the worker offloader's timeout).
+    pub timeout: Duration,
+    /// Fallback policy.
+    pub fallback: Fallback,
+}
+
+/// A signing key that offloads its signatures.
+pub struct OffloadSigningKey {
+    key: Arc<LocalKey>,
+    policy: OffloadPolicy,
+}
+
+impl std::fmt::Debug for OffloadSigningKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OffloadSigningKey")
+            .field("key", &self.key)
+            .field("engine", &self.policy.engine.name())
+            .finish()
+    }
+}
+
+impl OffloadSigningKey {
+    /// Wraps a local key.
+    pub fn new(key: Arc<LocalKey>, policy: OffloadPolicy) -> Self {
+        OffloadSigningKey { key, policy }
+    }
+}
+
+fn to_rustls(s: SignScheme) -> SignatureScheme {
+    match s {
+        SignScheme::RsaPkcs1Sha256 => SignatureScheme::RSA_PKCS1_SHA256,
+        SignScheme::RsaPkcs1Sha384 => SignatureScheme::RSA_PKCS1_SHA384,
+        SignScheme::RsaPkcs1Sha512 => SignatureScheme::RSA_PKCS1_SHA512,
+        SignScheme::RsaPssSha256 => SignatureScheme::RSA_PSS_SHA256,
+        SignScheme::RsaPssSha384 => SignatureScheme::RSA_PSS_SHA384,
+        SignScheme::RsaPssSha512 => SignatureScheme::RSA_PSS_SHA512,
+        SignScheme::EcdsaP256Sha256 => SignatureScheme::ECDSA_NISTP256_SHA256,
+        SignScheme::EcdsaP384Sha384 => SignatureScheme::ECDSA_NISTP384_SHA384,
+    }
+}
+
+impl SigningKey for OffloadSigningKey {
+    fn choose_scheme(&self, offered: &[SignatureScheme]) -> Option<Box<dyn Signer>> {
+        let scheme = self
+            .key
+            .schemes()
+            .iter()
+            .copied()
+            .find(|s| offered.contains(&to_rustls(*s)))?;
+        Some(Box::new(OffloadSigner {
+            key: self.key.clone(),
+            policy: self.policy.clone(),
+            scheme,
+        }))
+    }
+
+    fn algorithm(&self) -> SignatureAlgorithm {
+        match *self.key {
+            LocalKey::Rsa(_) => SignatureAlgorithm::RSA,
+            LocalKey::EcdsaP256(_) | LocalKey::EcdsaP384(_) => SignatureAlgorithm::ECDSA,
+        }
+    }
+}
+
+struct OffloadSigner {
+    key: Arc<LocalKey>,
+    policy: OffloadPolicy,
+    scheme: SignScheme,
+}
+
+impl std::fmt::Debug for OffloadSigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OffloadSigner({:?})", self.scheme)
+    }
+}
+
+impl OffloadSigner {
+    /// Sync offload: submit and block this thread until the result or the timeout.
+    fn sign_blocking(&self, op: Op) -> Result<OpOutput, OpError> {
+        let (completer, completion) = channel();
+        let rejected = self
+            .policy
+            .engine
+            .submit(vec![Submission::new(op, completer)]);
+        if !rejected.is_empty() {
+            return Err(OpError::Saturated);
+        }
+        let r = completion.wait(self.policy.timeout);
+        if r == Err(OpError::Timeout) {
+            self.policy.engine.metrics().failed.fetch_add(1, Relaxed);
+        }
+        r
+    }
+}
+
+impl Signer for OffloadSigner {
+    fn sign(&self, message: &[u8]) -> Result<Vec<u8>, rustls::Error> {
+        let op = Op::Sign(SignOp {
+            key: self.key.clone(),
+            scheme: self.scheme,
+            message: message.to_vec(),
+        });
+        let result = match job::pause(op) {
+            Ok(r) => r,                        // async: the driver had it executed
+            Err(op) => self.sign_blocking(op), // not in a job: sync
+        };
+        match result {
+            Ok(OpOutput::Signature(sig)) => Ok(sig),
+            Err(e) => match self.policy.fallback {
+                Fallback::Software => {
+                    self.policy
+                        .engine
+                        .metrics()
+                        .fallen_back
+                        .fetch_add(1, Relaxed);
+                    tracing::debug!(
+                        engine = self.policy.engine.name(),
+                        "offload failed ({e}); signing in software"
+                    );
+                    self.key
+                        .sign(self.scheme, message)
+                        .map_err(|e| rustls::Error::General(format!("signing failed: {e}")))
+                }
+                Fallback::Fail => {
+                    tracing::warn!(
+                        engine = self.policy.engine.name(),
+                        "offloaded signature failed ({e}); failing the handshake"
+                    );
+                    Err(rustls::Error::General(format!(
+                        "offloaded signature failed: {e}"
+                    )))
+                }
+            },
+        }
+    }
+
+    fn scheme(&self) -> SignatureScheme {
+        to_rustls(self.scheme)
+    }
+}
