@@ -92,6 +92,8 @@ pub struct PoolConfig {
     /// as if the engine were a device (or a remote server) with this latency and unlimited
     /// parallel slots. Zero in production.
     pub added_latency: Duration,
+    /// For fault testing only: every op fails with an engine error.
+    pub inject_failures: bool,
 }
 
 impl Default for PoolConfig {
@@ -100,6 +102,7 @@ impl Default for PoolConfig {
             threads: 1,
             queue: 1024,
             added_latency: Duration::ZERO,
+            inject_failures: false,
         }
     }
 }
@@ -165,7 +168,7 @@ impl PoolEngine {
             cfg: PoolConfig {
                 threads: cfg.threads.max(1),
                 queue: cfg.queue.max(1),
-                added_latency: cfg.added_latency,
+                ..cfg
             },
         });
         let mut threads = Vec::new();
@@ -204,7 +207,9 @@ fn engine_thread(s: &PoolShared) {
                 q = s.queue_cond.wait(q).unwrap_or_else(PoisonError::into_inner);
             }
         };
-        let result = if sub.completer.is_wanted() {
+        let result = if s.cfg.inject_failures {
+            Err(OpError::Failed("injected failure".into()))
+        } else if sub.completer.is_wanted() {
             sub.op.execute()
         } else {
             Err(OpError::Dropped) // nobody waits any more: skip the work
@@ -354,6 +359,7 @@ mod tests {
                 threads: 2,
                 queue: 4,
                 added_latency: Duration::ZERO,
+                ..Default::default()
             },
         )
         .unwrap();
@@ -386,6 +392,7 @@ mod tests {
                 threads: 1,
                 queue: 1024,
                 added_latency: Duration::from_millis(50),
+                ..Default::default()
             },
         )
         .unwrap();
@@ -416,6 +423,7 @@ mod tests {
                 threads: 1,
                 queue: 16,
                 added_latency: Duration::from_secs(60),
+                ..Default::default()
             },
         )
         .unwrap();

@@ -220,6 +220,7 @@ mod tests {
                     threads: 1,
                     queue: 1,
                     added_latency: Duration::from_secs(30),
+                    ..Default::default()
                 },
             )
             .unwrap(),

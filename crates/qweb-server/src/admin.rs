@@ -1,5 +1,5 @@
-//! The admin listener: `GET /metrics` in Prometheus text format. Plain HTTP/1.1, served by
-//! worker 0; off unless `[admin]` is configured.
+//! The admin listener: `GET /metrics` in Prometheus text format. Plain HTTP/1.1, on its own
+//! thread; off unless `[admin]` is configured.
 
 use std::convert::Infallible;
 use std::rc::Rc;
@@ -31,12 +31,33 @@ fn handle(req: &Request<Incoming>, registry: &Registry) -> Response<Body> {
     r
 }
 
-/// Serves the admin listener until shutdown.
-pub(crate) async fn serve(
-    socket: TcpListener,
+/// Runs the admin listener on the calling thread until shutdown.
+pub(crate) fn run(
+    socket: std::net::TcpListener,
     registry: Arc<Registry>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!("admin listener: cannot start its runtime: {e}");
+            return;
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        match TcpListener::from_std(socket) {
+            Ok(socket) => serve(socket, registry, shutdown).await,
+            Err(e) => tracing::error!("admin listener: {e}"),
+        }
+    });
+}
+
+/// Serves the admin listener until shutdown.
+async fn serve(socket: TcpListener, registry: Arc<Registry>, mut shutdown: watch::Receiver<bool>) {
     let registry = Rc::new(registry);
     loop {
         let accepted = tokio::select! {

@@ -99,6 +99,7 @@ impl Server {
                     threads,
                     queue,
                     added_latency,
+                    inject_failures,
                 } => Arc::new(
                     PoolEngine::new(
                         e.name.clone(),
@@ -106,6 +107,7 @@ impl Server {
                             threads: *threads,
                             queue: *queue,
                             added_latency: *added_latency,
+                            inject_failures: *inject_failures,
                         },
                     )
                     .map_err(|source| ServerError::Engine {
@@ -207,7 +209,7 @@ impl Server {
             workers: worker_metrics.clone(),
             engines: engine_list,
         });
-        let mut admin = match config.admin {
+        let admin = match config.admin {
             Some(addr) => {
                 let socket = bind_reuseport(addr, 1)
                     .map_err(|source| ServerError::Bind { addr, source })?
@@ -225,7 +227,6 @@ impl Server {
             let (config, rx) = (config.clone(), rx.clone());
             let extras = WorkerExtras {
                 metrics: worker_metrics[id].clone(),
-                admin: if id == 0 { admin.take() } else { None },
             };
             let handle = std::thread::Builder::new()
                 .name(format!("qweb-worker-{id}"))
@@ -234,6 +235,16 @@ impl Server {
                         tracing::error!(worker = id, "worker failed: {e}");
                     }
                 })
+                .map_err(ServerError::Thread)?;
+            workers.push(handle);
+        }
+        if let Some((socket, registry)) = admin {
+            // Its own thread: metrics stay readable when workers are busy or blocked
+            // (sync offload).
+            let rx = rx.clone();
+            let handle = std::thread::Builder::new()
+                .name("qweb-admin".into())
+                .spawn(move || crate::admin::run(socket, registry, rx))
                 .map_err(ServerError::Thread)?;
             workers.push(handle);
         }

@@ -15,7 +15,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::config::{Config, Limits, RouteAction};
 use crate::files::StaticFiles;
-use crate::metrics::{Registry, WorkerMetrics};
+use crate::metrics::WorkerMetrics;
 use crate::proxy::Proxy;
 
 /// What serves a route on this worker.
@@ -65,11 +65,9 @@ pub(crate) struct WorkerListener {
     pub async_engine: Option<(Arc<dyn Engine>, Duration)>,
 }
 
-/// What a worker serves besides its listeners.
+/// What a worker gets besides its listeners.
 pub(crate) struct WorkerExtras {
     pub metrics: Arc<WorkerMetrics>,
-    /// Worker 0 serves the admin listener.
-    pub admin: Option<(StdListener, Arc<Registry>)>,
 }
 
 /// Runs a worker until shutdown; returns when its connections are done or `deadline` passed.
@@ -127,14 +125,6 @@ pub(crate) fn run(
                 socket,
                 lctx,
                 ctx.clone(),
-            )));
-        }
-        if let Some((socket, registry)) = extras.admin {
-            let socket = TcpListener::from_std(socket)?;
-            accepting.push(tokio::task::spawn_local(crate::admin::serve(
-                socket,
-                registry,
-                shutdown.clone(),
             )));
         }
         tracing::debug!(worker = id, "worker started");

@@ -89,6 +89,8 @@ pub enum EngineKind {
         queue: usize,
         /// For measurement only: every op completes at least this long after submission.
         added_latency: Duration,
+        /// For fault testing only: every op fails.
+        inject_failures: bool,
     },
 }
 
@@ -556,6 +558,7 @@ impl Validator<'_> {
                     threads: er.threads.unwrap_or(1).clamp(1, 256),
                     queue: er.queue.unwrap_or(1024).max(1),
                     added_latency: er.added_latency.map(|d| d.0).unwrap_or_default(),
+                    inject_failures: er.inject_failures.unwrap_or(false),
                 },
                 other => {
                     return Err(self.err(

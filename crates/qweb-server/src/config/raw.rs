@@ -44,6 +44,7 @@ pub(crate) struct RawEngine {
     pub threads: Option<usize>,
     pub queue: Option<usize>,
     pub added_latency: Option<Dur>,
+    pub inject_failures: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -15,6 +15,8 @@ pub struct TestServer {
     pub server: Option<RunningServer>,
     /// Listener addresses in config order.
     pub addrs: Vec<SocketAddr>,
+    /// The admin listener, when the config has `[admin]`.
+    pub admin: Option<SocketAddr>,
     pub dir: tempfile::TempDir,
 }
 
@@ -74,7 +76,7 @@ pub fn start_with(extra: &str, prepare: impl FnOnce(&Path)) -> TestServer {
              [[listener]]\naddress = \"127.0.0.1:0\"\n",
         );
     }
-    if !extra.contains("prefix = \"/\"") {
+    if !extra.contains("prefix = \"/\"") && !extra.contains("[[route]]\nprefix = \"/\"") {
         text.push_str(&format!(
             "\n[[route]]\nprefix = \"/\"\nroot = \"{d}/site\"\n"
         ));
@@ -84,9 +86,11 @@ pub fn start_with(extra: &str, prepare: impl FnOnce(&Path)) -> TestServer {
     let config = Config::from_file(&file).unwrap_or_else(|e| panic!("config: {e}\n{text}"));
     let server = Server::start(config).unwrap_or_else(|e| panic!("start: {e}"));
     let addrs = server.local_addrs().to_vec();
+    let admin = server.admin_addr();
     TestServer {
         server: Some(server),
         addrs,
+        admin,
         dir,
     }
 }
