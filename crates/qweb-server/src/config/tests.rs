@@ -112,3 +112,42 @@ fn example_config_is_valid() {
     let c = Config::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
     assert!(!c.listeners.is_empty());
 }
+
+#[test]
+fn offload_errors_are_located() {
+    let base = "[[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\nself_signed = true\n[listener.offload]\n";
+    let e = err(&format!("{base}engine = \"gpu\"\n"));
+    assert!(e.contains(":6:10: key `listener[0].offload.engine`"), "{e}");
+    assert!(e.contains("no engine named `gpu` (defined: inline)"), "{e}");
+    let e = err(&format!("{base}engine = \"inline\"\nmode = \"fast\"\n"));
+    assert!(e.contains(":7:8: key `listener[0].offload.mode`"), "{e}");
+    let e = err(&format!("{base}engine = \"inline\"\nfallback = \"pray\"\n"));
+    assert!(e.contains("key `listener[0].offload.fallback`"), "{e}");
+    let e =
+        err("[[listener]]\naddress = \"127.0.0.1:0\"\n[listener.offload]\nengine = \"inline\"\n");
+    assert!(e.contains("offload is for TLS listeners"), "{e}");
+    let e = err("[offload.engines.x]\nkind = \"fpga\"\n");
+    assert!(e.contains(":2:8: key `offload.engines.x.kind`"), "{e}");
+    let e = err("[offload.engines.x]\nkind = \"inline\"\nthreads = 2\n");
+    assert!(e.contains("key `offload.engines.x`"), "{e}");
+    let e = err("[offload.engines.x]\nkind = \"pool\"\nthread = 2\n");
+    assert!(e.contains("unknown field `thread`"), "{e}");
+}
+
+#[test]
+fn offload_defaults() {
+    let c = parse(
+        "[offload.engines.p]\nkind = \"pool\"\n[[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\nself_signed = true\n[listener.offload]\nengine = \"p\"\n[[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\nself_signed = true\n[listener.offload]\nengine = \"inline\"\n",
+    )
+    .unwrap();
+    let o = c.listeners[0].offload.as_ref().unwrap();
+    assert_eq!(
+        (o.mode, o.fallback),
+        (OffloadMode::Async, FallbackPolicy::Software)
+    );
+    assert_eq!(
+        c.listeners[1].offload.as_ref().unwrap().mode,
+        OffloadMode::None
+    );
+    assert!(c.offload.batch);
+}
