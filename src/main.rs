@@ -28,6 +28,18 @@ enum Command {
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
     },
+    /// Run a key server: holds private keys outside the web server process and signs for
+    /// qweb's `keyserver` engine over a Unix socket (0600, peer uid checked) and/or TCP with
+    /// mutual TLS. See examples/keyserver.toml and docs/KEYSERVER_PROTOCOL.md.
+    Keyserver {
+        /// TOML configuration file.
+        #[arg(short, long, value_name = "FILE")]
+        config: PathBuf,
+        /// For measurement only: delay every answer by this many milliseconds, to stand in
+        /// for a remote key server or a slow device. Never use in production.
+        #[arg(long, value_name = "MS", default_value_t = 0)]
+        added_latency_ms: u64,
+    },
     /// Validate a configuration file and exit: 0 when valid, 1 with the file, line and key of
     /// the first error otherwise. Certificates and keys are loaded to check them.
     CheckConfig {
@@ -57,21 +69,71 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve { config } => serve(config),
+        Command::Keyserver {
+            config,
+            added_latency_ms,
+        } => keyserver(&config, added_latency_ms),
     }
 }
 
-fn init_logging(config: &Config) {
+fn keyserver(path: &std::path::Path, added_latency_ms: u64) -> ExitCode {
+    let mut cfg = match qweb_keyserver::server::KeyserverConfig::from_file(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    cfg.added_latency = std::time::Duration::from_millis(added_latency_ms);
+    let log = qweb_server::config::LogConfig {
+        access: false,
+        level: "info".into(),
+    };
+    init_logging(&log);
+    let unix = cfg.unix.clone();
+    let server = match qweb_keyserver::server::start(cfg) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some((p, uids)) = &unix {
+        eprintln!(
+            "qweb keyserver: listening on unix:{} (uids {uids:?})",
+            p.display()
+        );
+    }
+    if let Some(a) = server.tls_addr {
+        eprintln!("qweb keyserver: listening on tls://{a} (mutual TLS)");
+    }
+    if let Some(a) = server.admin_addr {
+        eprintln!("qweb keyserver: metrics on http://{a}/metrics");
+    }
+    for id in &server.key_ids {
+        eprintln!("qweb keyserver: key {}", id.hex());
+    }
+    if added_latency_ms > 0 {
+        eprintln!(
+            "qweb keyserver: adding {added_latency_ms} ms to every answer (measurement only)"
+        );
+    }
+    eprintln!("qweb keyserver: ready");
+    wait_for_signal(move || server.shutdown())
+}
+
+fn init_logging(config: &qweb_server::config::LogConfig) {
     let filter = std::env::var("RUST_LOG")
         .ok()
         .and_then(|v| EnvFilter::try_new(v).ok())
-        .unwrap_or_else(|| EnvFilter::new(&config.log.level));
+        .unwrap_or_else(|| EnvFilter::new(&config.level));
     use std::io::IsTerminal;
     let errors = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .with_filter(filter)
         .with_filter(filter_fn(|m| m.target() != "qweb::access"));
-    let access = config.log.access.then(|| {
+    let access = config.access.then(|| {
         tracing_subscriber::fmt::layer()
             .with_writer(std::io::stdout)
             .with_ansi(false)
@@ -96,7 +158,7 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
         },
         None => Config::default_config(),
     };
-    init_logging(&config);
+    init_logging(&config.log);
     let listeners = config.listeners.clone();
     let workers = config.workers;
     let server = match Server::start(config) {
@@ -135,6 +197,12 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
     }
     eprintln!("qweb: {workers} worker(s); Ctrl-C or SIGTERM stops");
 
+    wait_for_signal(move || server.shutdown())
+}
+
+/// Waits for SIGINT/SIGTERM, then runs `stop` (a graceful shutdown); a second signal exits
+/// at once.
+fn wait_for_signal(stop: impl FnOnce() + Send + 'static) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -157,7 +225,7 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
             _ = term.recv() => {}
         }
         tracing::info!("shutting down: no new connections; waiting for in-flight requests");
-        let mut stopping = tokio::task::spawn_blocking(move || server.shutdown());
+        let mut stopping = tokio::task::spawn_blocking(stop);
         tokio::select! {
             _ = &mut stopping => {
                 tracing::info!("stopped");

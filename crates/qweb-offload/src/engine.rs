@@ -336,7 +336,10 @@ mod tests {
     fn op() -> Op {
         let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
         Op::Sign(SignOp {
-            key: Arc::new(LocalKey::from_der(&kp.serialize_der()).unwrap()),
+            key: crate::KeyRef {
+                id: crate::KeyId([0; 32]),
+                local: Some(Arc::new(LocalKey::from_der(&kp.serialize_der()).unwrap())),
+            },
             scheme: SignScheme::EcdsaP256Sha256,
             message: b"m".to_vec(),
         })

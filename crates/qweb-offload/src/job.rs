@@ -208,7 +208,12 @@ mod tests {
     fn op(tag: u8) -> Op {
         let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
         Op::Sign(SignOp {
-            key: Arc::new(crate::LocalKey::from_der(&kp.serialize_der()).unwrap()),
+            key: crate::KeyRef {
+                id: crate::KeyId([0; 32]),
+                local: Some(Arc::new(
+                    crate::LocalKey::from_der(&kp.serialize_der()).unwrap(),
+                )),
+            },
             scheme: SignScheme::EcdsaP256Sha256,
             message: vec![tag],
         })
@@ -217,6 +222,7 @@ mod tests {
     fn msg(op: &Op) -> u8 {
         match op {
             Op::Sign(s) => s.message[0],
+            Op::Compress(_) => 0,
         }
     }
 

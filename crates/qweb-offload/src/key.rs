@@ -22,6 +22,56 @@ pub enum KeyError {
     Sign,
 }
 
+/// The type of a key, known from its public half alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    /// RSA.
+    Rsa,
+    /// ECDSA P-256.
+    EcdsaP256,
+    /// ECDSA P-384.
+    EcdsaP384,
+}
+
+impl KeyKind {
+    /// The type of the key in a DER SubjectPublicKeyInfo (by its algorithm identifier).
+    pub fn of_spki(spki_der: &[u8]) -> Option<KeyKind> {
+        const RSA: &[u8] = &[
+            0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01,
+        ];
+        const P256: &[u8] = &[0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
+        const P384: &[u8] = &[0x06, 0x05, 0x2b, 0x81, 0x04, 0x00, 0x22];
+        // The AlgorithmIdentifier comes first: look only at the head.
+        let head = &spki_der[..spki_der.len().min(40)];
+        let has = |pat: &[u8]| head.windows(pat.len()).any(|w| w == pat);
+        if has(RSA) {
+            Some(KeyKind::Rsa)
+        } else if has(P256) {
+            Some(KeyKind::EcdsaP256)
+        } else if has(P384) {
+            Some(KeyKind::EcdsaP384)
+        } else {
+            None
+        }
+    }
+
+    /// The schemes a key of this type signs with, most preferred first.
+    pub fn schemes(self) -> &'static [SignScheme] {
+        match self {
+            KeyKind::Rsa => &[
+                SignScheme::RsaPssSha512,
+                SignScheme::RsaPssSha384,
+                SignScheme::RsaPssSha256,
+                SignScheme::RsaPkcs1Sha512,
+                SignScheme::RsaPkcs1Sha384,
+                SignScheme::RsaPkcs1Sha256,
+            ],
+            KeyKind::EcdsaP256 => &[SignScheme::EcdsaP256Sha256],
+            KeyKind::EcdsaP384 => &[SignScheme::EcdsaP384Sha384],
+        }
+    }
+}
+
 /// A private key held in this process.
 pub enum LocalKey {
     /// RSA (any size aws-lc-rs accepts).
@@ -66,20 +116,18 @@ impl LocalKey {
         Err(KeyError::Unsupported)
     }
 
+    /// The key's type.
+    pub fn kind(&self) -> KeyKind {
+        match self {
+            LocalKey::Rsa(_) => KeyKind::Rsa,
+            LocalKey::EcdsaP256(_) => KeyKind::EcdsaP256,
+            LocalKey::EcdsaP384(_) => KeyKind::EcdsaP384,
+        }
+    }
+
     /// The schemes this key can sign with, most preferred first.
     pub fn schemes(&self) -> &'static [SignScheme] {
-        match self {
-            LocalKey::Rsa(_) => &[
-                SignScheme::RsaPssSha512,
-                SignScheme::RsaPssSha384,
-                SignScheme::RsaPssSha256,
-                SignScheme::RsaPkcs1Sha512,
-                SignScheme::RsaPkcs1Sha384,
-                SignScheme::RsaPkcs1Sha256,
-            ],
-            LocalKey::EcdsaP256(_) => &[SignScheme::EcdsaP256Sha256],
-            LocalKey::EcdsaP384(_) => &[SignScheme::EcdsaP384Sha384],
-        }
+        self.kind().schemes()
     }
 
     /// Signs `message` (hashing it as the scheme says).

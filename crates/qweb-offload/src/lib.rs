@@ -16,6 +16,7 @@
 //! Nothing here knows about HTTP or TLS.
 
 mod completion;
+pub mod compress;
 mod engine;
 pub mod job;
 mod key;
@@ -25,7 +26,7 @@ mod op;
 
 pub use completion::{channel, Completer, Completion};
 pub use engine::{Engine, InlineEngine, PoolConfig, PoolEngine, Submission};
-pub use key::{KeyError, LocalKey};
+pub use key::{KeyError, KeyKind, LocalKey};
 pub use metrics::EngineMetrics;
 pub use offloader::{BatchConfig, Offloader};
-pub use op::{Op, OpError, OpOutput, OpResult, SignOp, SignScheme};
+pub use op::{KeyId, KeyRef, Op, OpError, OpOutput, OpResult, SignOp, SignScheme};

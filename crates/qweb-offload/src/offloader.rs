@@ -131,7 +131,10 @@ mod tests {
 
     fn op(key: &Arc<LocalKey>) -> Op {
         Op::Sign(SignOp {
-            key: key.clone(),
+            key: crate::KeyRef {
+                id: crate::KeyId([0; 32]),
+                local: Some(key.clone()),
+            },
             scheme: SignScheme::EcdsaP256Sha256,
             message: b"m".to_vec(),
         })

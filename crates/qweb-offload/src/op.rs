@@ -35,12 +35,48 @@ impl SignScheme {
     }
 }
 
+/// Identifies a key everywhere (qweb, key servers): SHA-256 of its DER
+/// SubjectPublicKeyInfo, so that a holder of only the certificate can name it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyId(pub [u8; 32]);
+
+impl KeyId {
+    /// The id of a DER SubjectPublicKeyInfo.
+    pub fn of_spki(spki_der: &[u8]) -> KeyId {
+        let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, spki_der);
+        let mut id = [0u8; 32];
+        id.copy_from_slice(d.as_ref());
+        KeyId(id)
+    }
+
+    /// Lower-case hex.
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl std::fmt::Debug for KeyId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KeyId({}..)", &self.hex()[..16])
+    }
+}
+
+/// The key an op signs with: always its id; the key itself when this process holds it.
+#[derive(Debug, Clone)]
+pub struct KeyRef {
+    /// SPKI SHA-256.
+    pub id: KeyId,
+    /// The private key, when held locally (software engines and the software fallback need
+    /// it; a key server engine needs only the id).
+    pub local: Option<Arc<LocalKey>>,
+}
+
 /// A private-key signature: sign `message` (the whole message; the engine hashes it) with
 /// `key` under `scheme`.
 #[derive(Debug, Clone)]
 pub struct SignOp {
-    /// The key. Software engines sign with it; a remote engine identifies it by its id.
-    pub key: Arc<LocalKey>,
+    /// The key. Software engines sign with its local part; a remote engine sends its id.
+    pub key: KeyRef,
     /// The scheme.
     pub scheme: SignScheme,
     /// The message to sign.
@@ -52,17 +88,26 @@ pub struct SignOp {
 pub enum Op {
     /// A private-key signature.
     Sign(SignOp),
+    /// One chunk of a compressed response body.
+    Compress(crate::compress::CompressOp),
 }
 
 impl Op {
     /// Executes the op in software on the calling thread.
     pub fn execute(&self) -> OpResult {
         match self {
-            Op::Sign(s) => s
-                .key
-                .sign(s.scheme, &s.message)
-                .map(OpOutput::Signature)
-                .map_err(|e| OpError::Failed(e.to_string())),
+            Op::Sign(s) => match &s.key.local {
+                Some(k) => k
+                    .sign(s.scheme, &s.message)
+                    .map(OpOutput::Signature)
+                    .map_err(|e| OpError::Failed(e.to_string())),
+                None => Err(OpError::Failed(
+                    "this engine needs the private key, and this process does not hold it".into(),
+                )),
+            },
+            Op::Compress(c) => (c.software)(c)
+                .map(OpOutput::Compressed)
+                .map_err(OpError::Failed),
         }
     }
 
@@ -71,6 +116,11 @@ impl Op {
         match self {
             Op::Sign(s) if s.scheme.is_rsa() => "rsa_sign",
             Op::Sign(_) => "ecdsa_sign",
+            Op::Compress(c) => match c.codec {
+                crate::compress::Codec::Gzip => "compress_gzip",
+                crate::compress::Codec::Brotli => "compress_br",
+                crate::compress::Codec::Zstd => "compress_zstd",
+            },
         }
     }
 }
@@ -80,6 +130,8 @@ impl Op {
 pub enum OpOutput {
     /// A signature.
     Signature(Vec<u8>),
+    /// A compressed chunk.
+    Compressed(crate::compress::CompressedChunk),
 }
 
 /// Why an op did not produce a result.

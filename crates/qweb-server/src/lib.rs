@@ -9,6 +9,7 @@ pub mod config;
 
 mod admin;
 mod body;
+mod compress;
 mod conn;
 mod files;
 mod listen;

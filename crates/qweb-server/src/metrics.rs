@@ -23,6 +23,8 @@ pub(crate) struct WorkerMetrics {
 pub(crate) struct Registry {
     pub workers: Vec<Arc<WorkerMetrics>>,
     pub engines: Vec<Arc<dyn Engine>>,
+    /// Response compression counters, when compression is on.
+    pub compression: Option<Arc<qweb_compress::CompressMetrics>>,
 }
 
 impl Registry {
@@ -70,6 +72,9 @@ impl Registry {
         }
         for (i, e) in self.engines.iter().enumerate() {
             e.metrics().write_prometheus(&mut out, e.name(), i == 0);
+        }
+        if let Some(c) = &self.compression {
+            c.write_prometheus(&mut out);
         }
         out
     }

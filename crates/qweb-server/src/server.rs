@@ -95,6 +95,22 @@ impl Server {
         for e in &config.offload.engines {
             let engine: Arc<dyn Engine> = match &e.kind {
                 EngineKind::Inline => Arc::new(InlineEngine::new(e.name.clone())),
+                EngineKind::Keyserver(k) => Arc::new(
+                    qweb_keyserver::client::KeyserverEngine::new(
+                        e.name.clone(),
+                        qweb_keyserver::client::ClientConfig {
+                            servers: k.servers.clone(),
+                            connections: k.connections,
+                            max_in_flight: k.queue,
+                            timeout: k.timeout,
+                            tls: keyserver_client_tls(k)?,
+                        },
+                    )
+                    .map_err(|source| ServerError::Engine {
+                        name: e.name.clone(),
+                        source,
+                    })?,
+                ),
                 EngineKind::Pool {
                     threads,
                     queue,
@@ -143,8 +159,14 @@ impl Server {
                     .filter(|(o, _)| o.mode == OffloadMode::Async)
                     .map(|(o, e)| (e.clone(), o.timeout)),
             );
-            let load = |cert: &std::path::Path, key: &std::path::Path| {
-                qweb_tls::load_certified_key_with(cert, key, &provider, policy.as_ref())
+            let load = |cert: &std::path::Path, key: Option<&std::path::Path>| match (&policy, key)
+            {
+                (Some(p), key) => qweb_tls::load_offloaded(cert, key, &provider, p),
+                (None, Some(key)) => qweb_tls::load_certified_key(cert, key, &provider),
+                (None, None) => Err(qweb_tls::TlsError::Pem {
+                    path: cert.to_owned(),
+                    message: "no private key, and no key server engine for this listener".into(),
+                }),
             };
             let tls = match &l.tls {
                 None => None,
@@ -152,13 +174,13 @@ impl Server {
                     let certs = match t {
                         TlsConfig::SelfSigned => {
                             let ss = qweb_tls::ensure_self_signed(&config.state_dir)?;
-                            let c = load(&ss.cert, &ss.key)?;
+                            let c = load(&ss.cert, Some(&ss.key))?;
                             info.self_signed = Some(ss);
                             vec![c]
                         }
                         TlsConfig::Certificates(list) => list
                             .iter()
-                            .map(|c| load(&c.cert, &c.key))
+                            .map(|c| load(&c.cert, c.key.as_deref()))
                             .collect::<Result<Vec<_>, _>>()?,
                     };
                     let resolver = qweb_tls::SniResolver::new(&certs).ok_or_else(|| {
@@ -203,11 +225,13 @@ impl Server {
             }
         }
 
+        let compression = crate::compress::shared(&config, |name| engines.get(name).cloned());
         let worker_metrics: Vec<Arc<WorkerMetrics>> =
             (0..n).map(|_| Arc::new(WorkerMetrics::default())).collect();
         let registry = Arc::new(Registry {
             workers: worker_metrics.clone(),
             engines: engine_list,
+            compression: compression.as_ref().map(|c| c.metrics.clone()),
         });
         let admin = match config.admin {
             Some(addr) => {
@@ -227,6 +251,7 @@ impl Server {
             let (config, rx) = (config.clone(), rx.clone());
             let extras = WorkerExtras {
                 metrics: worker_metrics[id].clone(),
+                compression: compression.clone(),
             };
             let handle = std::thread::Builder::new()
                 .name(format!("qweb-worker-{id}"))
@@ -256,6 +281,29 @@ impl Server {
             workers,
         })
     }
+}
+
+/// The mutual-TLS client configuration for `tls://` key servers.
+fn keyserver_client_tls(
+    k: &crate::config::KeyserverEngineConfig,
+) -> Result<Option<Arc<rustls::ClientConfig>>, ServerError> {
+    let (Some(cert), Some(key), Some(ca)) = (&k.client_cert, &k.client_key, &k.server_ca) else {
+        return Ok(None);
+    };
+    let provider = Arc::new(qweb_tls::provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for c in qweb_tls::load_certs(ca)? {
+        roots.add(c).map_err(qweb_tls::TlsError::Rustls)?;
+    }
+    let chain = qweb_tls::load_certs(cert)?;
+    let key = qweb_tls::load_private_key(key)?;
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(qweb_tls::TlsError::Rustls)?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(qweb_tls::TlsError::Rustls)?;
+    Ok(Some(Arc::new(cfg)))
 }
 
 impl RunningServer {

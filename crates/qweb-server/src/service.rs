@@ -46,7 +46,7 @@ impl Service {
     }
 
     /// Handles one request.
-    pub(crate) async fn handle(&self, req: Request<Incoming>) -> Response<Logged> {
+    pub(crate) async fn handle(&self, mut req: Request<Incoming>) -> Response<Logged> {
         let guard = self.conn.request_started_guard();
         self.worker
             .metrics
@@ -60,8 +60,10 @@ impl Service {
             .path_and_query()
             .map(|p| p.as_str().to_owned())
             .unwrap_or_else(|| path.clone());
+        // Compression, part 1: negotiate, and map encoded ETags in If-None-Match.
+        let negotiated = crate::compress::begin(self.worker.compression.as_ref(), &mut req);
         let route = self.worker.routes.iter().find(|r| covers(&r.prefix, &path));
-        let mut resp = match route {
+        let resp = match route {
             None => crate::response::status(http::StatusCode::NOT_FOUND),
             Some(route) => {
                 let sub = if route.strip_prefix && route.prefix != "/" {
@@ -99,6 +101,8 @@ impl Service {
                 }
             }
         };
+        // Compression, part 2: encode the response (or only mark it `Vary`).
+        let mut resp = crate::compress::finish(negotiated, resp);
         resp.headers_mut()
             .entry(header::SERVER)
             .or_insert(HeaderValue::from_static("qweb"));

@@ -40,6 +40,8 @@ pub(crate) struct WorkerCtx {
     pub shutdown: watch::Receiver<bool>,
     /// This worker's counters (also read by `/metrics`).
     pub metrics: Arc<WorkerMetrics>,
+    /// Response compression on this worker (`None`: off).
+    pub compression: Option<Rc<crate::compress::Compressor>>,
     connections: Cell<usize>,
     connection_closed: Notify,
 }
@@ -68,6 +70,7 @@ pub(crate) struct WorkerListener {
 /// What a worker gets besides its listeners.
 pub(crate) struct WorkerExtras {
     pub metrics: Arc<WorkerMetrics>,
+    pub compression: Option<Arc<crate::compress::Shared>>,
 }
 
 /// Runs a worker until shutdown; returns when its connections are done or `deadline` passed.
@@ -105,6 +108,10 @@ pub(crate) fn run(
         access_log: config.log.access,
         shutdown: shutdown.clone(),
         metrics: extras.metrics,
+        compression: extras
+            .compression
+            .as_ref()
+            .map(crate::compress::Compressor::new),
         connections: Cell::new(0),
         connection_closed: Notify::new(),
     });

@@ -113,6 +113,19 @@ async fn scrape(t: &common::TestServer) -> String {
         .unwrap()
 }
 
+/// Scrapes until `name` (summed) reaches `want` (the server counts a TLS 1.3 handshake when
+/// the client's Finished arrives, a moment after the client is done), or 10 s pass.
+async fn scrape_until(t: &common::TestServer, name: &str, want: f64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = scrape(t).await;
+        if metric(&m, name, "") >= want || Instant::now() > deadline {
+            return m;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The value of a metric line `name{labels} value`, summed over workers.
 fn metric(text: &str, name: &str, label: &str) -> f64 {
     text.lines()
@@ -159,7 +172,7 @@ async fn every_mode_engine_key_and_version_serves_requests() {
                     handshakes += 1.0;
                 }
             }
-            let m = scrape(&t).await;
+            let m = scrape_until(&t, "qweb_tls_handshakes_total", handshakes).await;
             assert_eq!(
                 metric(&m, "qweb_tls_handshakes_total", ""),
                 handshakes,
@@ -207,7 +220,7 @@ async fn async_mode_keeps_many_handshakes_in_flight_on_one_worker() {
             task.await.unwrap().unwrap();
         }
         let elapsed = start.elapsed();
-        let m = scrape(&t).await;
+        let m = scrape_until(&t, "qweb_tls_handshakes_total", N as f64).await;
         let peak = metric(&m, "qweb_offload_in_flight_peak", "engine=\"slow\"");
         assert_eq!(metric(&m, "qweb_tls_handshakes_total", ""), N as f64);
         match mode {
@@ -240,7 +253,7 @@ async fn failing_engine_falls_back_to_software_or_fails_cleanly() {
         );
         let cfg = Arc::new(client_config(&ca, &rustls::version::TLS13, Proto::H1));
         handshake(t.addrs[0], cfg.clone()).await.unwrap();
-        let m = scrape(&t).await;
+        let m = scrape_until(&t, "qweb_tls_handshakes_total", 1.0).await;
         assert_eq!(
             metric(&m, "qweb_offload_ops_fallback_total", "engine=\"bad\""),
             1.0,
@@ -263,7 +276,7 @@ async fn failing_engine_falls_back_to_software_or_fails_cleanly() {
         let cfg = Arc::new(client_config(&ca, &rustls::version::TLS13, Proto::H1));
         let r = handshake(t.addrs[0], cfg.clone()).await;
         assert!(r.is_err(), "{mode}: handshake should fail");
-        let m = scrape(&t).await;
+        let m = scrape_until(&t, "qweb_tls_handshakes_failed_total", 1.0).await;
         assert_eq!(
             metric(&m, "qweb_tls_handshakes_failed_total", ""),
             1.0,
@@ -296,7 +309,7 @@ async fn engine_that_never_answers_times_out() {
             "{mode}: software fallback after the timeout"
         );
         assert!(start.elapsed() >= Duration::from_millis(150));
-        let m = scrape(&t).await;
+        let m = scrape_until(&t, "qweb_tls_handshakes_total", 1.0).await;
         assert_eq!(
             metric(&m, "qweb_offload_ops_fallback_total", "engine=\"stuck\""),
             1.0,
@@ -325,7 +338,7 @@ async fn saturated_engine_falls_back_at_once() {
     for task in tasks {
         task.await.unwrap().unwrap();
     }
-    let m = scrape(&t).await;
+    let m = scrape_until(&t, "qweb_tls_handshakes_total", 16.0).await;
     assert!(
         metric(&m, "qweb_offload_ops_saturated_total", "engine=\"tiny\"") >= 1.0,
         "{m}"

@@ -72,20 +72,19 @@ pub fn load_certified_key_with(
     provider: &CryptoProvider,
     offload: Option<&crate::OffloadPolicy>,
 ) -> Result<LoadedCert, TlsError> {
+    match offload {
+        None => load_plain(cert_path, key_path, provider),
+        Some(policy) => load_offloaded(cert_path, Some(key_path), provider, policy),
+    }
+}
+
+fn load_plain(
+    cert_path: &Path,
+    key_path: &Path,
+    provider: &CryptoProvider,
+) -> Result<LoadedCert, TlsError> {
     let chain = load_certs(cert_path)?;
     let key_der = load_private_key(key_path)?;
-    let local = match offload {
-        None => None,
-        Some(policy) => {
-            let key = qweb_offload::LocalKey::from_der(key_der.secret_der()).map_err(|e| {
-                TlsError::Key {
-                    path: key_path.to_owned(),
-                    message: format!("cannot offload this key: {e}"),
-                }
-            })?;
-            Some(crate::OffloadSigningKey::new(Arc::new(key), policy.clone()))
-        }
-    };
     let signing_key = provider
         .key_provider
         .load_private_key(key_der)
@@ -105,15 +104,77 @@ pub fn load_certified_key_with(
         path: cert_path.to_owned(),
         message,
     })?;
-    // the match was checked with rustls' own key; now swap in the offloading one
-    let certified = match local {
-        Some(k) => CertifiedKey::new(certified.cert, Arc::new(k)),
-        None => certified,
-    };
     Ok(LoadedCert {
         key: Arc::new(certified),
         dns_names,
     })
+}
+
+/// A certificate whose signatures go to an offload engine. `key_path` is optional: without
+/// it (a key server holds the key) the key is named by the certificate's SPKI SHA-256, and
+/// there is no software fallback.
+pub fn load_offloaded(
+    cert_path: &Path,
+    key_path: Option<&Path>,
+    provider: &CryptoProvider,
+    policy: &crate::OffloadPolicy,
+) -> Result<LoadedCert, TlsError> {
+    let (chain, dns_names, local) = match key_path {
+        Some(kp) => {
+            let plain = load_plain(cert_path, kp, provider)?;
+            let key_der = load_private_key(kp)?;
+            let local = qweb_offload::LocalKey::from_der(key_der.secret_der()).map_err(|e| {
+                TlsError::Key {
+                    path: kp.to_owned(),
+                    message: format!("cannot offload this key: {e}"),
+                }
+            })?;
+            (
+                plain.key.cert.clone(),
+                plain.dns_names,
+                Some(Arc::new(local)),
+            )
+        }
+        None => {
+            let chain = load_certs(cert_path)?;
+            let names = leaf_dns_names(&chain[0]).map_err(|message| TlsError::Pem {
+                path: cert_path.to_owned(),
+                message,
+            })?;
+            (chain, names, None)
+        }
+    };
+    let pem_err = |message: String| TlsError::Pem {
+        path: cert_path.to_owned(),
+        message,
+    };
+    let ee = webpki::EndEntityCert::try_from(&chain[0])
+        .map_err(|e| pem_err(format!("cannot parse the leaf certificate: {e}")))?;
+    let spki = ee.subject_public_key_info();
+    let kind = qweb_offload::KeyKind::of_spki(spki.as_ref()).ok_or_else(|| {
+        pem_err("the certificate's key is neither RSA nor ECDSA P-256/P-384".into())
+    })?;
+    let key = qweb_offload::KeyRef {
+        id: qweb_offload::KeyId::of_spki(spki.as_ref()),
+        local,
+    };
+    let signing = crate::OffloadSigningKey::new(key, kind, policy.clone());
+    Ok(LoadedCert {
+        key: Arc::new(CertifiedKey::new(chain, Arc::new(signing))),
+        dns_names,
+    })
+}
+
+/// The key id (SPKI SHA-256) of a certificate file's leaf.
+pub fn cert_key_id(cert_path: &Path) -> Result<qweb_offload::KeyId, TlsError> {
+    let chain = load_certs(cert_path)?;
+    let ee = webpki::EndEntityCert::try_from(&chain[0]).map_err(|e| TlsError::Pem {
+        path: cert_path.to_owned(),
+        message: format!("cannot parse the leaf certificate: {e}"),
+    })?;
+    Ok(qweb_offload::KeyId::of_spki(
+        ee.subject_public_key_info().as_ref(),
+    ))
 }
 
 fn leaf_dns_names(leaf: &CertificateDer<'_>) -> Result<Vec<String>, String> {

@@ -17,7 +17,8 @@ mod sni;
 mod stream;
 
 pub use certs::{
-    load_certified_key, load_certified_key_with, load_certs, load_private_key, LoadedCert,
+    cert_key_id, load_certified_key, load_certified_key_with, load_certs, load_offloaded,
+    load_private_key, LoadedCert,
 };
 pub use error::TlsError;
 pub use offload_key::{Fallback, OffloadPolicy, OffloadSigningKey};

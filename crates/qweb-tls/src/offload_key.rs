@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use qweb_offload::job;
 use qweb_offload::{
-    channel, Engine, LocalKey, Op, OpError, OpOutput, SignOp, SignScheme, Submission,
+    channel, Engine, KeyKind, KeyRef, Op, OpError, OpOutput, SignOp, SignScheme, Submission,
 };
 use rustls::sign::{Signer, SigningKey};
 use rustls::{SignatureAlgorithm, SignatureScheme};
@@ -37,25 +37,28 @@ pub struct OffloadPolicy {
     pub fallback: Fallback,
 }
 
-/// A signing key that offloads its signatures.
+/// A signing key that offloads its signatures. The private key itself is optional: with a
+/// key server engine, qweb needs only the certificate (the key is named by its id).
 pub struct OffloadSigningKey {
-    key: Arc<LocalKey>,
+    key: KeyRef,
+    kind: KeyKind,
     policy: OffloadPolicy,
 }
 
 impl std::fmt::Debug for OffloadSigningKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OffloadSigningKey")
-            .field("key", &self.key)
+            .field("key", &self.key.id)
+            .field("local", &self.key.local.is_some())
             .field("engine", &self.policy.engine.name())
             .finish()
     }
 }
 
 impl OffloadSigningKey {
-    /// Wraps a local key.
-    pub fn new(key: Arc<LocalKey>, policy: OffloadPolicy) -> Self {
-        OffloadSigningKey { key, policy }
+    /// A key of type `kind`, named by `key.id`, held locally when `key.local` is set.
+    pub fn new(key: KeyRef, kind: KeyKind, policy: OffloadPolicy) -> Self {
+        OffloadSigningKey { key, kind, policy }
     }
 }
 
@@ -75,7 +78,7 @@ fn to_rustls(s: SignScheme) -> SignatureScheme {
 impl SigningKey for OffloadSigningKey {
     fn choose_scheme(&self, offered: &[SignatureScheme]) -> Option<Box<dyn Signer>> {
         let scheme = self
-            .key
+            .kind
             .schemes()
             .iter()
             .copied()
@@ -88,15 +91,15 @@ impl SigningKey for OffloadSigningKey {
     }
 
     fn algorithm(&self) -> SignatureAlgorithm {
-        match *self.key {
-            LocalKey::Rsa(_) => SignatureAlgorithm::RSA,
-            LocalKey::EcdsaP256(_) | LocalKey::EcdsaP384(_) => SignatureAlgorithm::ECDSA,
+        match self.kind {
+            KeyKind::Rsa => SignatureAlgorithm::RSA,
+            KeyKind::EcdsaP256 | KeyKind::EcdsaP384 => SignatureAlgorithm::ECDSA,
         }
     }
 }
 
 struct OffloadSigner {
-    key: Arc<LocalKey>,
+    key: KeyRef,
     policy: OffloadPolicy,
     scheme: SignScheme,
 }
@@ -139,8 +142,11 @@ impl Signer for OffloadSigner {
         };
         match result {
             Ok(OpOutput::Signature(sig)) => Ok(sig),
-            Err(e) => match self.policy.fallback {
-                Fallback::Software => {
+            Ok(_) => Err(rustls::Error::General(
+                "the engine returned no signature".into(),
+            )),
+            Err(e) => match (self.policy.fallback, &self.key.local) {
+                (Fallback::Software, Some(local)) => {
                     self.policy
                         .engine
                         .metrics()
@@ -150,11 +156,21 @@ impl Signer for OffloadSigner {
                         engine = self.policy.engine.name(),
                         "offload failed ({e}); signing in software"
                     );
-                    self.key
+                    local
                         .sign(self.scheme, message)
                         .map_err(|e| rustls::Error::General(format!("signing failed: {e}")))
                 }
-                Fallback::Fail => {
+                (Fallback::Software, None) => {
+                    tracing::warn!(
+                        engine = self.policy.engine.name(),
+                        key = %self.key.id.hex(),
+                        "offloaded signature failed ({e}) and the key is not held here; failing the handshake"
+                    );
+                    Err(rustls::Error::General(format!(
+                        "offloaded signature failed: {e}"
+                    )))
+                }
+                (Fallback::Fail, _) => {
                     tracing::warn!(
                         engine = self.policy.engine.name(),
                         "offloaded signature failed ({e}); failing the handshake"

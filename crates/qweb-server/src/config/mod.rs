@@ -3,6 +3,7 @@
 //! Every error names the file, the line and column, and the key (see [`ConfigError`]). Unknown
 //! keys are refused. Relative paths in a file are resolved against the file's directory.
 
+mod compression;
 mod error;
 mod raw;
 pub mod units;
@@ -11,6 +12,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use compression::CompressionConfig;
 pub use error::ConfigError;
 use raw::{RawConfig, RawListener, RawRoute, Workers};
 use toml::Spanned;
@@ -38,6 +40,8 @@ pub struct Config {
     pub offload: OffloadConfig,
     /// The admin listener (`/metrics`), off unless configured.
     pub admin: Option<SocketAddr>,
+    /// Response compression (`[compression]`).
+    pub compression: CompressionConfig,
 }
 
 /// Offload engines and how workers submit to them.
@@ -92,6 +96,27 @@ pub enum EngineKind {
         /// For fault testing only: every op fails.
         inject_failures: bool,
     },
+    /// Key servers (`qweb keyserver`) holding the private keys.
+    Keyserver(KeyserverEngineConfig),
+}
+
+/// A `keyserver` engine.
+#[derive(Debug, Clone)]
+pub struct KeyserverEngineConfig {
+    /// `unix:/path` or `tls://host:port`.
+    pub servers: Vec<qweb_keyserver::client::Endpoint>,
+    /// Connections per key server.
+    pub connections: usize,
+    /// Most ops in flight; more are refused (saturation fallback).
+    pub queue: usize,
+    /// An op not answered within this fails.
+    pub timeout: Duration,
+    /// Client certificate and key, and the CA of the key servers' certificates, for `tls://`.
+    pub client_cert: Option<PathBuf>,
+    /// Client key.
+    pub client_key: Option<PathBuf>,
+    /// CA that key server certificates chain to.
+    pub server_ca: Option<PathBuf>,
 }
 
 /// How a listener's TLS handshakes wait for their private-key operations.
@@ -202,8 +227,9 @@ pub enum TlsConfig {
 pub struct CertificateConfig {
     /// PEM chain, leaf first.
     pub cert: PathBuf,
-    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
-    pub key: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1). `None`: a key server holds it (the
+    /// listener's offload engine is a key server).
+    pub key: Option<PathBuf>,
 }
 
 /// A path prefix and what serves it.
@@ -338,6 +364,7 @@ impl Config {
             }],
             offload: OffloadConfig::default(),
             admin: None,
+            compression: CompressionConfig::default(),
         }
     }
 
@@ -514,6 +541,7 @@ impl Validator<'_> {
         }
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
 
+        let compression = self.compression(raw.compression.as_ref(), &offload)?;
         Ok(Config {
             source: self.file.map(absolute),
             workers,
@@ -528,6 +556,7 @@ impl Validator<'_> {
             routes,
             offload,
             admin: raw.admin.as_ref().map(|a| *a.address.get_ref()),
+            compression,
         })
     }
 
@@ -560,14 +589,28 @@ impl Validator<'_> {
                     added_latency: er.added_latency.map(|d| d.0).unwrap_or_default(),
                     inject_failures: er.inject_failures.unwrap_or(false),
                 },
-                other => {
-                    return Err(self.err(
-                        Some(er.kind.span()),
-                        format!("{key}.kind"),
-                        format!("unknown engine kind `{other}` (use \"pool\" or \"inline\")"),
-                    ))
-                }
+                "keyserver" => EngineKind::Keyserver(self.keyserver_engine(&key, e)?),
+                other => return Err(self.err(
+                    Some(er.kind.span()),
+                    format!("{key}.kind"),
+                    format!(
+                        "unknown engine kind `{other}` (use \"pool\", \"keyserver\" or \"inline\")"
+                    ),
+                )),
             };
+            let ks_only = er.servers.is_some()
+                || er.connections.is_some()
+                || er.timeout.is_some()
+                || er.client_cert.is_some()
+                || er.client_key.is_some()
+                || er.server_ca.is_some();
+            if ks_only && !matches!(kind, EngineKind::Keyserver(_)) {
+                return Err(self.err(
+                    Some(e.span()),
+                    key,
+                    "`servers`, `connections`, `timeout`, `client_cert`, `client_key` and `server_ca` are for `keyserver` engines",
+                ));
+            }
             if matches!(kind, EngineKind::Inline)
                 && (er.threads.is_some() || er.queue.is_some() || er.added_latency.is_some())
             {
@@ -581,6 +624,84 @@ impl Validator<'_> {
                 name: name.clone(),
                 kind,
             });
+        }
+        Ok(cfg)
+    }
+
+    fn keyserver_engine(
+        &self,
+        key: &str,
+        e: &Spanned<raw::RawEngine>,
+    ) -> Result<KeyserverEngineConfig, ConfigError> {
+        let er = e.get_ref();
+        if er.threads.is_some() || er.added_latency.is_some() || er.inject_failures.is_some() {
+            return Err(self.err(
+                Some(e.span()),
+                key,
+                "`threads`, `added_latency` and `inject_failures` are for `pool` engines (the key server has its own)",
+            ));
+        }
+        let Some(servers) = &er.servers else {
+            return Err(self.err(
+                Some(e.span()),
+                key,
+                "a keyserver engine needs `servers = [\"unix:/path\" or \"tls://host:port\", ...]`",
+            ));
+        };
+        if servers.get_ref().is_empty() {
+            return Err(self.err(
+                Some(servers.span()),
+                format!("{key}.servers"),
+                "at least one key server is needed",
+            ));
+        }
+        let mut endpoints = Vec::new();
+        for (j, sv) in servers.get_ref().iter().enumerate() {
+            let mut ep = qweb_keyserver::client::Endpoint::parse(sv.get_ref())
+                .map_err(|m| self.err(Some(sv.span()), format!("{key}.servers[{j}]"), m))?;
+            if let qweb_keyserver::client::Endpoint::Unix(p) = &mut ep {
+                *p = self.path(p);
+            }
+            endpoints.push(ep);
+        }
+        let file =
+            |f: &Option<Spanned<PathBuf>>, name: &str| -> Result<Option<PathBuf>, ConfigError> {
+                match f {
+                    None => Ok(None),
+                    Some(p) => {
+                        let path = self.path(p.get_ref());
+                        if !path.is_file() {
+                            return Err(self.err(
+                                Some(p.span()),
+                                format!("{key}.{name}"),
+                                format!("{} is not a readable file", path.display()),
+                            ));
+                        }
+                        Ok(Some(path))
+                    }
+                }
+            };
+        let cfg = KeyserverEngineConfig {
+            servers: endpoints,
+            connections: er.connections.unwrap_or(2).clamp(1, 64),
+            queue: er.queue.unwrap_or(4096).max(1),
+            timeout: er.timeout.map(|d| d.0).unwrap_or(Duration::from_secs(2)),
+            client_cert: file(&er.client_cert, "client_cert")?,
+            client_key: file(&er.client_key, "client_key")?,
+            server_ca: file(&er.server_ca, "server_ca")?,
+        };
+        let uses_tls = cfg
+            .servers
+            .iter()
+            .any(|s| matches!(s, qweb_keyserver::client::Endpoint::Tls { .. }));
+        if uses_tls
+            && (cfg.client_cert.is_none() || cfg.client_key.is_none() || cfg.server_ca.is_none())
+        {
+            return Err(self.err(
+                Some(e.span()),
+                key,
+                "tls:// key servers need `client_cert`, `client_key` and `server_ca` (mutual TLS)",
+            ));
         }
         Ok(cfg)
     }
@@ -649,6 +770,17 @@ impl Validator<'_> {
         l: &RawListener,
         engines: &OffloadConfig,
     ) -> Result<ListenerConfig, ConfigError> {
+        let offload = match &l.offload {
+            None => None,
+            Some(o) => Some(self.listener_offload(i, o, engines, l.tls.is_some())?),
+        };
+        let keyserver = offload.as_ref().is_some_and(|o| {
+            o.mode != OffloadMode::None
+                && engines
+                    .engines
+                    .iter()
+                    .any(|e| e.name == o.engine && matches!(e.kind, EngineKind::Keyserver(_)))
+        });
         let tls = match &l.tls {
             None => None,
             Some(t) => {
@@ -675,15 +807,34 @@ impl Validator<'_> {
                         let mut certs = Vec::new();
                         for (j, c) in tr.certificates.iter().enumerate() {
                             let cert = self.path(c.cert.get_ref());
-                            let keyp = self.path(c.key.get_ref());
+                            let Some(ck) = &c.key else {
+                                // no key file: only with a key server holding the key
+                                if !keyserver {
+                                    return Err(self.err(
+                                        Some(c.cert.span()),
+                                        format!("{key}.certificates[{j}].key"),
+                                        "missing: only a listener whose offload engine is a key server (mode sync or async) may omit the key",
+                                    ));
+                                }
+                                if let Err(e) = qweb_tls::cert_key_id(&cert) {
+                                    return Err(self.err(
+                                        Some(c.cert.span()),
+                                        format!("{key}.certificates[{j}].cert"),
+                                        e.to_string(),
+                                    ));
+                                }
+                                certs.push(CertificateConfig { cert, key: None });
+                                continue;
+                            };
+                            let keyp = self.path(ck.get_ref());
                             if let Err(e) = qweb_tls::load_certified_key(&cert, &keyp, &provider) {
                                 let (span, which) = match &e {
-                                    qweb_tls::TlsError::Key { .. } => (c.key.span(), "key"),
+                                    qweb_tls::TlsError::Key { .. } => (ck.span(), "key"),
                                     qweb_tls::TlsError::Read { path, .. }
                                     | qweb_tls::TlsError::Pem { path, .. }
                                         if *path == keyp =>
                                     {
-                                        (c.key.span(), "key")
+                                        (ck.span(), "key")
                                     }
                                     _ => (c.cert.span(), "cert"),
                                 };
@@ -693,7 +844,10 @@ impl Validator<'_> {
                                     e.to_string(),
                                 ));
                             }
-                            certs.push(CertificateConfig { cert, key: keyp });
+                            certs.push(CertificateConfig {
+                                cert,
+                                key: Some(keyp),
+                            });
                         }
                         Some(TlsConfig::Certificates(certs))
                     }
@@ -701,10 +855,6 @@ impl Validator<'_> {
             }
         };
         let http2 = l.http2.unwrap_or(true);
-        let offload = match &l.offload {
-            None => None,
-            Some(o) => Some(self.listener_offload(i, o, engines, tls.is_some())?),
-        };
         Ok(ListenerConfig {
             address: *l.address.get_ref(),
             http2: http2 && tls.is_some(),

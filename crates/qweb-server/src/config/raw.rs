@@ -25,6 +25,7 @@ pub(crate) struct RawConfig {
     #[serde(default)]
     pub offload: RawOffload,
     pub admin: Option<RawAdmin>,
+    pub compression: Option<Spanned<super::compression::RawCompression>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -45,6 +46,12 @@ pub(crate) struct RawEngine {
     pub queue: Option<usize>,
     pub added_latency: Option<Dur>,
     pub inject_failures: Option<bool>,
+    pub servers: Option<Spanned<Vec<Spanned<String>>>>,
+    pub connections: Option<usize>,
+    pub timeout: Option<Dur>,
+    pub client_cert: Option<Spanned<PathBuf>>,
+    pub client_key: Option<Spanned<PathBuf>>,
+    pub server_ca: Option<Spanned<PathBuf>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -138,7 +145,7 @@ pub(crate) struct RawTls {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawCertificate {
     pub cert: Spanned<PathBuf>,
-    pub key: Spanned<PathBuf>,
+    pub key: Option<Spanned<PathBuf>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -143,8 +143,14 @@ impl StaticFiles {
             }
         };
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(count));
+        // for the compression layer (variant cache, sidecars)
+        let info = crate::compress::StaticFile {
+            path: path.to_owned(),
+            len,
+            mtime,
+        };
         if method == Method::HEAD {
-            return Ok(with_headers(status, h, empty()));
+            return Ok(with_file(with_headers(status, h, empty()), info));
         }
         if start > 0 {
             file.seek(SeekFrom::Start(start))
@@ -155,8 +161,13 @@ impl StaticFiles {
         } else {
             crate::body::boxed(FileBody::new(file, count))
         };
-        Ok(with_headers(status, h, body))
+        Ok(with_file(with_headers(status, h, body), info))
     }
+}
+
+fn with_file(mut r: Response<Body>, info: crate::compress::StaticFile) -> Response<Body> {
+    r.extensions_mut().insert(info);
+    r
 }
 
 fn read_small(file: &mut File, count: u64) -> Result<Body, StatusCode> {

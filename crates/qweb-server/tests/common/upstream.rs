@@ -9,6 +9,15 @@
 //! - `/hop`: a response carrying hop-by-hop headers.
 //! - `/gate`: sends "first\n", then waits until the test calls `gate.notify_one()`, then
 //!   sends "second\n" (shows that a response is streamed, not buffered).
+//! - `/text/<bytes>`: that many bytes of [`text`], `text/plain`, with a length.
+//! - `/rand/<bytes>`: that many bytes of [`random`], `text/plain` (incompressible "text").
+//! - `/textstream/<pieces>/<bytes>/<ms>`: [`text`] of pieces x bytes, sent one piece every
+//!   ms, `text/plain`, no length.
+//! - `/gatetext`: `text/plain` "first line\n", then waits for the gate, then
+//!   "second line\n" (a streamed response that pauses).
+//! - `/encoded`: `text/plain` with `Content-Encoding: gzip` (already encoded; the bytes are
+//!   [`ENCODED`]).
+//! - `/png/<bytes>`: `image/png`, that many bytes of [`text`].
 //! - anything else: 200 with body `up:<name>:<path>`.
 
 use std::convert::Infallible;
@@ -40,6 +49,55 @@ impl Drop for Upstream {
         self.task.abort();
     }
 }
+
+/// `n` bytes of English-like text (compressible; deterministic).
+pub fn text(n: usize) -> Vec<u8> {
+    let words = [
+        "alpha",
+        "bravo",
+        "charlie",
+        "delta",
+        "echo",
+        "foxtrot",
+        "golf",
+        "hotel",
+        "india",
+        "<li class=\"x\">",
+        "</li>",
+        "offload",
+        "engine",
+        "stream",
+        "chunk",
+        "worker",
+    ];
+    let mut out = Vec::with_capacity(n + 32);
+    let mut x: u64 = 0x2545f4914f6cdd1d;
+    while out.len() < n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(words[(x % words.len() as u64) as usize].as_bytes());
+        out.push(if x % 9 == 0 { b'\n' } else { b' ' });
+    }
+    out.truncate(n);
+    out
+}
+
+/// `n` pseudo-random bytes (incompressible; deterministic per `seed`).
+pub fn random(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// The body of `/encoded`.
+pub const ENCODED: &[u8] = b"already-encoded-bytes-from-the-upstream";
 
 /// The byte at `i` of the `/big` pattern.
 pub fn pattern(i: usize) -> u8 {
@@ -146,6 +204,61 @@ async fn handle(
             let n: usize = n.parse().unwrap_or(0);
             let body: Vec<u8> = (0..n).map(pattern).collect();
             Response::new(full(body))
+        }
+        ["text", n] => Response::builder()
+            .header("content-type", "text/plain; charset=utf-8")
+            .body(full(text(n.parse().unwrap_or(0))))
+            .expect("resp"),
+        ["rand", n] => Response::builder()
+            .header("content-type", "text/plain")
+            .body(full(random(n.parse().unwrap_or(0), 99)))
+            .expect("resp"),
+        ["png", n] => Response::builder()
+            .header("content-type", "image/png")
+            .body(full(text(n.parse().unwrap_or(0))))
+            .expect("resp"),
+        ["encoded"] => Response::builder()
+            .header("content-type", "text/plain")
+            .header("content-encoding", "gzip")
+            .body(full(ENCODED))
+            .expect("resp"),
+        ["textstream", pieces, size, ms] => {
+            let (pieces, size): (usize, usize) =
+                (pieces.parse().unwrap_or(1), size.parse().unwrap_or(1));
+            let ms: u64 = ms.parse().unwrap_or(10);
+            let all = Bytes::from(text(pieces * size));
+            let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
+            tokio::spawn(async move {
+                for i in 0..pieces {
+                    let piece = all.slice(i * size..(i + 1) * size);
+                    if tx.send(Ok(Frame::data(piece))).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+            });
+            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|x| (x, rx))
+            });
+            Response::builder()
+                .header("content-type", "text/plain")
+                .body(StreamBody::new(stream).boxed())
+                .expect("resp")
+        }
+        ["gatetext"] => {
+            let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
+            tokio::spawn(async move {
+                let _ = tx.send(Ok(Frame::data(Bytes::from("first line\n")))).await;
+                gate.notified().await;
+                let _ = tx.send(Ok(Frame::data(Bytes::from("second line\n")))).await;
+            });
+            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|x| (x, rx))
+            });
+            Response::builder()
+                .header("content-type", "text/plain")
+                .body(StreamBody::new(stream).boxed())
+                .expect("resp")
         }
         ["hop"] => Response::builder()
             .header("connection", "x-secret, keep-alive")

@@ -1,0 +1,995 @@
+//! The load generator: many client connections on a multi-threaded tokio runtime, every
+//! response checked, results over a measured window after a warm-up.
+//!
+//! Two modes:
+//! - [`Mode::Handshake`]: each connection does connect → full TLS handshake (the client has no
+//!   session cache and no tickets, and every connection's handshake kind is checked to be
+//!   `Full`) → optionally one request → close, then starts over. Measures handshakes/s. Without
+//!   a request the client sends close_notify and waits for the server to close, so the server
+//!   has processed the whole handshake before the next one starts.
+//! - [`Mode::Keepalive`]: each connection is opened once and sends requests back to back (or
+//!   paced at `--rate`, latency then measured from the scheduled send time so a stalled server
+//!   is not hidden). Measures requests/s, body bytes/s and latency percentiles.
+//!
+//! Client sockets close with `SO_LINGER` 0 so thousands of short connections leave no
+//! TIME_WAIT entries behind to exhaust the ephemeral ports.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH, HOST};
+use http::{Request, Uri};
+use http_body_util::{BodyExt, Empty};
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::ServerName;
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+
+use crate::stats::{summarize, LatencySummary};
+use crate::tls::{client_config, HttpVersion, TlsVersion};
+use crate::{Error, Result};
+
+/// What each connection does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Connect, full handshake, (one request with --request), close; repeat.
+    Handshake,
+    /// One connection, many requests.
+    Keepalive,
+}
+
+/// One load run. Also the arguments of `qweb-bench load`.
+#[derive(Debug, Clone, clap::Args, Serialize)]
+pub struct LoadSpec {
+    /// Target, https://HOST:PORT/PATH.
+    pub url: String,
+    /// handshake: full handshakes per second; keepalive: requests on open connections.
+    #[arg(long, value_enum, default_value = "keepalive")]
+    pub mode: Mode,
+    /// Concurrent client connections.
+    #[arg(short = 'c', long, default_value_t = 64)]
+    pub connections: usize,
+    /// HTTP/2 only: concurrent requests per connection (keepalive mode).
+    #[arg(long, default_value_t = 1)]
+    pub streams: usize,
+    /// Measured time in seconds (after the warm-up). Ignored with --count.
+    #[arg(short = 'd', long, default_value_t = 5.0)]
+    pub duration: f64,
+    /// Measure exactly this many operations (handshakes or requests) after the warm-up
+    /// instead of a fixed duration.
+    #[arg(short = 'n', long)]
+    pub count: Option<u64>,
+    /// Warm-up in seconds: load runs, nothing is counted except errors.
+    #[arg(short = 'w', long, default_value_t = 1.0)]
+    pub warmup: f64,
+    /// TLS version the client offers (only that one).
+    #[arg(long, value_enum, default_value = "1.3")]
+    pub tls: TlsVersion,
+    /// HTTP version (by ALPN).
+    #[arg(long, value_enum, default_value = "1.1")]
+    pub http: HttpVersion,
+    /// Accept-Encoding request header (none sent when absent).
+    #[arg(long)]
+    pub accept_encoding: Option<String>,
+    /// Required Content-Encoding of every response ("identity": none).
+    #[arg(long)]
+    pub expect_encoding: Option<String>,
+    /// Required body bytes of every response (as received, i.e. compressed). Without it the
+    /// body must match Content-Length when the response has one.
+    #[arg(long)]
+    pub expect_bytes: Option<u64>,
+    /// Required status of every response.
+    #[arg(long, default_value_t = 200)]
+    pub expect_status: u16,
+    /// Handshake mode: send one request on each connection before closing it.
+    #[arg(long)]
+    pub request: bool,
+    /// Keepalive mode: total requests per second, paced evenly over the connections (open
+    /// loop); latency is measured from each request's scheduled time.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Client runtime threads (default: one per CPU).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Per-operation timeout in seconds (counted as an error).
+    #[arg(long, default_value_t = 10.0)]
+    pub timeout: f64,
+}
+
+impl LoadSpec {
+    /// A spec with the defaults of the command line.
+    pub fn new(url: impl Into<String>, mode: Mode) -> Self {
+        LoadSpec {
+            url: url.into(),
+            mode,
+            connections: 64,
+            streams: 1,
+            duration: 5.0,
+            count: None,
+            warmup: 1.0,
+            tls: TlsVersion::Tls13,
+            http: HttpVersion::H1,
+            accept_encoding: None,
+            expect_encoding: None,
+            expect_bytes: None,
+            expect_status: 200,
+            request: false,
+            rate: None,
+            threads: None,
+            timeout: 10.0,
+        }
+    }
+
+    /// The `qweb-bench load` command line that runs this spec.
+    pub fn command_line(&self) -> String {
+        let mut a = vec!["qweb-bench load".to_string(), self.url.clone()];
+        a.push(format!(
+            "--mode {}",
+            match self.mode {
+                Mode::Handshake => "handshake",
+                Mode::Keepalive => "keepalive",
+            }
+        ));
+        a.push(format!("-c {}", self.connections));
+        if self.streams != 1 {
+            a.push(format!("--streams {}", self.streams));
+        }
+        match self.count {
+            Some(n) => a.push(format!("-n {n}")),
+            None => a.push(format!("-d {}", self.duration)),
+        }
+        a.push(format!("-w {}", self.warmup));
+        a.push(format!(
+            "--tls {}",
+            match self.tls {
+                TlsVersion::Tls12 => "1.2",
+                TlsVersion::Tls13 => "1.3",
+            }
+        ));
+        a.push(format!(
+            "--http {}",
+            match self.http {
+                HttpVersion::H1 => "1.1",
+                HttpVersion::H2 => "2",
+            }
+        ));
+        if let Some(e) = &self.accept_encoding {
+            a.push(format!("--accept-encoding {e}"));
+        }
+        if let Some(e) = &self.expect_encoding {
+            a.push(format!("--expect-encoding {e}"));
+        }
+        if let Some(b) = self.expect_bytes {
+            a.push(format!("--expect-bytes {b}"));
+        }
+        if self.request {
+            a.push("--request".into());
+        }
+        if let Some(r) = self.rate {
+            a.push(format!("--rate {r}"));
+        }
+        if let Some(t) = self.threads {
+            a.push(format!("--threads {t}"));
+        }
+        a.join(" ")
+    }
+}
+
+/// Errors by kind, over the whole run (warm-up included: nothing is hidden).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ErrorCounts {
+    /// TCP connect failed.
+    pub connect: u64,
+    /// TLS handshake failed.
+    pub tls: u64,
+    /// The handshake was not a full one (resumption happened although disabled).
+    pub not_full_handshake: u64,
+    /// HTTP protocol error (connection reset, malformed response...).
+    pub http: u64,
+    /// Unexpected status.
+    pub status: u64,
+    /// Body bytes differ from the expected count or from Content-Length.
+    pub bytes: u64,
+    /// Unexpected Content-Encoding.
+    pub encoding: u64,
+    /// The operation timed out.
+    pub timeout: u64,
+}
+
+impl ErrorCounts {
+    /// All errors.
+    pub fn total(&self) -> u64 {
+        self.connect
+            + self.tls
+            + self.not_full_handshake
+            + self.http
+            + self.status
+            + self.bytes
+            + self.encoding
+            + self.timeout
+    }
+
+    fn add(&mut self, o: &ErrorCounts) {
+        self.connect += o.connect;
+        self.tls += o.tls;
+        self.not_full_handshake += o.not_full_handshake;
+        self.http += o.http;
+        self.status += o.status;
+        self.bytes += o.bytes;
+        self.encoding += o.encoding;
+        self.timeout += o.timeout;
+    }
+}
+
+/// The result of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadReport {
+    /// The spec that ran.
+    pub spec: LoadSpec,
+    /// Length of the measured window, seconds.
+    pub measured_secs: f64,
+    /// Operations completed in the window (handshakes in handshake mode, else requests).
+    pub ops: u64,
+    /// `ops / measured_secs`.
+    pub ops_per_sec: f64,
+    /// Full handshakes completed in the window.
+    pub handshakes: u64,
+    /// Full handshakes completed over the whole run, warm-up included (to compare with the
+    /// server's handshake counter).
+    pub handshakes_all: u64,
+    /// Requests completed in the window.
+    pub requests: u64,
+    /// Response body bytes received in the window (as sent: compressed when compressed).
+    pub body_bytes: u64,
+    /// `body_bytes` per second, in MiB/s.
+    pub mib_per_sec: f64,
+    /// Per-operation latency in the window (handshake mode: connect to close; keepalive:
+    /// request sent, or scheduled with --rate, to last body byte).
+    pub latency: LatencySummary,
+    /// Errors.
+    pub errors: ErrorCounts,
+    /// The first few error messages.
+    pub error_samples: Vec<String>,
+}
+
+impl LoadReport {
+    /// A human-readable summary.
+    pub fn human(&self) -> String {
+        let what = match self.spec.mode {
+            Mode::Handshake => "handshakes",
+            Mode::Keepalive => "requests",
+        };
+        let mut s = format!(
+            "{}: {} {what} in {:.2}s = {:.1} {what}/s, {:.1} MiB/s\n\
+             latency us: mean {:.0}  p50 {}  p90 {}  p99 {}  max {}\n\
+             full handshakes: {} in window, {} in all; requests: {}; errors: {}",
+            self.spec.url,
+            self.ops,
+            self.measured_secs,
+            self.ops_per_sec,
+            self.mib_per_sec,
+            self.latency.mean_us,
+            self.latency.p50_us,
+            self.latency.p90_us,
+            self.latency.p99_us,
+            self.latency.max_us,
+            self.handshakes,
+            self.handshakes_all,
+            self.requests,
+            self.errors.total()
+        );
+        if self.errors.total() > 0 {
+            s.push_str(&format!("\nerrors by kind: {:?}", self.errors));
+            for m in &self.error_samples {
+                s.push_str(&format!("\n  error: {m}"));
+            }
+        }
+        s
+    }
+}
+
+/// The parsed target.
+#[derive(Debug, Clone)]
+struct Target {
+    addr: SocketAddr,
+    server_name: ServerName<'static>,
+    authority: String,
+    path: String,
+    uri: Uri,
+}
+
+fn parse_target(url: &str) -> Result<Target> {
+    let uri: Uri = url
+        .parse()
+        .map_err(|e| Error::Arg(format!("URL {url:?}: {e}")))?;
+    if uri.scheme_str() != Some("https") {
+        return Err(Error::Arg(format!(
+            "URL {url:?}: only https:// is supported"
+        )));
+    }
+    let auth = uri
+        .authority()
+        .ok_or_else(|| Error::Arg(format!("URL {url:?}: no host")))?
+        .clone();
+    let host = auth.host().trim_start_matches('[').trim_end_matches(']');
+    let port = auth.port_u16().unwrap_or(443);
+    let addr = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| Error::io(format!("resolve {host}"), e))?
+        .next()
+        .ok_or_else(|| Error::Arg(format!("URL {url:?}: {host} resolves to nothing")))?;
+    let server_name = ServerName::try_from(host.to_string())
+        .map_err(|e| Error::Arg(format!("URL {url:?}: server name: {e}")))?;
+    let path = uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
+    Ok(Target {
+        addr,
+        server_name,
+        authority: auth.as_str().to_string(),
+        path,
+        uri,
+    })
+}
+
+/// State shared by all connection tasks of a run.
+struct Shared {
+    spec: LoadSpec,
+    target: Target,
+    connector: TlsConnector,
+    start: Instant,
+    warmup_end: Instant,
+    /// End of the measured window (far away in count mode).
+    end: Instant,
+    /// Count mode: operations still to measure.
+    tickets: Option<AtomicI64>,
+    /// Count mode: nanoseconds since `start` of the last counted completion.
+    last_done: AtomicU64,
+    stop: AtomicBool,
+    timeout: Duration,
+}
+
+#[derive(Default)]
+struct TaskStats {
+    samples: Vec<u64>,
+    ops: u64,
+    handshakes: u64,
+    handshakes_all: u64,
+    requests: u64,
+    bytes: u64,
+    errors: ErrorCounts,
+    messages: Vec<String>,
+}
+
+type Stats = Arc<Mutex<TaskStats>>;
+
+#[derive(Debug)]
+enum OpError {
+    Connect(String),
+    Tls(String),
+    NotFull(String),
+    Http(String),
+    Status(String),
+    Bytes(String),
+    Encoding(String),
+    Timeout,
+}
+
+fn record_error(stats: &Stats, e: OpError) {
+    let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
+    let msg = match e {
+        OpError::Connect(m) => {
+            s.errors.connect += 1;
+            format!("connect: {m}")
+        }
+        OpError::Tls(m) => {
+            s.errors.tls += 1;
+            format!("tls: {m}")
+        }
+        OpError::NotFull(m) => {
+            s.errors.not_full_handshake += 1;
+            format!("not a full handshake: {m}")
+        }
+        OpError::Http(m) => {
+            s.errors.http += 1;
+            format!("http: {m}")
+        }
+        OpError::Status(m) => {
+            s.errors.status += 1;
+            format!("status: {m}")
+        }
+        OpError::Bytes(m) => {
+            s.errors.bytes += 1;
+            format!("body bytes: {m}")
+        }
+        OpError::Encoding(m) => {
+            s.errors.encoding += 1;
+            format!("content-encoding: {m}")
+        }
+        OpError::Timeout => {
+            s.errors.timeout += 1;
+            "timeout".to_string()
+        }
+    };
+    if s.messages.len() < 5 {
+        s.messages.push(msg);
+    }
+}
+
+/// Whether an operation that started at `started` may start now and be counted; `None`: stop.
+fn admit(sh: &Shared) -> Option<bool> {
+    if sh.stop.load(Relaxed) {
+        return None;
+    }
+    let now = Instant::now();
+    if now < sh.warmup_end {
+        return Some(false);
+    }
+    match &sh.tickets {
+        Some(t) => (t.fetch_sub(1, Relaxed) > 0).then_some(true),
+        None => (now < sh.end).then_some(true),
+    }
+}
+
+/// Records a completed operation when it is in the measured window.
+fn complete(sh: &Shared, stats: &Stats, counted: bool, began: Instant, bytes: u64, hs: bool) {
+    let now = Instant::now();
+    let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
+    if hs {
+        s.handshakes_all += 1;
+    }
+    let in_window = if sh.tickets.is_some() {
+        counted
+    } else {
+        counted && now <= sh.end
+    };
+    if !in_window {
+        return;
+    }
+    s.ops += 1;
+    s.bytes += bytes;
+    if hs {
+        s.handshakes += 1;
+    }
+    if sh.spec.mode == Mode::Keepalive || sh.spec.request {
+        s.requests += 1;
+    }
+    s.samples
+        .push(now.saturating_duration_since(began).as_micros() as u64);
+    sh.last_done
+        .fetch_max(now.duration_since(sh.start).as_nanos() as u64, Relaxed);
+}
+
+async fn connect_tls(sh: &Shared) -> Result<TlsStream<TcpStream>, OpError> {
+    let tcp = TcpStream::connect(sh.target.addr)
+        .await
+        .map_err(|e| OpError::Connect(e.to_string()))?;
+    let _ = tcp.set_nodelay(true);
+    let _ = socket2::SockRef::from(&tcp).set_linger(Some(Duration::ZERO));
+    let tls = sh
+        .connector
+        .connect(sh.target.server_name.clone(), tcp)
+        .await
+        .map_err(|e| OpError::Tls(e.to_string()))?;
+    let kind = tls.get_ref().1.handshake_kind();
+    if kind != Some(rustls::HandshakeKind::Full) {
+        return Err(OpError::NotFull(format!("{kind:?}")));
+    }
+    Ok(tls)
+}
+
+enum Sender {
+    H1(http1::SendRequest<Empty<Bytes>>),
+    H2(http2::SendRequest<Empty<Bytes>>),
+}
+
+impl Clone for Sender {
+    fn clone(&self) -> Self {
+        match self {
+            // HTTP/1.1 senders are not shared between streams; see `keepalive_conn`.
+            Sender::H1(_) => unreachable!("HTTP/1.1 senders are never cloned"),
+            Sender::H2(s) => Sender::H2(s.clone()),
+        }
+    }
+}
+
+async fn http_handshake(
+    sh: &Shared,
+    tls: TlsStream<TcpStream>,
+) -> Result<(Sender, tokio::task::JoinHandle<()>), OpError> {
+    let io = TokioIo::new(tls);
+    match sh.spec.http {
+        HttpVersion::H1 => {
+            let (s, c) = http1::handshake(io)
+                .await
+                .map_err(|e| OpError::Http(e.to_string()))?;
+            Ok((
+                Sender::H1(s),
+                tokio::spawn(async move {
+                    let _ = c.await;
+                }),
+            ))
+        }
+        HttpVersion::H2 => {
+            let (s, c) = http2::handshake(TokioExecutor::new(), io)
+                .await
+                .map_err(|e| OpError::Http(e.to_string()))?;
+            Ok((
+                Sender::H2(s),
+                tokio::spawn(async move {
+                    let _ = c.await;
+                }),
+            ))
+        }
+    }
+}
+
+/// Sends one request and checks the response; returns the body bytes.
+async fn request(sh: &Shared, sender: &mut Sender) -> Result<u64, OpError> {
+    let mut b = Request::get(match sender {
+        Sender::H1(_) => {
+            Uri::try_from(sh.target.path.as_str()).map_err(|e| OpError::Http(e.to_string()))?
+        }
+        Sender::H2(_) => sh.target.uri.clone(),
+    });
+    if matches!(sender, Sender::H1(_)) {
+        b = b.header(HOST, sh.target.authority.as_str());
+    }
+    if let Some(ae) = &sh.spec.accept_encoding {
+        b = b.header(ACCEPT_ENCODING, ae.as_str());
+    }
+    let req = b
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| OpError::Http(e.to_string()))?;
+    let resp = match sender {
+        Sender::H1(s) => {
+            s.ready().await.map_err(|e| OpError::Http(e.to_string()))?;
+            s.send_request(req).await
+        }
+        Sender::H2(s) => {
+            s.ready().await.map_err(|e| OpError::Http(e.to_string()))?;
+            s.send_request(req).await
+        }
+    }
+    .map_err(|e| OpError::Http(e.to_string()))?;
+    let status = resp.status().as_u16();
+    let enc = resp
+        .headers()
+        .get(CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let clen = resp
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let mut body = resp.into_body();
+    let mut n = 0u64;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| OpError::Http(e.to_string()))?;
+        if let Some(d) = frame.data_ref() {
+            n += d.len() as u64;
+        }
+    }
+    if status != sh.spec.expect_status {
+        return Err(OpError::Status(format!(
+            "{status}, expected {}",
+            sh.spec.expect_status
+        )));
+    }
+    if let Some(want) = &sh.spec.expect_encoding {
+        let got = enc.as_deref().unwrap_or("identity");
+        if !got.eq_ignore_ascii_case(want) {
+            return Err(OpError::Encoding(format!("{got}, expected {want}")));
+        }
+    }
+    match (sh.spec.expect_bytes, clen) {
+        (Some(want), _) if want != n => {
+            return Err(OpError::Bytes(format!("{n}, expected {want}")));
+        }
+        (None, Some(cl)) if cl != n => {
+            return Err(OpError::Bytes(format!("{n}, Content-Length {cl}")));
+        }
+        _ => {}
+    }
+    Ok(n)
+}
+
+/// One handshake-mode operation.
+async fn handshake_op(sh: &Shared) -> Result<u64, OpError> {
+    let mut tls = connect_tls(sh).await?;
+    if sh.spec.request {
+        let (mut sender, conn) = http_handshake(sh, tls).await?;
+        let n = request(sh, &mut sender).await;
+        drop(sender);
+        conn.abort();
+        n
+    } else {
+        // close_notify + FIN, then wait for the server to close: it has then read our
+        // Finished, i.e. completed its side of the handshake.
+        let _ = tls.shutdown().await;
+        let mut buf = [0u8; 4096];
+        loop {
+            match tls.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        Ok(0)
+    }
+}
+
+async fn handshake_task(sh: Arc<Shared>, stats: Stats) {
+    while let Some(counted) = admit(&sh) {
+        let began = Instant::now();
+        match tokio::time::timeout(sh.timeout, handshake_op(&sh)).await {
+            Ok(Ok(n)) => complete(&sh, &stats, counted, began, n, true),
+            Ok(Err(e)) => {
+                record_error(&stats, e);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(_) => record_error(&stats, OpError::Timeout),
+        }
+    }
+}
+
+/// Requests on one open connection until it fails or the run stops.
+async fn request_loop(
+    sh: &Shared,
+    stats: &Stats,
+    sender: &mut Sender,
+    pace: Option<(Instant, Duration)>,
+) -> bool {
+    let mut next = pace.map(|(t, _)| t);
+    loop {
+        if let (Some(t), Some((_, iv))) = (next, pace) {
+            tokio::time::sleep_until(t.into()).await;
+            next = Some(t + iv);
+        }
+        let Some(counted) = admit(sh) else {
+            return true;
+        };
+        let began = match (next, pace) {
+            (Some(t), Some((_, iv))) => t - iv,
+            _ => Instant::now(),
+        };
+        match tokio::time::timeout(sh.timeout, request(sh, sender)).await {
+            Ok(Ok(n)) => complete(sh, stats, counted, began, n, false),
+            Ok(Err(e)) => {
+                record_error(stats, e);
+                return false;
+            }
+            Err(_) => {
+                record_error(stats, OpError::Timeout);
+                return false;
+            }
+        }
+    }
+}
+
+async fn keepalive_task(sh: Arc<Shared>, stats: Stats, index: usize) {
+    let streams = match sh.spec.http {
+        HttpVersion::H1 => 1,
+        HttpVersion::H2 => sh.spec.streams.max(1),
+    };
+    let interval = sh
+        .spec
+        .rate
+        .map(|r| Duration::from_secs_f64((sh.spec.connections * streams) as f64 / r.max(0.001)));
+    loop {
+        if sh.stop.load(Relaxed) {
+            return;
+        }
+        let setup = async {
+            let tls = connect_tls(&sh).await?;
+            http_handshake(&sh, tls).await
+        };
+        let (mut sender, conn) = match tokio::time::timeout(sh.timeout, setup).await {
+            Ok(Ok(x)) => x,
+            Ok(Err(e)) => {
+                record_error(&stats, e);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+            Err(_) => {
+                record_error(&stats, OpError::Timeout);
+                continue;
+            }
+        };
+        {
+            let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
+            s.handshakes_all += 1;
+        }
+        let pace = |k: usize| {
+            interval.map(|iv| {
+                // Stagger the connections' schedules over one interval.
+                let total = (sh.spec.connections * streams) as u32;
+                let slot = (index * streams + k) as u32;
+                (Instant::now() + iv / total.max(1) * slot, iv)
+            })
+        };
+        let finished = if streams == 1 {
+            request_loop(&sh, &stats, &mut sender, pace(0)).await
+        } else {
+            let mut set = tokio::task::JoinSet::new();
+            for k in 0..streams {
+                let (sh, stats, mut s, p) = (sh.clone(), stats.clone(), sender.clone(), pace(k));
+                set.spawn(async move { request_loop(&sh, &stats, &mut s, p).await });
+            }
+            let mut all = true;
+            while let Some(r) = set.join_next().await {
+                all &= r.unwrap_or(false);
+            }
+            all
+        };
+        drop(sender);
+        conn.abort();
+        if finished {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Runs `spec` on its own multi-threaded runtime and returns the report.
+pub fn run_load(spec: &LoadSpec) -> Result<LoadReport> {
+    if spec.connections == 0 {
+        return Err(Error::Arg("--connections must be at least 1".into()));
+    }
+    if !(spec.duration > 0.0 && spec.warmup >= 0.0 && spec.timeout > 0.0) {
+        return Err(Error::Arg(
+            "--duration and --timeout must be > 0, --warmup >= 0".into(),
+        ));
+    }
+    let target = parse_target(&spec.url)?;
+    let connector = TlsConnector::from(client_config(spec.tls, spec.http)?);
+    crate::raise_fd_limit(spec.connections as u64 * 2 + 1024);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(spec.threads.unwrap_or_else(crate::cpus).max(1))
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("start the client runtime", e))?;
+    rt.block_on(run_async(spec.clone(), target, connector))
+}
+
+async fn run_async(spec: LoadSpec, target: Target, connector: TlsConnector) -> Result<LoadReport> {
+    let start = Instant::now();
+    let warmup_end = start + Duration::from_secs_f64(spec.warmup);
+    let end = match spec.count {
+        Some(_) => warmup_end + Duration::from_secs(365 * 24 * 3600),
+        None => warmup_end + Duration::from_secs_f64(spec.duration),
+    };
+    let sh = Arc::new(Shared {
+        timeout: Duration::from_secs_f64(spec.timeout),
+        tickets: spec.count.map(|n| AtomicI64::new(n as i64)),
+        spec,
+        target,
+        connector,
+        start,
+        warmup_end,
+        end,
+        last_done: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+    });
+    let mut all_stats = Vec::new();
+    let mut handles = Vec::new();
+    for i in 0..sh.spec.connections {
+        let stats: Stats = Arc::default();
+        all_stats.push(stats.clone());
+        let sh = sh.clone();
+        handles.push(tokio::spawn(async move {
+            match sh.spec.mode {
+                Mode::Handshake => handshake_task(sh, stats).await,
+                Mode::Keepalive => keepalive_task(sh, stats, i).await,
+            }
+        }));
+    }
+    let measured = if sh.spec.count.is_some() {
+        for h in handles {
+            let _ = h.await;
+        }
+        let last = Duration::from_nanos(sh.last_done.load(Relaxed));
+        (start + last).saturating_duration_since(warmup_end)
+    } else {
+        tokio::time::sleep_until(end.into()).await;
+        sh.stop.store(true, Relaxed);
+        for h in &handles {
+            h.abort();
+        }
+        for h in handles {
+            let _ = h.await;
+        }
+        end - warmup_end
+    };
+    let mut total = TaskStats::default();
+    for s in all_stats {
+        let mut s = s.lock().unwrap_or_else(|p| p.into_inner());
+        total.samples.append(&mut s.samples);
+        total.ops += s.ops;
+        total.handshakes += s.handshakes;
+        total.handshakes_all += s.handshakes_all;
+        total.requests += s.requests;
+        total.bytes += s.bytes;
+        total.errors.add(&s.errors);
+        for m in s.messages.drain(..) {
+            if total.messages.len() < 5 {
+                total.messages.push(m);
+            }
+        }
+    }
+    let secs = measured.as_secs_f64().max(1e-9);
+    Ok(LoadReport {
+        spec: sh.spec.clone(),
+        measured_secs: secs,
+        ops: total.ops,
+        ops_per_sec: total.ops as f64 / secs,
+        handshakes: total.handshakes,
+        handshakes_all: total.handshakes_all,
+        requests: total.requests,
+        body_bytes: total.bytes,
+        mib_per_sec: total.bytes as f64 / secs / (1024.0 * 1024.0),
+        latency: summarize(&mut total.samples),
+        errors: total.errors,
+        error_samples: total.messages,
+    })
+}
+
+/// Idle connections held open (experiment F): each did a full handshake and one request and
+/// now sits idle. Dropping the set closes them.
+pub struct IdleSet {
+    held: Vec<(Sender, tokio::task::JoinHandle<()>)>,
+    /// Connections that failed to open, by kind.
+    pub errors: ErrorCounts,
+    /// The first few error messages.
+    pub error_samples: Vec<String>,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl IdleSet {
+    /// Opens `n` connections to `spec.url` (`spec.connections` at a time), each with one
+    /// checked request.
+    pub fn open(spec: &LoadSpec, n: usize) -> Result<IdleSet> {
+        let target = parse_target(&spec.url)?;
+        let connector = TlsConnector::from(client_config(spec.tls, spec.http)?);
+        crate::raise_fd_limit(n as u64 * 2 + 1024);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(spec.threads.unwrap_or_else(crate::cpus).max(1))
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("start the client runtime", e))?;
+        let now = Instant::now();
+        let sh = Arc::new(Shared {
+            timeout: Duration::from_secs_f64(spec.timeout),
+            tickets: None,
+            spec: spec.clone(),
+            target,
+            connector,
+            start: now,
+            warmup_end: now,
+            end: now,
+            last_done: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+        });
+        let stats: Stats = Arc::default();
+        let held = rt.block_on(async {
+            let sem = Arc::new(tokio::sync::Semaphore::new(spec.connections.max(1)));
+            let mut set = tokio::task::JoinSet::new();
+            for _ in 0..n {
+                let (sh, stats, sem) = (sh.clone(), stats.clone(), sem.clone());
+                set.spawn(async move {
+                    let _permit = sem.acquire_owned().await.ok()?;
+                    let open = async {
+                        let tls = connect_tls(&sh).await?;
+                        let (mut s, c) = http_handshake(&sh, tls).await?;
+                        match request(&sh, &mut s).await {
+                            Ok(_) => Ok((s, c)),
+                            Err(e) => {
+                                c.abort();
+                                Err(e)
+                            }
+                        }
+                    };
+                    match tokio::time::timeout(sh.timeout, open).await {
+                        Ok(Ok(x)) => Some(x),
+                        Ok(Err(e)) => {
+                            record_error(&stats, e);
+                            None
+                        }
+                        Err(_) => {
+                            record_error(&stats, OpError::Timeout);
+                            None
+                        }
+                    }
+                });
+            }
+            let mut held = Vec::with_capacity(n);
+            while let Some(r) = set.join_next().await {
+                if let Ok(Some(x)) = r {
+                    held.push(x);
+                }
+            }
+            held
+        });
+        let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(IdleSet {
+            held,
+            errors: std::mem::take(&mut s.errors),
+            error_samples: std::mem::take(&mut s.messages),
+            rt: Some(rt),
+        })
+    }
+
+    /// Connections open now.
+    pub fn len(&self) -> usize {
+        self.held.iter().filter(|(_, c)| !c.is_finished()).count()
+    }
+
+    /// Whether no connection is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Drop for IdleSet {
+    fn drop(&mut self) {
+        for (_, c) in self.held.drain(..) {
+            c.abort();
+        }
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_timeout(Duration::from_secs(2));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse() {
+        let t = parse_target("https://127.0.0.1:8443/a/b?x=1").unwrap();
+        assert_eq!(t.addr, "127.0.0.1:8443".parse().unwrap());
+        assert_eq!(t.path, "/a/b?x=1");
+        assert_eq!(t.authority, "127.0.0.1:8443");
+        assert!(parse_target("http://127.0.0.1/").is_err());
+        assert!(parse_target("not a url").is_err());
+    }
+
+    #[test]
+    fn command_line_round_trips_the_options() {
+        let mut s = LoadSpec::new("https://127.0.0.1:1/x", Mode::Handshake);
+        s.tls = TlsVersion::Tls12;
+        s.request = true;
+        s.count = Some(100);
+        s.accept_encoding = Some("gzip".into());
+        assert_eq!(
+            s.command_line(),
+            "qweb-bench load https://127.0.0.1:1/x --mode handshake -c 64 -n 100 -w 1 \
+             --tls 1.2 --http 1.1 --accept-encoding gzip --request"
+        );
+    }
+
+    #[test]
+    fn error_counts_sum() {
+        let mut a = ErrorCounts {
+            tls: 2,
+            ..Default::default()
+        };
+        a.add(&ErrorCounts {
+            bytes: 1,
+            tls: 1,
+            ..Default::default()
+        });
+        assert_eq!(a.total(), 4);
+        assert_eq!(a.tls, 3);
+    }
+}

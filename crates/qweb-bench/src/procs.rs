@@ -1,0 +1,404 @@
+//! The servers under test as child processes: start, wait until they answer, read their
+//! resident memory and CPU time from /proc, scrape qweb's /metrics, stop.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{Error, Result};
+
+/// A free TCP port on 127.0.0.1 (bound, then released).
+pub fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| Error::io("bind 127.0.0.1:0", e))?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|e| Error::io("local address", e))
+}
+
+/// A running server process. Stopped (SIGTERM, then SIGKILL) on drop; it also receives
+/// SIGTERM if the runner dies (`PR_SET_PDEATHSIG`).
+pub struct ServerProc {
+    /// Name in tables and messages ("qweb async pool", "nginx").
+    pub name: String,
+    /// HTTPS port.
+    pub port: u16,
+    /// Admin port (/metrics), qweb only.
+    pub admin_port: Option<u16>,
+    /// Log file (stdout and stderr).
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+impl ServerProc {
+    /// Starts `program args`, output to `log`, and waits until 127.0.0.1:`port` accepts.
+    pub fn start(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        port: u16,
+        admin_port: Option<u16>,
+        log: PathBuf,
+    ) -> Result<ServerProc> {
+        let mut p = ServerProc::spawn(name, program, args, port, admin_port, log)?;
+        p.wait_ready(Duration::from_secs(20))?;
+        Ok(p)
+    }
+
+    fn spawn(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        port: u16,
+        admin_port: Option<u16>,
+        log: PathBuf,
+    ) -> Result<ServerProc> {
+        let out = std::fs::File::create(&log).map_err(|e| Error::path("create", &log, e))?;
+        let err = out.try_clone().map_err(|e| Error::path("dup", &log, e))?;
+        let mut cmd = Command::new(program);
+        cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
+        // SAFETY: the closure runs in the child between fork and exec and only calls
+        // prctl, which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| Error::io(format!("start {name} ({})", program.display()), e))?;
+        Ok(ServerProc {
+            name: name.to_string(),
+            port,
+            admin_port,
+            log,
+            child: Some(child),
+        })
+    }
+
+    /// The same as [`ServerProc::start`] for a process that listens on the Unix socket
+    /// `socket` (the key server): waits until the socket accepts.
+    pub fn start_unix(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        socket: &Path,
+        log: PathBuf,
+    ) -> Result<ServerProc> {
+        let mut p = ServerProc::spawn(name, program, args, 0, None, log)?;
+        let t0 = Instant::now();
+        loop {
+            if let Some(c) = p.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    return Err(Error::server(
+                        name,
+                        format!("exited at start ({st}): {}", p.log_tail()),
+                        &p.log,
+                    ));
+                }
+            }
+            if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+                return Ok(p);
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                return Err(Error::server(
+                    name,
+                    format!("no socket {} after 10s", socket.display()),
+                    &p.log,
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn wait_ready(&mut self, limit: Duration) -> Result<()> {
+        let t0 = Instant::now();
+        let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
+        loop {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    return Err(Error::server(
+                        &self.name,
+                        format!("exited at start ({st}): {}", self.log_tail()),
+                        &self.log,
+                    ));
+                }
+            }
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                // Every worker binds its own SO_REUSEPORT socket: give them a moment.
+                std::thread::sleep(Duration::from_millis(300));
+                return Ok(());
+            }
+            if t0.elapsed() > limit {
+                return Err(Error::server(
+                    &self.name,
+                    format!("no listener on {addr} after {limit:?}"),
+                    &self.log,
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Last lines of the log.
+    pub fn log_tail(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(5)..].join(" | ")
+    }
+
+    /// Process id of the main process.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// The main process and its children (nginx workers).
+    pub fn pids(&self) -> Vec<u32> {
+        let Some(pid) = self.pid() else {
+            return vec![];
+        };
+        let mut v = vec![pid];
+        v.extend(children_of(pid));
+        v
+    }
+
+    /// Resident memory of the process tree, KiB: (RSS sum, PSS sum). PSS counts pages shared
+    /// between nginx's master and workers once.
+    pub fn memory_kib(&self) -> (u64, u64) {
+        let mut rss = 0;
+        let mut pss = 0;
+        for p in self.pids() {
+            rss += proc_status_kib(p, "VmRSS:").unwrap_or(0);
+            pss += smaps_rollup_kib(p, "Pss:").unwrap_or(0);
+        }
+        (rss, pss)
+    }
+
+    /// CPU seconds (user + system) used so far by the process tree.
+    pub fn cpu_secs(&self) -> f64 {
+        self.pids().into_iter().map(proc_cpu_secs).sum()
+    }
+
+    /// GET /metrics from the admin listener (qweb).
+    pub fn metrics(&self) -> Result<String> {
+        let port = self
+            .admin_port
+            .ok_or_else(|| Error::Other(format!("{} has no admin listener", self.name)))?;
+        http_get_plain(port, "/metrics")
+            .map_err(|e| Error::server(&self.name, format!("GET /metrics: {e}"), &self.log))
+    }
+
+    /// Whether the process still runs.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    /// SIGTERM, wait up to 5 s, then SIGKILL.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) with the pid of our own child, which we have not reaped yet.
+            unsafe {
+                libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
+            }
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(5) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    let mut v = Vec::new();
+    for e in dir.flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
+            if stat_field(&stat, 4).and_then(|f| f.parse::<u32>().ok()) == Some(pid) {
+                v.push(p);
+            }
+        }
+    }
+    v
+}
+
+/// Field `n` (1-based, as in proc(5)) of a /proc/PID/stat line; the command name in
+/// parentheses may contain spaces.
+pub fn stat_field(stat: &str, n: usize) -> Option<&str> {
+    if n <= 2 {
+        return None;
+    }
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(n - 3)
+}
+
+fn proc_cpu_secs(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    let utime: f64 = stat_field(&stat, 14)
+        .and_then(|f| f.parse().ok())
+        .unwrap_or(0.0);
+    let stime: f64 = stat_field(&stat, 15)
+        .and_then(|f| f.parse().ok())
+        .unwrap_or(0.0);
+    // SAFETY: sysconf has no memory effects.
+    let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    (utime + stime) / tck
+}
+
+fn kib_line(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .find(|l| l.starts_with(key))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn proc_status_kib(pid: u32, key: &str) -> Option<u64> {
+    kib_line(
+        &std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?,
+        key,
+    )
+}
+
+fn smaps_rollup_kib(pid: u32, key: &str) -> Option<u64> {
+    kib_line(
+        &std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?,
+        key,
+    )
+}
+
+/// CPU seconds (user + system) this process used so far (the load generator's side).
+pub fn self_cpu_secs() -> f64 {
+    proc_cpu_secs(std::process::id())
+}
+
+/// Plain-HTTP GET on 127.0.0.1 (the admin listener); the body.
+pub fn http_get_plain(port: u16, path: &str) -> std::io::Result<String> {
+    let mut s = TcpStream::connect_timeout(
+        &SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_secs(2),
+    )?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf)?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    match text.split_once("\r\n\r\n") {
+        Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_string()),
+        _ => Err(std::io::Error::other(format!(
+            "unexpected answer: {}",
+            text.lines().next().unwrap_or("")
+        ))),
+    }
+}
+
+/// Sum of the samples of metric `name` whose labels contain every `label` (e.g.
+/// `engine="pool"`), in Prometheus text format. 0 when absent.
+pub fn parse_metric(text: &str, name: &str, labels: &[&str]) -> f64 {
+    let mut sum = 0.0;
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let (label_part, value) = if let Some(r) = rest.strip_prefix('{') {
+            let Some((l, v)) = r.split_once('}') else {
+                continue;
+            };
+            (l, v)
+        } else if rest.starts_with(' ') {
+            ("", rest)
+        } else {
+            continue; // a longer name with the same prefix
+        };
+        if !labels.iter().all(|l| label_part.contains(l)) {
+            continue;
+        }
+        if let Some(v) = value
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        {
+            sum += v;
+        }
+    }
+    sum
+}
+
+/// The load average line of /proc/loadavg (how busy the shared machine was).
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const M: &str = "# HELP qweb_tls_handshakes_total TLS handshakes completed.\n\
+# TYPE qweb_tls_handshakes_total counter\n\
+qweb_tls_handshakes_total{worker=\"0\"} 10\n\
+qweb_tls_handshakes_total{worker=\"1\"} 32\n\
+qweb_tls_handshakes_total_extra{worker=\"1\"} 1000\n\
+qweb_offload_ops_submitted_total{engine=\"pool\"} 40\n\
+qweb_offload_ops_submitted_total{engine=\"inline\"} 2\n\
+plain_metric 3.5\n";
+
+    #[test]
+    fn metrics_are_summed_by_name_and_label() {
+        assert_eq!(parse_metric(M, "qweb_tls_handshakes_total", &[]), 42.0);
+        assert_eq!(
+            parse_metric(M, "qweb_offload_ops_submitted_total", &["engine=\"pool\""]),
+            40.0
+        );
+        assert_eq!(
+            parse_metric(M, "qweb_offload_ops_submitted_total", &[]),
+            42.0
+        );
+        assert_eq!(parse_metric(M, "plain_metric", &[]), 3.5);
+        assert_eq!(parse_metric(M, "missing", &[]), 0.0);
+    }
+
+    #[test]
+    fn stat_fields_skip_the_command_name() {
+        let s = "1234 (nginx: worker (x)) S 1200 1234 1234 0 -1 4194560 10 0 0 0 7 3 0 0";
+        assert_eq!(stat_field(s, 3), Some("S"));
+        assert_eq!(stat_field(s, 4), Some("1200"));
+        assert_eq!(stat_field(s, 14), Some("7"));
+        assert_eq!(stat_field(s, 15), Some("3"));
+        assert_eq!(stat_field(s, 1), None);
+    }
+
+    #[test]
+    fn own_process_is_readable() {
+        assert!(self_cpu_secs() >= 0.0);
+        assert!(proc_status_kib(std::process::id(), "VmRSS:").unwrap_or(0) > 0);
+    }
+}

@@ -1,0 +1,131 @@
+//! The benchmark's TLS client configuration: any certificate accepted (signatures are still
+//! verified, as a real client would spend that CPU), no session resumption, one TLS version,
+//! one cipher suite family and one key-exchange group so every server does the same work.
+
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::Resumption;
+use rustls::crypto::{aws_lc_rs, CryptoProvider};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
+
+use crate::{Error, Result};
+
+/// TLS protocol version offered by the client (only that one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+pub enum TlsVersion {
+    /// TLS 1.2 (ECDHE key exchange, signature by the server's RSA or ECDSA key).
+    #[value(name = "1.2")]
+    #[serde(rename = "1.2")]
+    Tls12,
+    /// TLS 1.3.
+    #[value(name = "1.3")]
+    #[serde(rename = "1.3")]
+    Tls13,
+}
+
+/// HTTP version, chosen by ALPN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+pub enum HttpVersion {
+    /// HTTP/1.1 (ALPN "http/1.1").
+    #[value(name = "1.1")]
+    #[serde(rename = "1.1")]
+    H1,
+    /// HTTP/2 (ALPN "h2").
+    #[value(name = "2")]
+    #[serde(rename = "2")]
+    H2,
+}
+
+/// Accepts any server certificate: this is a benchmark client talking to servers it started
+/// itself with certificates it generated. Handshake signatures are verified for real.
+#[derive(Debug)]
+struct AcceptAnyCert(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AcceptAnyCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// The client configuration: `version` only, AES-128-GCM suites, X25519, no resumption (no
+/// session cache, no tickets: every connection is a full handshake), ALPN for `http`.
+pub fn client_config(version: TlsVersion, http: HttpVersion) -> Result<Arc<ClientConfig>> {
+    let mut provider = aws_lc_rs::default_provider();
+    provider.cipher_suites = vec![
+        aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256,
+        aws_lc_rs::cipher_suite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+        aws_lc_rs::cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+    ];
+    provider.kx_groups = vec![aws_lc_rs::kx_group::X25519];
+    let provider = Arc::new(provider);
+    let versions: &[&'static rustls::SupportedProtocolVersion] = match version {
+        TlsVersion::Tls12 => &[&rustls::version::TLS12],
+        TlsVersion::Tls13 => &[&rustls::version::TLS13],
+    };
+    let mut cfg = ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(versions)
+        .map_err(|e| Error::Tls(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAnyCert(provider)))
+        .with_no_client_auth();
+    cfg.resumption = Resumption::disabled();
+    cfg.enable_early_data = false;
+    cfg.alpn_protocols = match http {
+        HttpVersion::H1 => vec![b"http/1.1".to_vec()],
+        HttpVersion::H2 => vec![b"h2".to_vec()],
+    };
+    Ok(Arc::new(cfg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_disables_resumption_and_offers_one_version() {
+        let c = client_config(TlsVersion::Tls12, HttpVersion::H2).unwrap();
+        assert_eq!(c.alpn_protocols, vec![b"h2".to_vec()]);
+        assert!(!c.enable_early_data);
+    }
+}

@@ -1,0 +1,191 @@
+//! The software chunk compressors: what an engine runs for one [`CompressOp`].
+//!
+//! Each function compresses one chunk into a piece that [`crate::stream::Framer`] joins with
+//! the others into ONE valid stream of the codec:
+//!
+//! - **gzip**: raw deflate, primed with the last 32 KiB of the preceding input
+//!   (`deflateSetDictionary`, the pigz method), ended with a sync flush (byte-aligned, not
+//!   final) or, for the last chunk, finished (final block). Concatenated, the pieces are one
+//!   deflate stream; the chunk's CRC-32 is returned so that the framer combines them into the
+//!   trailer's.
+//! - **br**: a *bare catable* brotli stream (`catable` + `bare_stream` in the `brotli` crate,
+//!   the mechanism of its own multi-threaded compressor): no stream header, no final empty
+//!   metablock, byte-aligned at the end, no reference to the static dictionary, no use of
+//!   distance-cache values from before the chunk, and the first two bytes stored uncompressed
+//!   so that literal context modelling does not depend on bytes the chunk did not see. It is
+//!   primed with the preceding input as a custom dictionary, whose bytes the decoder of the
+//!   joined stream has in its window. The framer prepends the window-size header and appends
+//!   the final empty metablock. Qualities 0 and 1 are raised to 2 (see [`brotli_quality`]).
+//! - **zstd**: one complete frame per chunk (with content size and checksum). RFC 8878
+//!   (section 3.1) defines zstd-coded data as one or more frames whose decoded contents are
+//!   concatenated, so the frames are one valid `zstd` content coding. A frame cannot refer to
+//!   the data of the previous frame without a dictionary the decoder would not have, so zstd
+//!   chunks are not primed; and the public libzstd API has no way to produce the blocks of one
+//!   frame in independent pieces (its own multi-threaded mode does that internally).
+
+use std::cell::RefCell;
+
+use qweb_offload::compress::{Codec, CompressOp, CompressedChunk};
+
+/// Most preceding input a gzip chunk is primed with: deflate's window.
+pub const GZIP_HISTORY: usize = 32 * 1024;
+
+/// Compresses one chunk in software (the [`qweb_offload::compress::CompressFn`] of every op
+/// this crate builds).
+pub fn compress_chunk(op: &CompressOp) -> Result<CompressedChunk, String> {
+    match op.codec {
+        Codec::Gzip => gzip_chunk(op),
+        Codec::Brotli => brotli_chunk(op),
+        Codec::Zstd => zstd_chunk(op),
+    }
+}
+
+thread_local! {
+    /// One deflate state per thread and level, reset between chunks (a fresh one costs
+    /// ~300 KiB of allocation).
+    static DEFLATE: RefCell<Option<(u32, flate2::Compress)>> = const { RefCell::new(None) };
+    /// One zstd context per thread.
+    static ZSTD: RefCell<Option<(u32, zstd::bulk::Compressor<'static>)>> =
+        const { RefCell::new(None) };
+}
+
+fn gzip_chunk(op: &CompressOp) -> Result<CompressedChunk, String> {
+    use flate2::{Compress, Compression, FlushCompress, Status};
+    let level = op.level.min(9);
+    let input = op.input.as_slice();
+    let crc32 = crc32fast::hash(input);
+    DEFLATE.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let c = match &mut *cell {
+            Some((l, c)) if *l == level => {
+                c.reset();
+                c
+            }
+            slot => {
+                *slot = Some((level, Compress::new(Compression::new(level), false)));
+                match slot {
+                    Some((_, c)) => c,
+                    None => return Err("deflate state missing".to_owned()),
+                }
+            }
+        };
+        let h = op.history.as_slice();
+        let dict = &h[h.len().saturating_sub(GZIP_HISTORY)..];
+        if !dict.is_empty() {
+            c.set_dictionary(dict)
+                .map_err(|e| format!("deflate dictionary: {e}"))?;
+        }
+        let flush = if op.last {
+            FlushCompress::Finish
+        } else {
+            FlushCompress::Sync
+        };
+        let mut out = Vec::with_capacity(input.len() + input.len() / 16 + 64);
+        let start = c.total_in();
+        loop {
+            let consumed = (c.total_in() - start) as usize;
+            let status = c
+                .compress_vec(&input[consumed..], &mut out, flush)
+                .map_err(|e| format!("deflate: {e}"))?;
+            let consumed = (c.total_in() - start) as usize;
+            let room = out.len() < out.capacity();
+            let done = match flush {
+                FlushCompress::Finish => status == Status::StreamEnd,
+                _ => consumed == input.len() && room,
+            };
+            if done {
+                break;
+            }
+            if !room {
+                out.reserve(out.capacity() / 2 + 1024);
+            }
+        }
+        Ok(CompressedChunk { data: out, crc32 })
+    })
+}
+
+fn brotli_chunk(op: &CompressOp) -> Result<CompressedChunk, String> {
+    use brotli::enc::encode::{BrotliEncoderOperation, BrotliEncoderParameter as P};
+    use brotli::enc::encode::BrotliEncoderStateStruct;
+    use brotli::enc::StandardAlloc;
+    let input = op.input.as_slice();
+    let mut s = BrotliEncoderStateStruct::new(StandardAlloc::default());
+    let ok = s.set_parameter(P::BROTLI_PARAM_QUALITY, brotli_quality(op.level))
+        && s.set_parameter(P::BROTLI_PARAM_LGWIN, u32::from(op.window_log))
+        && s.set_parameter(P::BROTLI_PARAM_CATABLE, 1)
+        && s.set_parameter(P::BROTLI_PARAM_BARE_STREAM, 1)
+        && s.set_parameter(P::BROTLI_PARAM_MAGIC_NUMBER, 0)
+        && s.set_parameter(P::BROTLI_PARAM_SIZE_HINT, input.len() as u32);
+    if !ok {
+        return Err("brotli parameters refused".to_owned());
+    }
+    let h = op.history.as_slice();
+    // The dictionary and the chunk must fit in the declared window.
+    let max_dict = (1usize << op.window_log)
+        .saturating_sub(16)
+        .saturating_sub(input.len());
+    let dict = &h[h.len().saturating_sub(max_dict)..];
+    if !dict.is_empty() {
+        s.set_custom_dictionary(dict.len(), dict);
+    }
+    let mut out = vec![0u8; brotli::enc::encode::BrotliEncoderMaxCompressedSize(input.len()) + 64];
+    let (mut in_off, mut out_off) = (0usize, 0usize);
+    loop {
+        let mut avail_in = input.len() - in_off;
+        let mut avail_out = out.len() - out_off;
+        let ok = s.compress_stream(
+            BrotliEncoderOperation::BROTLI_OPERATION_FINISH,
+            &mut avail_in,
+            input,
+            &mut in_off,
+            &mut avail_out,
+            &mut out,
+            &mut out_off,
+            &mut None,
+            &mut |_, _, _, _| (),
+        );
+        if !ok {
+            return Err("brotli encoder failed".to_owned());
+        }
+        if s.is_finished() {
+            break;
+        }
+        if avail_out == 0 {
+            let more = out.len();
+            out.resize(out.len() + more, 0);
+        }
+    }
+    out.truncate(out_off);
+    Ok(CompressedChunk {
+        data: out,
+        crc32: 0,
+    })
+}
+
+/// Brotli's qualities 0 and 1 use one-pass compressors that do not honour catable streams
+/// (their output of a primed chunk does not decode as part of the joined stream): they are
+/// raised to 2.
+pub fn brotli_quality(level: u32) -> u32 {
+    level.clamp(2, 11)
+}
+
+fn zstd_chunk(op: &CompressOp) -> Result<CompressedChunk, String> {
+    let level = op.level.min(22);
+    ZSTD.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        if !matches!(&*cell, Some((l, _)) if *l == level) {
+            let mut c = zstd::bulk::Compressor::new(level as i32)
+                .map_err(|e| format!("zstd context: {e}"))?;
+            c.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))
+                .map_err(|e| format!("zstd parameter: {e}"))?;
+            *cell = Some((level, c));
+        }
+        let Some((_, c)) = &mut *cell else {
+            return Err("zstd context missing".to_owned());
+        };
+        let data = c
+            .compress(op.input.as_slice())
+            .map_err(|e| format!("zstd: {e}"))?;
+        Ok(CompressedChunk { data, crc32: 0 })
+    })
+}

@@ -1,0 +1,651 @@
+//! The key server.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use qweb_offload::{
+    channel, Engine, KeyId, LocalKey, Op, OpOutput, PoolConfig, PoolEngine, SignOp, Submission,
+};
+use serde::Deserialize;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+
+use crate::protocol::{ErrorCode, Frame};
+
+/// Most requests one connection may have outstanding; more are answered `Overloaded`.
+const MAX_IN_FLIGHT_PER_CONN: i64 = 4096;
+
+/// Why the key server cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyserverError {
+    /// The configuration is invalid.
+    #[error("{0}")]
+    Config(String),
+    /// A key or certificate could not be loaded.
+    #[error(transparent)]
+    Tls(#[from] qweb_tls::TlsError),
+    /// A socket or thread could not be set up.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> KeyserverError {
+    let what = what.into();
+    move |source| KeyserverError::Io { what, source }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    keys: Vec<PathBuf>,
+    threads: Option<usize>,
+    queue: Option<usize>,
+    unix: Option<RawUnix>,
+    tls: Option<RawTls>,
+    admin: Option<RawAdmin>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawUnix {
+    path: PathBuf,
+    allowed_uids: Option<Vec<u32>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    address: SocketAddr,
+    cert: PathBuf,
+    key: PathBuf,
+    client_ca: PathBuf,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdmin {
+    address: SocketAddr,
+}
+
+/// A validated key server configuration.
+#[derive(Debug, Clone)]
+pub struct KeyserverConfig {
+    /// PEM private keys.
+    pub keys: Vec<PathBuf>,
+    /// Signing threads.
+    pub threads: usize,
+    /// Signing queue bound (beyond: `Overloaded`).
+    pub queue: usize,
+    /// Unix socket path and the peer uids allowed.
+    pub unix: Option<(PathBuf, Vec<u32>)>,
+    /// TCP address with mutual TLS: certificate, key, and the CA that client certificates
+    /// must chain to.
+    pub tls: Option<(SocketAddr, PathBuf, PathBuf, PathBuf)>,
+    /// `/metrics` listener.
+    pub admin: Option<SocketAddr>,
+    /// For measurement only: added to every answer.
+    pub added_latency: Duration,
+}
+
+impl KeyserverConfig {
+    /// Reads and validates a configuration file; relative paths are relative to its folder.
+    pub fn from_file(path: &Path) -> Result<Self, KeyserverError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| KeyserverError::Config(format!("{}: {e}", path.display())))?;
+        let raw: RawConfig = toml::from_str(&text)
+            .map_err(|e| KeyserverError::Config(format!("{}: {e}", path.display())))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let abs = |p: &Path| base.join(p);
+        if raw.keys.is_empty() {
+            return Err(KeyserverError::Config(format!(
+                "{}: key `keys`: at least one key is needed",
+                path.display()
+            )));
+        }
+        if raw.unix.is_none() && raw.tls.is_none() {
+            return Err(KeyserverError::Config(format!(
+                "{}: configure `[unix]` and/or `[tls]`",
+                path.display()
+            )));
+        }
+        // SAFETY: getuid(2) has no preconditions and cannot fail.
+        let me = unsafe { libc::getuid() };
+        Ok(KeyserverConfig {
+            keys: raw.keys.iter().map(|k| abs(k)).collect(),
+            threads: raw.threads.unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(1)
+            }),
+            queue: raw.queue.unwrap_or(4096).max(1),
+            unix: raw
+                .unix
+                .map(|u| (abs(&u.path), u.allowed_uids.unwrap_or_else(|| vec![me]))),
+            tls: raw
+                .tls
+                .map(|t| (t.address, abs(&t.cert), abs(&t.key), abs(&t.client_ca))),
+            admin: raw.admin.map(|a| a.address),
+            added_latency: Duration::ZERO,
+        })
+    }
+}
+
+/// Loads PEM private keys and names them by their SPKI SHA-256.
+pub fn load_keys(paths: &[PathBuf]) -> Result<HashMap<KeyId, Arc<LocalKey>>, KeyserverError> {
+    let provider = qweb_tls::provider();
+    let mut keys = HashMap::new();
+    for p in paths {
+        let der = qweb_tls::load_private_key(p)?;
+        let bad = |m: String| KeyserverError::Config(format!("{}: {m}", p.display()));
+        let signing = provider
+            .key_provider
+            .load_private_key(der.clone_key())
+            .map_err(|e| bad(format!("unsupported key: {e}")))?;
+        let spki = signing
+            .public_key()
+            .ok_or_else(|| bad("cannot derive the public key".into()))?;
+        let id = KeyId::of_spki(spki.as_ref());
+        let local = LocalKey::from_der(der.secret_der()).map_err(|e| bad(e.to_string()))?;
+        keys.insert(id, Arc::new(local));
+    }
+    Ok(keys)
+}
+
+/// Counters of the key server.
+#[derive(Debug, Default)]
+pub struct ServerMetrics {
+    /// Requests received.
+    pub requests: AtomicU64,
+    /// Error answers sent.
+    pub errors: AtomicU64,
+    /// Connections refused or dropped for a protocol error or a bad peer.
+    pub rejected_connections: AtomicU64,
+    /// Connections open.
+    pub connections: AtomicI64,
+}
+
+struct State {
+    keys: HashMap<KeyId, Arc<LocalKey>>,
+    pool: PoolEngine,
+    metrics: ServerMetrics,
+}
+
+/// A running key server (for tests and for `qweb keyserver`).
+pub struct RunningKeyserver {
+    /// The TLS listener's bound address.
+    pub tls_addr: Option<SocketAddr>,
+    /// The admin listener's bound address.
+    pub admin_addr: Option<SocketAddr>,
+    /// Key ids served.
+    pub key_ids: Vec<KeyId>,
+    shutdown: watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RunningKeyserver {
+    /// Stops accepting and closes connections.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+    fn stop(&mut self) {
+        let _ = self.shutdown.send(true);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for RunningKeyserver {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Resolves once shutdown was requested (the watch guard is not held across awaits).
+async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// Starts the key server on background threads.
+pub fn start(config: KeyserverConfig) -> Result<RunningKeyserver, KeyserverError> {
+    let keys = load_keys(&config.keys)?;
+    let key_ids: Vec<KeyId> = keys.keys().copied().collect();
+    let pool = PoolEngine::new(
+        "keyserver",
+        PoolConfig {
+            threads: config.threads,
+            queue: config.queue,
+            added_latency: config.added_latency,
+            inject_failures: false,
+        },
+    )
+    .map_err(io_err("cannot start signing threads"))?;
+    let state = Arc::new(State {
+        keys,
+        pool,
+        metrics: ServerMetrics::default(),
+    });
+
+    // Bind everything before returning, so errors are reported and clients can connect.
+    let unix = match &config.unix {
+        Some((path, uids)) => {
+            if let Ok(meta) = std::fs::symlink_metadata(path) {
+                use std::os::unix::fs::FileTypeExt;
+                if meta.file_type().is_socket() {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+            let l = std::os::unix::net::UnixListener::bind(path)
+                .map_err(io_err(format!("cannot listen on {}", path.display())))?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                .map_err(io_err(format!("cannot chmod {}", path.display())))?;
+            l.set_nonblocking(true).map_err(io_err("unix socket"))?;
+            Some((l, uids.clone()))
+        }
+        None => None,
+    };
+    let tls = match &config.tls {
+        Some((addr, cert, key, ca)) => {
+            let l = std::net::TcpListener::bind(addr)
+                .map_err(io_err(format!("cannot listen on {addr}")))?;
+            l.set_nonblocking(true).map_err(io_err("tcp socket"))?;
+            Some((l, server_tls(cert, key, ca)?))
+        }
+        None => None,
+    };
+    let admin = match config.admin {
+        Some(addr) => {
+            let l = std::net::TcpListener::bind(addr)
+                .map_err(io_err(format!("cannot listen on {addr}")))?;
+            l.set_nonblocking(true).map_err(io_err("tcp socket"))?;
+            Some(l)
+        }
+        None => None,
+    };
+    let tls_addr = tls.as_ref().and_then(|(l, _)| l.local_addr().ok());
+    let admin_addr = admin.as_ref().and_then(|l| l.local_addr().ok());
+    let (tx, rx) = watch::channel(false);
+    let thread = std::thread::Builder::new()
+        .name("qweb-keyserver".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!("key server runtime: {e}");
+                    return;
+                }
+            };
+            rt.block_on(serve(state, unix, tls, admin, rx));
+        })
+        .map_err(io_err("cannot start the key server thread"))?;
+    Ok(RunningKeyserver {
+        tls_addr,
+        admin_addr,
+        key_ids,
+        shutdown: tx,
+        thread: Some(thread),
+    })
+}
+
+fn server_tls(
+    cert: &Path,
+    key: &Path,
+    ca: &Path,
+) -> Result<Arc<rustls::ServerConfig>, KeyserverError> {
+    let provider = Arc::new(qweb_tls::provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for c in qweb_tls::load_certs(ca)? {
+        roots
+            .add(c)
+            .map_err(|e| KeyserverError::Config(format!("{}: {e}", ca.display())))?;
+    }
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .map_err(|e| KeyserverError::Config(format!("client CA {}: {e}", ca.display())))?;
+    let ck = qweb_tls::load_certified_key(cert, key, &provider)?;
+    let resolver = qweb_tls::SniResolver::new(std::slice::from_ref(&ck))
+        .ok_or_else(|| KeyserverError::Config("no certificate".into()))?;
+    let cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| KeyserverError::Config(e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_cert_resolver(Arc::new(resolver));
+    Ok(Arc::new(cfg))
+}
+
+async fn serve(
+    state: Arc<State>,
+    unix: Option<(std::os::unix::net::UnixListener, Vec<u32>)>,
+    tls: Option<(std::net::TcpListener, Arc<rustls::ServerConfig>)>,
+    admin: Option<std::net::TcpListener>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let mut tasks = Vec::new();
+    if let Some((l, uids)) = unix {
+        match tokio::net::UnixListener::from_std(l) {
+            Ok(l) => tasks.push(tokio::spawn(accept_unix(
+                l,
+                uids,
+                state.clone(),
+                shutdown.clone(),
+            ))),
+            Err(e) => tracing::error!("unix listener: {e}"),
+        }
+    }
+    if let Some((l, cfg)) = tls {
+        match tokio::net::TcpListener::from_std(l) {
+            Ok(l) => tasks.push(tokio::spawn(accept_tls(
+                l,
+                cfg,
+                state.clone(),
+                shutdown.clone(),
+            ))),
+            Err(e) => tracing::error!("tcp listener: {e}"),
+        }
+    }
+    if let Some(l) = admin {
+        match tokio::net::TcpListener::from_std(l) {
+            Ok(l) => tasks.push(tokio::spawn(crate::server::admin(
+                l,
+                state.clone(),
+                shutdown.clone(),
+            ))),
+            Err(e) => tracing::error!("admin listener: {e}"),
+        }
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+async fn accept_unix(
+    l: tokio::net::UnixListener,
+    uids: Vec<u32>,
+    state: Arc<State>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let (stream, _) = tokio::select! {
+            r = l.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!("unix accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stopped(&mut shutdown) => return,
+        };
+        let uid = stream.peer_cred().map(|c| c.uid());
+        match uid {
+            Ok(uid) if uids.contains(&uid) => {
+                tokio::spawn(serve_conn(stream, state.clone(), shutdown.clone()));
+            }
+            other => {
+                state.metrics.rejected_connections.fetch_add(1, Relaxed);
+                tracing::warn!("unix peer refused (uid {other:?} not allowed)");
+            }
+        }
+    }
+}
+
+async fn accept_tls(
+    l: tokio::net::TcpListener,
+    cfg: Arc<rustls::ServerConfig>,
+    state: Arc<State>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            r = l.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!("tcp accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stopped(&mut shutdown) => return,
+        };
+        let _ = tcp.set_nodelay(true);
+        let (acceptor, state, shutdown) = (acceptor.clone(), state.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => serve_conn(tls, state, shutdown).await,
+                Ok(Err(e)) => {
+                    state.metrics.rejected_connections.fetch_add(1, Relaxed);
+                    tracing::warn!(%peer, "TLS client refused: {e}");
+                }
+                Err(_) => {
+                    state.metrics.rejected_connections.fetch_add(1, Relaxed);
+                    tracing::warn!(%peer, "TLS handshake timed out");
+                }
+            }
+        });
+    }
+}
+
+/// Serves one client connection: requests in, answers out as they complete.
+async fn serve_conn<S>(stream: S, state: Arc<State>, mut shutdown: watch::Receiver<bool>)
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    state.metrics.connections.fetch_add(1, Relaxed);
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let (tx, mut rx) = mpsc::unbounded_channel::<Frame>();
+    let writer = tokio::spawn(async move {
+        let mut out = BytesMut::new();
+        while let Some(f) = rx.recv().await {
+            f.encode(&mut out);
+            while let Ok(f) = rx.try_recv() {
+                f.encode(&mut out);
+            }
+            if wr.write_all(&out).await.is_err() {
+                return;
+            }
+            out.clear();
+        }
+    });
+    let in_flight = Arc::new(AtomicI64::new(0));
+    let mut buf = BytesMut::with_capacity(8 * 1024);
+    'conn: loop {
+        let n = tokio::select! {
+            r = rd.read_buf(&mut buf) => r,
+            _ = stopped(&mut shutdown) => break,
+        };
+        match n {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        loop {
+            match Frame::decode(&mut buf) {
+                Ok(Some(frame)) => handle(frame, &state, &tx, &in_flight),
+                Ok(None) => break,
+                Err(e) => {
+                    state.metrics.rejected_connections.fetch_add(1, Relaxed);
+                    tracing::warn!("dropping a client connection: {e}");
+                    break 'conn;
+                }
+            }
+        }
+    }
+    drop(tx);
+    let _ = writer.await;
+    state.metrics.connections.fetch_sub(1, Relaxed);
+}
+
+fn handle(
+    frame: Frame,
+    state: &Arc<State>,
+    tx: &mpsc::UnboundedSender<Frame>,
+    in_flight: &Arc<AtomicI64>,
+) {
+    state.metrics.requests.fetch_add(1, Relaxed);
+    let error = |id, code, message: &str| {
+        state.metrics.errors.fetch_add(1, Relaxed);
+        let _ = tx.send(Frame::Error {
+            id,
+            code,
+            message: message.into(),
+        });
+    };
+    let Frame::Request {
+        id,
+        scheme,
+        key,
+        message,
+    } = frame
+    else {
+        return error(
+            frame.id(),
+            ErrorCode::BadRequest,
+            "only requests are accepted",
+        );
+    };
+    let Some(local) = state.keys.get(&key) else {
+        return error(id, ErrorCode::UnknownKey, "unknown key");
+    };
+    if !local.schemes().contains(&scheme) {
+        return error(id, ErrorCode::BadRequest, "the scheme does not fit the key");
+    }
+    if in_flight.load(Relaxed) >= MAX_IN_FLIGHT_PER_CONN {
+        return error(id, ErrorCode::Overloaded, "too many requests in flight");
+    }
+    let op = Op::Sign(SignOp {
+        key: qweb_offload::KeyRef {
+            id: key,
+            local: Some(local.clone()),
+        },
+        scheme,
+        message,
+    });
+    let (completer, completion) = channel();
+    if !state
+        .pool
+        .submit(vec![Submission::new(op, completer)])
+        .is_empty()
+    {
+        return error(id, ErrorCode::Overloaded, "signing queue full");
+    }
+    in_flight.fetch_add(1, Relaxed);
+    let (tx, in_flight, state) = (tx.clone(), in_flight.clone(), state.clone());
+    tokio::spawn(async move {
+        let answer = match completion.await {
+            Ok(OpOutput::Signature(signature)) => Frame::Response { id, signature },
+            Ok(_) => Frame::Error {
+                id,
+                code: ErrorCode::Internal,
+                message: "the engine returned no signature".into(),
+            },
+            Err(e) => {
+                state.metrics.errors.fetch_add(1, Relaxed);
+                Frame::Error {
+                    id,
+                    code: ErrorCode::Internal,
+                    message: e.to_string(),
+                }
+            }
+        };
+        in_flight.fetch_sub(1, Relaxed);
+        let _ = tx.send(answer);
+    });
+}
+
+/// `GET /metrics` of the key server.
+async fn admin(l: tokio::net::TcpListener, state: Arc<State>, mut shutdown: watch::Receiver<bool>) {
+    use std::convert::Infallible;
+    loop {
+        let (stream, _) = tokio::select! {
+            r = l.accept() => match r { Ok(x) => x, Err(_) => continue },
+            _ = stopped(&mut shutdown) => return,
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let svc =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let body = if req.uri().path() == "/metrics" {
+                        Ok(render(&state))
+                    } else {
+                        Err(())
+                    };
+                    async move {
+                        let resp = match body {
+                            Ok(b) => http::Response::builder()
+                                .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+                                .body(http_body_util::Full::new(bytes::Bytes::from(b))),
+                            Err(()) => http::Response::builder().status(404).body(
+                                http_body_util::Full::new(bytes::Bytes::from_static(
+                                    b"404 Not Found\n",
+                                )),
+                            ),
+                        };
+                        Ok::<_, Infallible>(resp.unwrap_or_default())
+                    }
+                });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+fn render(state: &State) -> String {
+    use std::fmt::Write;
+    let m = &state.metrics;
+    let mut out = String::new();
+    for (name, kind, help, v) in [
+        (
+            "qweb_keyserver_requests_total",
+            "counter",
+            "Requests received.",
+            m.requests.load(Relaxed) as i64,
+        ),
+        (
+            "qweb_keyserver_errors_total",
+            "counter",
+            "Error answers sent.",
+            m.errors.load(Relaxed) as i64,
+        ),
+        (
+            "qweb_keyserver_rejected_connections_total",
+            "counter",
+            "Connections refused or dropped.",
+            m.rejected_connections.load(Relaxed) as i64,
+        ),
+        (
+            "qweb_keyserver_connections",
+            "gauge",
+            "Open client connections.",
+            m.connections.load(Relaxed),
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
+    }
+    state
+        .pool
+        .metrics()
+        .write_prometheus(&mut out, "keyserver", true);
+    out
+}

@@ -1,0 +1,192 @@
+//! The `keyserver` engine against an in-process key server over a real Unix socket: many
+//! ops in flight, answers matched by id, signatures verify, metrics on both sides.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_lc_rs::signature::{UnparsedPublicKey, ECDSA_P256_SHA256_ASN1, RSA_PSS_2048_8192_SHA256};
+use qweb_keyserver::client::{ClientConfig, Endpoint, KeyserverEngine};
+use qweb_keyserver::server::{start, KeyserverConfig};
+use qweb_offload::{
+    channel, Engine, KeyId, KeyRef, Op, OpError, OpOutput, SignOp, SignScheme, Submission,
+};
+
+struct Key {
+    id: KeyId,
+    public: Vec<u8>,
+}
+
+fn gen(dir: &std::path::Path, name: &str, rsa: bool) -> (std::path::PathBuf, Key) {
+    let kp = if rsa {
+        rcgen::KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, rcgen::RsaKeySize::_2048).unwrap()
+    } else {
+        rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap()
+    };
+    let path = dir.join(format!("{name}.key"));
+    std::fs::write(&path, kp.serialize_pem()).unwrap();
+    let key = Key {
+        id: KeyId::of_spki(&kp.public_key_der()),
+        public: kp.public_key_raw().to_vec(),
+    };
+    (path, key)
+}
+
+fn op(key: &Key, scheme: SignScheme, msg: &[u8]) -> Op {
+    Op::Sign(SignOp {
+        key: KeyRef {
+            id: key.id,
+            local: None,
+        },
+        scheme,
+        message: msg.to_vec(),
+    })
+}
+
+#[test]
+fn many_ops_in_flight_verify_and_unknown_keys_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rsa_path, rsa) = gen(dir.path(), "rsa", true);
+    let (ec_path, ec) = gen(dir.path(), "ec", false);
+    let sock = dir.path().join("ks.sock");
+    let ks = start(KeyserverConfig {
+        keys: vec![rsa_path, ec_path],
+        threads: 2,
+        queue: 4096,
+        // SAFETY: getuid(2) has no preconditions.
+        unix: Some((sock.clone(), vec![unsafe { libc::getuid() }])),
+        tls: None,
+        admin: Some("127.0.0.1:0".parse().unwrap()),
+        added_latency: Duration::from_millis(30),
+    })
+    .unwrap();
+    assert_eq!(ks.key_ids.len(), 2);
+    assert!(ks.key_ids.contains(&rsa.id) && ks.key_ids.contains(&ec.id));
+
+    let engine = KeyserverEngine::new(
+        "ks",
+        ClientConfig {
+            servers: vec![Endpoint::Unix(sock)],
+            connections: 2,
+            max_in_flight: 1024,
+            timeout: Duration::from_secs(10),
+            tls: None,
+        },
+    )
+    .unwrap();
+    // 200 ops at once; with 30 ms added latency they only finish quickly if they overlap
+    let mut waits = Vec::new();
+    let mut batch = Vec::new();
+    for i in 0..200u32 {
+        let msg = format!("message {i}").into_bytes();
+        let (k, scheme) = if i % 2 == 0 {
+            (&rsa, SignScheme::RsaPssSha256)
+        } else {
+            (&ec, SignScheme::EcdsaP256Sha256)
+        };
+        let (c, w) = channel();
+        batch.push(Submission::new(op(k, scheme, &msg), c));
+        waits.push((i, msg, w));
+    }
+    assert!(engine.submit(batch).is_empty());
+    for (i, msg, w) in waits {
+        let Ok(OpOutput::Signature(sig)) = w.wait(Duration::from_secs(20)) else {
+            panic!("op {i} failed")
+        };
+        let (alg, key): (&dyn aws_lc_rs::signature::VerificationAlgorithm, &Key) = if i % 2 == 0 {
+            (&RSA_PSS_2048_8192_SHA256, &rsa)
+        } else {
+            (&ECDSA_P256_SHA256_ASN1, &ec)
+        };
+        UnparsedPublicKey::new(alg, &key.public)
+            .verify(&msg, &sig)
+            .unwrap_or_else(|_| panic!("signature {i} does not verify (answers mixed up?)"));
+    }
+    assert!(
+        engine
+            .metrics()
+            .in_flight_peak
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 100
+    );
+
+    // an unknown key id and a scheme that does not fit the key are errors, not hangs
+    let stranger = Key {
+        id: KeyId([7; 32]),
+        public: vec![],
+    };
+    for o in [
+        op(&stranger, SignScheme::EcdsaP256Sha256, b"x"),
+        op(&ec, SignScheme::RsaPssSha256, b"x"),
+    ] {
+        let (c, w) = channel();
+        assert!(engine.submit(vec![Submission::new(o, c)]).is_empty());
+        match w.wait(Duration::from_secs(10)) {
+            Err(OpError::Failed(m)) => assert!(
+                m.contains("unknown key") || m.contains("bad request"),
+                "{m}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    // key server metrics
+    let admin = ks.admin_addr.unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let text = rt.block_on(async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(admin).await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    });
+    assert!(text.contains("qweb_keyserver_requests_total 202"), "{text}");
+    assert!(text.contains("qweb_keyserver_errors_total 2"), "{text}");
+    assert!(
+        text.contains("qweb_offload_op_latency_seconds_count{engine=\"keyserver\"} 200"),
+        "{text}"
+    );
+    drop(engine);
+    drop(Arc::new(ks));
+}
+
+#[test]
+fn engine_without_a_server_times_out_ops() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = KeyserverEngine::new(
+        "nobody",
+        ClientConfig {
+            servers: vec![Endpoint::Unix(dir.path().join("missing.sock"))],
+            connections: 1,
+            max_in_flight: 2,
+            timeout: Duration::from_millis(200),
+            tls: None,
+        },
+    )
+    .unwrap();
+    let key = Key {
+        id: KeyId([1; 32]),
+        public: vec![],
+    };
+    let mut waits = Vec::new();
+    let mut batch = Vec::new();
+    for _ in 0..3 {
+        let (c, w) = channel();
+        batch.push(Submission::new(
+            op(&key, SignScheme::EcdsaP256Sha256, b"m"),
+            c,
+        ));
+        waits.push(w);
+    }
+    // the third is over max_in_flight: refused at once
+    assert_eq!(engine.submit(batch).len(), 1);
+    for w in waits.into_iter().take(2) {
+        assert_eq!(w.wait(Duration::from_secs(5)), Err(OpError::Timeout));
+    }
+    assert_eq!(engine.connected(), 0);
+}

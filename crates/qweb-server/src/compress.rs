@@ -1,0 +1,531 @@
+//! Response compression: decides whether a response is sent encoded, negotiates the codec,
+//! and wraps the body in `qweb-compress`'s pipelined encoder on the configured engine.
+//!
+//! The service calls [`begin`] with the request (before routing) and [`finish`] with the
+//! response. Rules:
+//! - `Vary: Accept-Encoding` on every response whose representation could be encoded
+//!   (compressible type, 200 or 206), whatever was chosen for this request;
+//! - encoded: `Content-Encoding` set, `Content-Length` removed (or that of the stored variant),
+//!   `Accept-Ranges` removed, the ETag suffixed inside its quotes (`"tag-gzip"`);
+//! - sent as is: range requests and 206s, bodies known to be under `min_size`, types that are
+//!   not compressible, responses that already have a `Content-Encoding` (proxied), responses
+//!   with `Cache-Control: no-transform`, statuses other than 200;
+//! - HEAD gets the headers GET would get (its body stays empty);
+//! - conditional requests: an `If-None-Match` tag with the suffix of the codec chosen for
+//!   this request is compared as the identity tag (the suffix is removed before the handler
+//!   or the upstream sees it), and a 304 then carries the encoded tag.
+//!
+//! Static files (the handler attaches [`StaticFile`]) are served from a precompressed
+//! sidecar (`x.gz`, `x.br`, `x.zst`, when at least as new as `x`) or from this worker's
+//! variant cache; a miss is compressed as it streams and the result kept for the next
+//! request.
+
+use std::cell::RefCell;
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::{Body as _, Frame, SizeHint};
+use qweb_compress::{
+    AcceptEncoding, CacheEvents, Codec, CompressBody, CompressMetrics, EncodeParams, VariantCache,
+    VariantKey,
+};
+use qweb_offload::{BatchConfig, Engine, Offloader};
+
+use crate::body::{boxed, full, Body, BoxError};
+use crate::config::{CompressionConfig, Config};
+
+/// Attached by the static file handler to the responses it makes: which file, as it was
+/// when it was opened.
+#[derive(Debug, Clone)]
+pub(crate) struct StaticFile {
+    pub path: PathBuf,
+    pub len: u64,
+    pub mtime: SystemTime,
+}
+
+/// What every worker shares: the settings, the engine, the counters.
+pub(crate) struct Shared {
+    cfg: CompressionConfig,
+    engine: Arc<dyn Engine>,
+    batch: BatchConfig,
+    pub(crate) metrics: Arc<CompressMetrics>,
+}
+
+/// The shared compression state, when compression is enabled (`engines` by name).
+pub(crate) fn shared(
+    config: &Config,
+    engine: impl Fn(&str) -> Option<Arc<dyn Engine>>,
+) -> Option<Arc<Shared>> {
+    let cfg = &config.compression;
+    if !cfg.enabled || cfg.codecs.is_empty() {
+        return None;
+    }
+    let engine = engine(&cfg.engine)?;
+    Some(Arc::new(Shared {
+        cfg: cfg.clone(),
+        engine,
+        batch: BatchConfig {
+            enabled: config.offload.batch,
+            max: config.offload.batch_max,
+        },
+        metrics: Arc::new(CompressMetrics::default()),
+    }))
+}
+
+/// One worker's compressor: its handle on the engine and its variant cache.
+pub(crate) struct Compressor {
+    shared: Arc<Shared>,
+    offloader: Rc<Offloader>,
+    cache: RefCell<VariantCache>,
+}
+
+impl Compressor {
+    /// This worker's compressor.
+    pub(crate) fn new(shared: &Arc<Shared>) -> Rc<Self> {
+        Rc::new(Compressor {
+            offloader: Offloader::new(shared.engine.clone(), shared.batch, shared.cfg.timeout),
+            cache: RefCell::new(VariantCache::new(shared.cfg.cache_size)),
+            shared: shared.clone(),
+        })
+    }
+
+    fn cfg(&self) -> &CompressionConfig {
+        &self.shared.cfg
+    }
+
+    fn metrics(&self) -> &CompressMetrics {
+        &self.shared.metrics
+    }
+
+    /// Applies a cache operation and accounts its effects.
+    fn with_cache<T>(&self, f: impl FnOnce(&mut VariantCache, &mut CacheEvents) -> T) -> T {
+        let mut cache = self.cache.borrow_mut();
+        let mut ev = CacheEvents::default();
+        let before = cache.used() as i64;
+        let r = f(&mut cache, &mut ev);
+        let m = self.metrics();
+        m.cache_bytes
+            .fetch_add(cache.used() as i64 - before, Relaxed);
+        m.cache_evictions.fetch_add(ev.evicted, Relaxed);
+        m.cache_invalidations.fetch_add(ev.invalidated, Relaxed);
+        r
+    }
+}
+
+impl Drop for Compressor {
+    fn drop(&mut self) {
+        let used = self.cache.borrow().used() as i64;
+        self.shared.metrics.cache_bytes.fetch_sub(used, Relaxed);
+    }
+}
+
+/// What [`begin`] learned from the request.
+pub(crate) struct Negotiated {
+    comp: Rc<Compressor>,
+    /// The codec to encode with (`None`: the client prefers or needs the identity).
+    codec: Option<Codec>,
+    /// Acceptable codecs, best first (for sidecars).
+    ranked: Vec<Codec>,
+    head: bool,
+    range: bool,
+    /// An `If-None-Match` tag of the chosen codec's variant was rewritten to the identity tag.
+    stripped: bool,
+}
+
+/// Negotiates for a request and rewrites its `If-None-Match` (see the module documentation).
+/// `None` when compression is off.
+pub(crate) fn begin<B>(comp: Option<&Rc<Compressor>>, req: &mut Request<B>) -> Option<Negotiated> {
+    let comp = comp?;
+    let values = req
+        .headers()
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok());
+    let ae = AcceptEncoding::parse(values);
+    let codec = ae.choose(&comp.cfg().codecs);
+    let ranked = match codec {
+        Some(_) => ae.ranked(&comp.cfg().codecs),
+        None => Vec::new(),
+    };
+    let mut stripped = false;
+    if let Some(c) = codec {
+        let inm: Vec<HeaderValue> = req
+            .headers()
+            .get_all(header::IF_NONE_MATCH)
+            .iter()
+            .cloned()
+            .collect();
+        if !inm.is_empty() {
+            let mut out = Vec::new();
+            for v in &inm {
+                match v.to_str().ok().and_then(|s| strip_suffix_in_list(s, c)) {
+                    Some(new) => {
+                        stripped = true;
+                        match HeaderValue::from_str(&new) {
+                            Ok(h) => out.push(h),
+                            Err(_) => out.push(v.clone()),
+                        }
+                    }
+                    None => out.push(v.clone()),
+                }
+            }
+            if stripped {
+                req.headers_mut().remove(header::IF_NONE_MATCH);
+                for v in out {
+                    req.headers_mut().append(header::IF_NONE_MATCH, v);
+                }
+            }
+        }
+    }
+    Some(Negotiated {
+        comp: comp.clone(),
+        codec,
+        ranked,
+        head: req.method() == Method::HEAD,
+        range: req.headers().contains_key(header::RANGE),
+        stripped,
+    })
+}
+
+/// Splits an entity-tag list into its tags (`*`, `"x"`, `W/"x"`); `None` when malformed.
+fn tags(list: &str) -> Option<Vec<&str>> {
+    let mut out = Vec::new();
+    let mut rest = list.trim_start_matches([' ', '\t', ',']);
+    while !rest.is_empty() {
+        let start = rest;
+        let body = rest.strip_prefix("W/").unwrap_or(rest);
+        let len = if let Some(b) = body.strip_prefix('*') {
+            start.len() - b.len()
+        } else {
+            let b = body.strip_prefix('"')?;
+            let close = b.find('"')?;
+            start.len() - (b.len() - close - 1)
+        };
+        out.push(&start[..len]);
+        rest = start[len..].trim_start_matches([' ', '\t']);
+        if !rest.is_empty() {
+            rest = rest.strip_prefix(',')?.trim_start_matches([' ', '\t', ',']);
+        }
+    }
+    Some(out)
+}
+
+/// The tag list with `codec`'s suffix removed from every tag that has it; `None` when no tag
+/// has it (or the list is malformed).
+fn strip_suffix_in_list(list: &str, codec: Codec) -> Option<String> {
+    let suffix = format!("-{}\"", codec.token());
+    let mut changed = false;
+    let out: Vec<String> = tags(list)?
+        .into_iter()
+        .map(|t| match t.strip_suffix(&suffix) {
+            Some(base) if base.ends_with(|c| c != '"') && base.contains('"') => {
+                changed = true;
+                format!("{base}\"")
+            }
+            _ => t.to_owned(),
+        })
+        .collect();
+    changed.then(|| out.join(", "))
+}
+
+/// The ETag of `codec`'s variant of a representation tagged `etag`.
+fn encoded_etag(etag: &HeaderValue, codec: Codec) -> Option<HeaderValue> {
+    let s = etag.to_str().ok()?;
+    let base = s.strip_suffix('"')?;
+    if !base.contains('"') {
+        return None;
+    }
+    HeaderValue::from_str(&format!("{base}-{}\"", codec.token())).ok()
+}
+
+fn add_vary(h: &mut HeaderMap) {
+    let present = h.get_all(header::VARY).iter().any(|v| {
+        v.to_str().is_ok_and(|s| {
+            s.split(',')
+                .any(|t| t.trim() == "*" || t.trim().eq_ignore_ascii_case("accept-encoding"))
+        })
+    });
+    if !present {
+        h.append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    }
+}
+
+/// Headers of `codec`'s variant: encoding set, ETag suffixed, length of the variant when
+/// known (else none), no range support.
+fn encode_headers(h: &mut HeaderMap, codec: Codec, len: Option<u64>) {
+    h.insert(
+        header::CONTENT_ENCODING,
+        HeaderValue::from_static(codec.token()),
+    );
+    match len {
+        Some(n) => {
+            h.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
+        None => {
+            h.remove(header::CONTENT_LENGTH);
+        }
+    }
+    h.remove(header::ACCEPT_RANGES);
+    if let Some(e) = h.get(header::ETAG).and_then(|e| encoded_etag(e, codec)) {
+        h.insert(header::ETAG, e);
+    }
+}
+
+/// Wraps `resp` according to the negotiation (see the module documentation).
+pub(crate) fn finish(neg: Option<Negotiated>, mut resp: Response<Body>) -> Response<Body> {
+    let Some(neg) = neg else {
+        return resp;
+    };
+    let comp = neg.comp.clone();
+    let cfg = comp.cfg();
+    let status = resp.status();
+    if status == StatusCode::NOT_MODIFIED {
+        add_vary(resp.headers_mut());
+        if let (true, Some(c)) = (neg.stripped, neg.codec) {
+            if let Some(e) = resp
+                .headers()
+                .get(header::ETAG)
+                .and_then(|e| encoded_etag(e, c))
+            {
+                resp.headers_mut().insert(header::ETAG, e);
+            }
+        }
+        return resp;
+    }
+    if status != StatusCode::OK && status != StatusCode::PARTIAL_CONTENT {
+        return resp;
+    }
+    let h = resp.headers();
+    if h.get(header::CONTENT_ENCODING)
+        .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
+    {
+        return resp; // already encoded (proxied): passed through
+    }
+    let compressible = h
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| cfg.compressible(t));
+    if !compressible {
+        return resp;
+    }
+    let no_transform = h.get_all(header::CACHE_CONTROL).iter().any(|v| {
+        v.to_str().is_ok_and(|s| {
+            s.split(',')
+                .any(|d| d.trim().eq_ignore_ascii_case("no-transform"))
+        })
+    });
+    if no_transform {
+        return resp;
+    }
+    add_vary(resp.headers_mut());
+    let Some(codec) = neg.codec else {
+        return resp;
+    };
+    if neg.range || status == StatusCode::PARTIAL_CONTENT {
+        return resp;
+    }
+    let len = resp
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .or_else(|| resp.body().size_hint().exact());
+    if len.is_some_and(|n| n < cfg.min_size) {
+        return resp;
+    }
+    let file = resp.extensions().get::<StaticFile>().cloned();
+    if let Some(f) = &file {
+        if cfg.precompressed {
+            for &c in &neg.ranked {
+                if let Some((sidecar, slen)) = open_sidecar(&f.path, c, f.mtime) {
+                    comp.metrics().sidecar_hits.fetch_add(1, Relaxed);
+                    encode_headers(resp.headers_mut(), c, Some(slen));
+                    let m = comp.metrics();
+                    m.responses[c.index()].fetch_add(1, Relaxed);
+                    if !neg.head {
+                        m.bytes_in[c.index()].fetch_add(f.len, Relaxed);
+                        m.bytes_out[c.index()].fetch_add(slen, Relaxed);
+                        *resp.body_mut() = boxed(SidecarBody {
+                            file: sidecar,
+                            remaining: slen,
+                        });
+                    }
+                    return resp;
+                }
+            }
+        }
+    }
+    let level = cfg.level(codec);
+    let mut fill = None;
+    if let (Some(f), true) = (&file, cfg.cache_size > 0) {
+        let key = VariantKey {
+            path: f.path.clone(),
+            codec,
+            level,
+        };
+        let hit = comp.with_cache(|c, ev| c.get(&key, f.len, f.mtime, ev));
+        let m = comp.metrics();
+        match hit {
+            Some(data) => {
+                encode_headers(resp.headers_mut(), codec, Some(data.len() as u64));
+                if !neg.head {
+                    m.cache_hits.fetch_add(1, Relaxed);
+                    m.responses[codec.index()].fetch_add(1, Relaxed);
+                    m.bytes_in[codec.index()].fetch_add(f.len, Relaxed);
+                    m.bytes_out[codec.index()].fetch_add(data.len() as u64, Relaxed);
+                    *resp.body_mut() = full(data);
+                }
+                return resp;
+            }
+            None if !neg.head => {
+                m.cache_misses.fetch_add(1, Relaxed);
+                fill = Some((key, f.len, f.mtime));
+            }
+            None => {}
+        }
+    }
+    encode_headers(resp.headers_mut(), codec, None);
+    if neg.head {
+        return resp;
+    }
+    let params = EncodeParams {
+        codec,
+        level,
+        mode: cfg.mode,
+        chunk_size: cfg.chunk_size,
+        depth: cfg.depth,
+        flush_after: Some(cfg.flush_interval),
+    };
+    let offloader = comp.offloader.clone();
+    let metrics = comp.shared.metrics.clone();
+    resp.map(|b| {
+        let body = CompressBody::new(b, params, offloader, metrics);
+        match fill {
+            Some((key, size, mtime)) => {
+                let limit = comp.cfg().cache_size;
+                let c = comp.clone();
+                boxed(body.with_sink(
+                    limit,
+                    Box::new(move |data| {
+                        c.with_cache(|cache, ev| cache.insert(key, size, mtime, data, ev));
+                    }),
+                ))
+            }
+            None => boxed(body),
+        }
+    })
+}
+
+/// `path` + `.gz`/`.br`/`.zst`, when it is a regular file (not a link) at least as new as
+/// the original (`gzip -k` keeps the original's mtime), with its length.
+fn open_sidecar(path: &Path, codec: Codec, mtime: SystemTime) -> Option<(File, u64)> {
+    let ext = match codec {
+        Codec::Gzip => "gz",
+        Codec::Brotli => "br",
+        Codec::Zstd => "zst",
+    };
+    let mut name = path.as_os_str().to_owned();
+    name.push(".");
+    name.push(ext);
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(PathBuf::from(name))
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    let smtime = meta.modified().unwrap_or(UNIX_EPOCH);
+    (meta.is_file() && smtime >= mtime).then_some((file, meta.len()))
+}
+
+/// A sidecar file streamed in 64 KiB frames.
+struct SidecarBody {
+    file: File,
+    remaining: u64,
+}
+
+impl http_body::Body for SidecarBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.remaining == 0 {
+            return Poll::Ready(None);
+        }
+        let want = self.remaining.min(64 * 1024) as usize;
+        let mut buf = BytesMut::zeroed(want);
+        let mut filled = 0;
+        while filled < want {
+            match self.file.read(&mut buf[filled..]) {
+                Ok(0) => return Poll::Ready(Some(Err("sidecar file shrank".into()))),
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Poll::Ready(Some(Err(e.into()))),
+            }
+        }
+        self.remaining -= want as u64;
+        Poll::Ready(Some(Ok(Frame::data(buf.freeze()))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.remaining == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.remaining)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entity_tag_lists() {
+        assert_eq!(
+            tags("\"a\", W/\"b\" ,*").unwrap(),
+            vec!["\"a\"", "W/\"b\"", "*"]
+        );
+        assert_eq!(tags("\"a,b\"").unwrap(), vec!["\"a,b\""]);
+        assert!(tags("\"a").is_none());
+        assert!(tags("a").is_none());
+        assert_eq!(
+            strip_suffix_in_list("\"x-gzip\", W/\"y-gzip\", \"z-br\"", Codec::Gzip).unwrap(),
+            "\"x\", W/\"y\", \"z-br\""
+        );
+        assert!(strip_suffix_in_list("\"x-br\"", Codec::Gzip).is_none());
+        // a tag that is only the suffix is not stripped to an empty tag
+        assert!(strip_suffix_in_list("\"-gzip\"", Codec::Gzip).is_none());
+        let e = HeaderValue::from_static("W/\"abc\"");
+        assert_eq!(encoded_etag(&e, Codec::Zstd).unwrap(), "W/\"abc-zstd\"");
+        assert!(encoded_etag(&HeaderValue::from_static("abc"), Codec::Zstd).is_none());
+    }
+
+    #[test]
+    fn vary_is_added_once() {
+        let mut h = HeaderMap::new();
+        add_vary(&mut h);
+        add_vary(&mut h);
+        assert_eq!(h.get_all(header::VARY).iter().count(), 1);
+        let mut h = HeaderMap::new();
+        h.insert(header::VARY, HeaderValue::from_static("Origin"));
+        add_vary(&mut h);
+        assert_eq!(h.get_all(header::VARY).iter().count(), 2);
+        let mut h = HeaderMap::new();
+        h.insert(header::VARY, HeaderValue::from_static("*"));
+        add_vary(&mut h);
+        assert_eq!(h.get_all(header::VARY).iter().count(), 1);
+    }
+}
