@@ -253,3 +253,67 @@ async fn sigterm_lets_in_flight_requests_finish() {
             .unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// One access-log line per request on stdout: time, client, method, path, protocol, status,
+/// bytes, duration.
+#[tokio::test(flavor = "multi_thread")]
+async fn access_log_line_per_request() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("site")).unwrap();
+    std::fs::write(dir.path().join("site/hello.txt"), "hello world").unwrap();
+    let cfg = dir.path().join("q.toml");
+    std::fs::write(
+        &cfg,
+        "workers = 1\n[[listener]]\naddress = \"127.0.0.1:0\"\n[[route]]\nprefix = \"/\"\nroot = \"site\"\n",
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .env("QWEB_STATE_DIR", dir.path().join("state"))
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut lines = Vec::new();
+    loop {
+        let mut l = String::new();
+        assert!(err.read_line(&mut l).unwrap() > 0, "exited: {lines:?}");
+        let done = l.contains("worker(s)");
+        lines.push(l.trim_end().to_owned());
+        if done {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in err.lines() {});
+    let addr = listen_addr(&lines, "http");
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let r = reqwest::get(format!("http://{addr}/hello.txt?x=1")).await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "hello world");
+    let r = reqwest::get(format!("http://{addr}/missing")).await.unwrap();
+    assert_eq!(r.status(), 404);
+    let out = child.stdout.take().unwrap();
+    let log = tokio::task::spawn_blocking(move || {
+        let mut r = BufReader::new(out);
+        let mut v = Vec::new();
+        for _ in 0..2 {
+            let mut l = String::new();
+            r.read_line(&mut l).unwrap();
+            v.push(l);
+        }
+        v
+    })
+    .await
+    .unwrap();
+    sigterm(&child);
+    assert!(wait_exit(&mut child, Duration::from_secs(15)).success());
+    // e.g. 2026-11-30T07:00:00.123456Z 127.0.0.1:5555 "GET /hello.txt?x=1 HTTP/1.1" 200 11 0.2ms
+    let first: Vec<&str> = log[0].split_whitespace().collect();
+    assert!(first[0].contains('T') && first[0].ends_with('Z'), "{log:?}");
+    assert!(first[1].starts_with("127.0.0.1:"), "{log:?}");
+    assert_eq!(&first[2..7], &["\"GET", "/hello.txt?x=1", "HTTP/1.1\"", "200", "11"], "{log:?}");
+    assert!(first[7].ends_with("ms"), "{log:?}");
+    assert!(log[1].contains("\"GET /missing HTTP/1.1\" 404"), "{log:?}");
+}

@@ -257,6 +257,9 @@ async fn drive<T>(
             .serve_connection(io, service);
         let mut conn = pin!(conn);
         let mut closing = false;
+        // An idle connection gets a GOAWAY, then this long to close before it is dropped
+        // (a client that never answers must not hold it forever).
+        let mut drop_at: Option<Instant> = None;
         loop {
             let deadline = if closing {
                 None
@@ -273,7 +276,14 @@ async fn drive<T>(
                     if state.deadline(limits.header_read_timeout, limits.keepalive_timeout).is_some_and(|(d, _)| d <= Instant::now()) {
                         conn.as_mut().graceful_shutdown();
                         closing = true;
+                        drop_at = Some(Instant::now() + Duration::from_secs(1));
                     }
+                }
+                _ = sleep_or_never(drop_at) => {
+                    if state.in_flight.get() == 0 {
+                        return;
+                    }
+                    drop_at = None;
                 }
                 _ = shutdown.wait_for(|s| *s), if !closing => {
                     conn.as_mut().graceful_shutdown();
