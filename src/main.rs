@@ -90,6 +90,13 @@ fn keyserver(path: &std::path::Path, added_latency_ms: u64) -> ExitCode {
         level: "info".into(),
     };
     init_logging(&log);
+    let signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let unix = cfg.unix.clone();
     let server = match qweb_keyserver::server::start(cfg) {
         Ok(s) => s,
@@ -119,7 +126,7 @@ fn keyserver(path: &std::path::Path, added_latency_ms: u64) -> ExitCode {
         );
     }
     eprintln!("qweb keyserver: ready");
-    wait_for_signal(move || server.shutdown())
+    signals.wait(move || server.shutdown())
 }
 
 fn init_logging(config: &qweb_server::config::LogConfig) {
@@ -159,6 +166,13 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
         None => Config::default_config(),
     };
     init_logging(&config.log);
+    let signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let listeners = config.listeners.clone();
     let workers = config.workers;
     let server = match Server::start(config) {
@@ -197,48 +211,64 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
     }
     eprintln!("qweb: {workers} worker(s); Ctrl-C or SIGTERM stops");
 
-    wait_for_signal(move || server.shutdown())
+    signals.wait(move || server.shutdown())
 }
 
-/// Waits for SIGINT/SIGTERM, then runs `stop` (a graceful shutdown); a second signal exits
-/// at once.
-fn wait_for_signal(stop: impl FnOnce() + Send + 'static) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the signal handler: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    rt.block_on(async move {
-        let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        else {
-            eprintln!("error: cannot install the SIGTERM handler");
-            return ExitCode::FAILURE;
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        tracing::info!("shutting down: no new connections; waiting for in-flight requests");
-        let mut stopping = tokio::task::spawn_blocking(stop);
-        tokio::select! {
-            _ = &mut stopping => {
-                tracing::info!("stopped");
-                ExitCode::SUCCESS
+/// SIGINT and SIGTERM handlers, installed before the process says it is ready (so that a
+/// signal sent right after the ready line is never the default, fatal one).
+struct Signals {
+    rt: tokio::runtime::Runtime,
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Signals, String> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the signal handler: {e}"))?;
+        let (int, term) = rt.block_on(async {
+            (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            )
+        });
+        let int = int.map_err(|e| format!("cannot install the SIGINT handler: {e}"))?;
+        let term = term.map_err(|e| format!("cannot install the SIGTERM handler: {e}"))?;
+        Ok(Signals { rt, int, term })
+    }
+
+    /// Waits for SIGINT/SIGTERM, then runs `stop` (a graceful shutdown); a second signal
+    /// exits at once.
+    fn wait(self, stop: impl FnOnce() + Send + 'static) -> ExitCode {
+        let Signals {
+            rt,
+            mut int,
+            mut term,
+        } = self;
+        rt.block_on(async move {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
             }
-            _ = tokio::signal::ctrl_c() => {
-                tracing::warn!("second signal: exiting now");
-                ExitCode::from(130)
+            tracing::info!("shutting down: no new connections; waiting for in-flight requests");
+            let mut stopping = tokio::task::spawn_blocking(stop);
+            tokio::select! {
+                _ = &mut stopping => {
+                    tracing::info!("stopped");
+                    ExitCode::SUCCESS
+                }
+                _ = int.recv() => {
+                    tracing::warn!("second signal: exiting now");
+                    ExitCode::from(130)
+                }
+                _ = term.recv() => {
+                    tracing::warn!("second signal: exiting now");
+                    ExitCode::from(130)
+                }
             }
-            _ = term.recv() => {
-                tracing::warn!("second signal: exiting now");
-                ExitCode::from(130)
-            }
-        }
-    })
+        })
+    }
 }

@@ -290,9 +290,13 @@ async fn access_log_line_per_request() {
     std::thread::spawn(move || for _ in err.lines() {});
     let addr = listen_addr(&lines, "http");
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let r = reqwest::get(format!("http://{addr}/hello.txt?x=1")).await.unwrap();
+    let r = reqwest::get(format!("http://{addr}/hello.txt?x=1"))
+        .await
+        .unwrap();
     assert_eq!(r.text().await.unwrap(), "hello world");
-    let r = reqwest::get(format!("http://{addr}/missing")).await.unwrap();
+    let r = reqwest::get(format!("http://{addr}/missing"))
+        .await
+        .unwrap();
     assert_eq!(r.status(), 404);
     let out = child.stdout.take().unwrap();
     let log = tokio::task::spawn_blocking(move || {
@@ -313,7 +317,11 @@ async fn access_log_line_per_request() {
     let first: Vec<&str> = log[0].split_whitespace().collect();
     assert!(first[0].contains('T') && first[0].ends_with('Z'), "{log:?}");
     assert!(first[1].starts_with("127.0.0.1:"), "{log:?}");
-    assert_eq!(&first[2..7], &["\"GET", "/hello.txt?x=1", "HTTP/1.1\"", "200", "11"], "{log:?}");
+    assert_eq!(
+        &first[2..7],
+        &["\"GET", "/hello.txt?x=1", "HTTP/1.1\"", "200", "11"],
+        "{log:?}"
+    );
     assert!(first[7].ends_with("ms"), "{log:?}");
     assert!(log[1].contains("\"GET /missing HTTP/1.1\" 404"), "{log:?}");
 }

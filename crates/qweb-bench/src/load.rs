@@ -86,6 +86,14 @@ pub struct LoadSpec {
     /// body must match Content-Length when the response has one.
     #[arg(long)]
     pub expect_bytes: Option<u64>,
+    /// Allowed deviation of the body size from --expect-bytes, in percent (compressed bodies
+    /// whose chunking depends on timing vary by a few bytes).
+    #[arg(long, default_value_t = 0.0)]
+    pub bytes_tolerance: f64,
+    /// gzip responses: the decoded size the gzip trailer (ISIZE) must state, and the body
+    /// must start with the gzip magic: a cheap check that the whole stream arrived.
+    #[arg(long)]
+    pub expect_gzip_size: Option<u64>,
     /// Required status of every response.
     #[arg(long, default_value_t = 200)]
     pub expect_status: u16,
@@ -120,6 +128,8 @@ impl LoadSpec {
             accept_encoding: None,
             expect_encoding: None,
             expect_bytes: None,
+            bytes_tolerance: 0.0,
+            expect_gzip_size: None,
             expect_status: 200,
             request: false,
             rate: None,
@@ -169,6 +179,12 @@ impl LoadSpec {
         }
         if let Some(b) = self.expect_bytes {
             a.push(format!("--expect-bytes {b}"));
+        }
+        if self.bytes_tolerance > 0.0 {
+            a.push(format!("--bytes-tolerance {}", self.bytes_tolerance));
+        }
+        if let Some(b) = self.expect_gzip_size {
+            a.push(format!("--expect-gzip-size {b}"));
         }
         if self.request {
             a.push("--request".into());
@@ -574,9 +590,20 @@ async fn request(sh: &Shared, sender: &mut Sender) -> Result<u64, OpError> {
         .and_then(|v| v.parse::<u64>().ok());
     let mut body = resp.into_body();
     let mut n = 0u64;
+    // First two and last four body bytes (gzip magic and ISIZE trailer).
+    let mut head = [0u8; 2];
+    let mut tail = [0u8; 4];
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| OpError::Http(e.to_string()))?;
         if let Some(d) = frame.data_ref() {
+            for (i, b) in d.iter().take(2).enumerate() {
+                if n + (i as u64) < 2 {
+                    head[n as usize + i] = *b;
+                }
+            }
+            let k = d.len().min(4);
+            tail.rotate_left(k);
+            tail[4 - k..].copy_from_slice(&d[d.len() - k..]);
             n += d.len() as u64;
         }
     }
@@ -592,8 +619,17 @@ async fn request(sh: &Shared, sender: &mut Sender) -> Result<u64, OpError> {
             return Err(OpError::Encoding(format!("{got}, expected {want}")));
         }
     }
+    if let Some(want) = sh.spec.expect_gzip_size {
+        let isize = u32::from_le_bytes(tail) as u64;
+        if head != [0x1f, 0x8b] || n < 18 || isize != want % (1 << 32) {
+            return Err(OpError::Bytes(format!(
+                "gzip stream of {n} bytes states {isize} decoded bytes, expected {want}"
+            )));
+        }
+    }
+    let tol = sh.spec.bytes_tolerance / 100.0;
     match (sh.spec.expect_bytes, clen) {
-        (Some(want), _) if want != n => {
+        (Some(want), _) if (n as f64 - want as f64).abs() > want as f64 * tol => {
             return Err(OpError::Bytes(format!("{n}, expected {want}")));
         }
         (None, Some(cl)) if cl != n => {

@@ -5,7 +5,7 @@
 pub struct Table {
     /// Heading above the table.
     pub title: String,
-    /// Column headers. Columns after the first are right-aligned (numbers).
+    /// Column headers. Columns of numbers are right-aligned.
     pub headers: Vec<String>,
     /// Cells, row by row.
     pub rows: Vec<Vec<String>>,
@@ -29,6 +29,16 @@ impl Table {
         self.rows.push(cells);
     }
 
+    /// Whether every cell of column `i` is empty or a number-like value (right-aligned).
+    fn numeric(&self, i: usize) -> bool {
+        self.rows.iter().all(|r| {
+            r.get(i).map_or(true, |c| {
+                let v = c.trim_end_matches(['×', '%', ' ']);
+                v.is_empty() || v == "—" || v.parse::<f64>().is_ok()
+            })
+        })
+    }
+
     /// The table as GitHub-flavoured markdown, with its title as a level-3 heading.
     pub fn to_markdown(&self) -> String {
         let esc = |s: &str| s.replace('|', "\\|");
@@ -42,7 +52,7 @@ impl Table {
                 .join(" | ")
         ));
         let align: Vec<&str> = (0..self.headers.len())
-            .map(|i| if i == 0 { "---" } else { "---:" })
+            .map(|i| if self.numeric(i) { "---:" } else { "---" })
             .collect();
         out.push_str(&format!("| {} |\n", align.join(" | ")));
         for r in &self.rows {
@@ -111,11 +121,12 @@ mod tests {
     fn markdown_table() {
         let mut t = Table::new("A. Handshakes", &["server", "hs/s", "vs nginx"]);
         t.row(vec!["qweb | none".into(), "100".into()]);
+        t.row(vec!["1m.bin".into(), "—".into(), "1.50×".into()]);
         t.notes.push("note".into());
         assert_eq!(
             t.to_markdown(),
             "### A. Handshakes\n\n| server | hs/s | vs nginx |\n| --- | ---: | ---: |\n\
-             | qweb \\| none | 100 |  |\n\nnote\n"
+             | qweb \\| none | 100 |  |\n| 1m.bin | — | 1.50× |\n\nnote\n"
         );
     }
 }

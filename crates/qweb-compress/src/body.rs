@@ -518,7 +518,10 @@ mod tests {
                                 );
                                 assert_eq!(m.chunks_in_flight.load(Relaxed), 0);
                                 assert_eq!(m.bytes_in[codec.index()].load(Relaxed), n as u64);
-                                assert_eq!(m.bytes_out[codec.index()].load(Relaxed), z.len() as u64);
+                                assert_eq!(
+                                    m.bytes_out[codec.index()].load(Relaxed),
+                                    z.len() as u64
+                                );
                                 assert_eq!(m.fallbacks.load(Relaxed), 0);
                             }
                         }

@@ -32,12 +32,21 @@ pub const GZIP_HISTORY: usize = 32 * 1024;
 
 /// Compresses one chunk in software (the [`qweb_offload::compress::CompressFn`] of every op
 /// this crate builds).
+///
+/// A panic inside a codec library is caught and reported as an error: it must not take an
+/// engine thread (or a worker) down with it.
 pub fn compress_chunk(op: &CompressOp) -> Result<CompressedChunk, String> {
-    match op.codec {
+    let run = std::panic::AssertUnwindSafe(|| match op.codec {
         Codec::Gzip => gzip_chunk(op),
         Codec::Brotli => brotli_chunk(op),
         Codec::Zstd => zstd_chunk(op),
-    }
+    });
+    std::panic::catch_unwind(run).unwrap_or_else(|_| {
+        // the per-thread codec state may be half-updated: start afresh next time
+        DEFLATE.with(|c| c.replace(None));
+        ZSTD.with(|c| c.replace(None));
+        Err(format!("the {} compressor panicked", op.codec.token()))
+    })
 }
 
 thread_local! {
@@ -105,8 +114,8 @@ fn gzip_chunk(op: &CompressOp) -> Result<CompressedChunk, String> {
 }
 
 fn brotli_chunk(op: &CompressOp) -> Result<CompressedChunk, String> {
-    use brotli::enc::encode::{BrotliEncoderOperation, BrotliEncoderParameter as P};
     use brotli::enc::encode::BrotliEncoderStateStruct;
+    use brotli::enc::encode::{BrotliEncoderOperation, BrotliEncoderParameter as P};
     use brotli::enc::StandardAlloc;
     let input = op.input.as_slice();
     let mut s = BrotliEncoderStateStruct::new(StandardAlloc::default());

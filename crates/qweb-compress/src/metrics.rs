@@ -122,7 +122,10 @@ impl CompressMetrics {
             ),
         ];
         for (name, kind, help, v) in singles {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
         }
     }
 }

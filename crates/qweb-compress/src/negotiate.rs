@@ -113,7 +113,10 @@ impl AcceptEncoding {
 
 /// Negotiates from the request's `Accept-Encoding` values: `None` (no header, or nothing
 /// acceptable) means identity.
-pub fn negotiate<'a>(values: impl IntoIterator<Item = &'a str>, preference: &[Codec]) -> Option<Codec> {
+pub fn negotiate<'a>(
+    values: impl IntoIterator<Item = &'a str>,
+    preference: &[Codec],
+) -> Option<Codec> {
     AcceptEncoding::parse(values).choose(preference)
 }
 

@@ -165,7 +165,12 @@ fn brotli_header(window_log: u8) -> [u8; 2] {
 
 /// Compresses `data` in one go, on this thread, the way the pipelined encoder does (chunks
 /// of `chunk_size`, joined into one stream). For tests, tools and cache fills.
-pub fn compress_all(codec: Codec, level: u32, chunk_size: usize, data: &[u8]) -> Result<Vec<u8>, String> {
+pub fn compress_all(
+    codec: Codec,
+    level: u32,
+    chunk_size: usize,
+    data: &[u8],
+) -> Result<Vec<u8>, String> {
     let chunk_size = chunk_size.max(1);
     let mut enc = StreamEncoder::new(codec, level, chunk_size);
     let mut out = Vec::new();
@@ -191,9 +196,31 @@ pub(crate) mod tests {
     /// A text corpus: varied English-like lines (compressible, not trivially).
     pub(crate) fn text(n: usize) -> Vec<u8> {
         let words = [
-            "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "server", "event",
-            "loop", "offload", "engine", "chunk", "stream", "compress", "pipeline", "worker",
-            "<div class=\"item\">", "</div>", "<p>", "</p>", "request", "response", "header",
+            "the",
+            "quick",
+            "brown",
+            "fox",
+            "jumps",
+            "over",
+            "lazy",
+            "dog",
+            "server",
+            "event",
+            "loop",
+            "offload",
+            "engine",
+            "chunk",
+            "stream",
+            "compress",
+            "pipeline",
+            "worker",
+            "<div class=\"item\">",
+            "</div>",
+            "<p>",
+            "</p>",
+            "request",
+            "response",
+            "header",
         ];
         let mut out = Vec::with_capacity(n + 64);
         let mut x: u64 = 0x9e3779b97f4a7c15;
@@ -203,8 +230,11 @@ pub(crate) mod tests {
             x ^= x >> 7;
             x ^= x << 17;
             out.extend_from_slice(words[(x % words.len() as u64) as usize].as_bytes());
-            out.push(if x % 11 == 0 { b'\n' } else { b' ' });
-            if x % 97 == 0 {
+            out.push(match x % 11 {
+                0 => b'\n',
+                _ => b' ',
+            });
+            if x % 97 < 1 {
                 line += 1;
                 out.extend_from_slice(format!("line {line}\n").as_bytes());
             }
@@ -234,7 +264,10 @@ pub(crate) mod tests {
                 let mut d = flate2::read::GzDecoder::new(data);
                 d.read_to_end(&mut out).expect("gzip decode");
                 // exactly one member, nothing after it
-                assert!(d.into_inner().is_empty(), "trailing bytes after the gzip member");
+                assert!(
+                    d.into_inner().is_empty(),
+                    "trailing bytes after the gzip member"
+                );
             }
             Codec::Brotli => {
                 brotli::Decompressor::new(data, 4096)
@@ -252,7 +285,16 @@ pub(crate) mod tests {
     }
 
     fn sizes(chunk: usize) -> Vec<usize> {
-        vec![0, 1, 2, chunk - 1, chunk, chunk + 1, 2 * chunk + 3, 7 * chunk + 5]
+        vec![
+            0,
+            1,
+            2,
+            chunk - 1,
+            chunk,
+            chunk + 1,
+            2 * chunk + 3,
+            7 * chunk + 5,
+        ]
     }
 
     #[test]
@@ -324,7 +366,10 @@ pub(crate) mod tests {
             };
             unprimed += compress_chunk(&op).unwrap().data.len();
         }
-        assert!(primed * 100 < unprimed * 90, "primed {primed}, unprimed {unprimed}");
+        assert!(
+            primed * 100 < unprimed * 90,
+            "primed {primed}, unprimed {unprimed}"
+        );
     }
 
     #[test]

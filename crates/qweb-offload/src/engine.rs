@@ -210,7 +210,9 @@ fn engine_thread(s: &PoolShared) {
         let result = if s.cfg.inject_failures {
             Err(OpError::Failed("injected failure".into()))
         } else if sub.completer.is_wanted() {
-            sub.op.execute()
+            // a panicking op fails that op, not the engine thread
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| sub.op.execute()))
+                .unwrap_or_else(|_| Err(OpError::Failed("the op panicked".into())))
         } else {
             Err(OpError::Dropped) // nobody waits any more: skip the work
         };

@@ -1,7 +1,7 @@
 //! qweb's offload framework (see DESIGN.md: Op, Engine, offload mode, Job).
 //!
-//! - [`Op`]: one unit of offloadable work (a private-key signature today; compression chunks
-//!   are ops too). Plain data in, plain data out.
+//! - [`Op`]: one unit of offloadable work: a private-key signature, or one chunk of a
+//!   compressed response ([`compress::CompressOp`]). Plain data in, plain data out.
 //! - [`Engine`]: executes ops and reports completions; [`InlineEngine`] runs them on the
 //!   caller's thread (the software baseline), [`PoolEngine`] on dedicated threads behind a
 //!   bounded queue.

@@ -226,7 +226,15 @@ impl Validator<'_> {
         }
         if let Some(e) = &r.engine {
             let name = e.get_ref();
-            if !offload.engines.iter().any(|x| &x.name == name) {
+            let found = offload.engines.iter().find(|x| &x.name == name);
+            if found.is_some_and(|x| matches!(x.kind, super::EngineKind::Keyserver(_))) {
+                return Err(self.err(
+                    Some(e.span()),
+                    "compression.engine",
+                    format!("`{name}` is a key server engine: it signs, it cannot compress"),
+                ));
+            }
+            if found.is_none() {
                 let names: Vec<&str> = offload.engines.iter().map(|e| e.name.as_str()).collect();
                 return Err(self.err(
                     Some(e.span()),
@@ -425,5 +433,13 @@ mod tests {
         assert!(e.contains("compression.codecs"), "{e}");
         let e = err("[compression]\ncodecs = [\"br\", \"br\"]\n");
         assert!(e.contains("listed twice"), "{e}");
+        let e = err(
+            "[offload.engines.keys]\nkind = \"keyserver\"\nservers = [\"unix:/tmp/k.sock\"]\n\
+             [compression]\nengine = \"keys\"\n",
+        );
+        assert!(
+            e.contains("compression.engine") && e.contains("cannot compress"),
+            "{e}"
+        );
     }
 }

@@ -590,13 +590,15 @@ impl Validator<'_> {
                     inject_failures: er.inject_failures.unwrap_or(false),
                 },
                 "keyserver" => EngineKind::Keyserver(self.keyserver_engine(&key, e)?),
-                other => return Err(self.err(
-                    Some(er.kind.span()),
-                    format!("{key}.kind"),
-                    format!(
+                other => {
+                    return Err(self.err(
+                        Some(er.kind.span()),
+                        format!("{key}.kind"),
+                        format!(
                         "unknown engine kind `{other}` (use \"pool\", \"keyserver\" or \"inline\")"
                     ),
-                )),
+                    ))
+                }
             };
             let ks_only = er.servers.is_some()
                 || er.connections.is_some()

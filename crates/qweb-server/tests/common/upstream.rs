@@ -77,7 +77,10 @@ pub fn text(n: usize) -> Vec<u8> {
         x ^= x >> 7;
         x ^= x << 17;
         out.extend_from_slice(words[(x % words.len() as u64) as usize].as_bytes());
-        out.push(if x % 9 == 0 { b'\n' } else { b' ' });
+        out.push(match x % 9 {
+            0 => b'\n',
+            _ => b' ',
+        });
     }
     out.truncate(n);
     out
