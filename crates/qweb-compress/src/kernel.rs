@@ -198,3 +198,41 @@ fn zstd_chunk(op: &CompressOp) -> Result<CompressedChunk, String> {
         Ok(CompressedChunk { data, crc32: 0 })
     })
 }
+
+#[cfg(test)]
+mod determinism {
+    use super::*;
+    use crate::StreamEncoder;
+
+    /// The per-thread codec state is reset between chunks: the same op gives the same bytes
+    /// whatever ran on this thread before it.
+    #[test]
+    fn same_op_same_bytes_after_other_ops() {
+        let text: Vec<u8> = (0..20_000)
+            .flat_map(|i| format!("line {i} of some text\n").into_bytes())
+            .collect();
+        for codec in [Codec::Gzip, Codec::Zstd, Codec::Brotli] {
+            let mut enc = StreamEncoder::new(codec, 4, 4096);
+            let ops: Vec<_> = text
+                .chunks(4096)
+                .take(40)
+                .map(|c| enc.op(c.to_vec(), false))
+                .collect();
+            let first: Vec<_> = ops
+                .iter()
+                .map(|o| compress_chunk(o).unwrap().data)
+                .collect();
+            // interleave: other streams' chunks, other levels, in between
+            let mut other = StreamEncoder::new(codec, 9, 1000);
+            for (i, o) in ops.iter().enumerate().rev() {
+                let noise = other.op(text[i * 100..i * 100 + 3000].to_vec(), i % 3 == 0);
+                let _ = compress_chunk(&noise).unwrap();
+                assert_eq!(
+                    compress_chunk(o).unwrap().data,
+                    first[i],
+                    "{codec:?} chunk {i}"
+                );
+            }
+        }
+    }
+}

@@ -6,7 +6,7 @@
 //! - `Vary: Accept-Encoding` on every response whose representation could be encoded
 //!   (compressible type, 200 or 206), whatever was chosen for this request;
 //! - encoded: `Content-Encoding` set, `Content-Length` removed (or that of the stored variant),
-//!   `Accept-Ranges` removed, the ETag suffixed inside its quotes (`"tag-gzip"`);
+//!   `Accept-Ranges` removed, the ETag suffixed inside its quotes and made weak (`W/"tag-gzip"`);
 //! - sent as is: range requests and 206s, bodies known to be under `min_size`, types that are
 //!   not compressible, responses that already have a `Content-Encoding` (proxied), responses
 //!   with `Cache-Control: no-transform`, statuses other than 200;
@@ -238,14 +238,18 @@ fn strip_suffix_in_list(list: &str, codec: Codec) -> Option<String> {
     changed.then(|| out.join(", "))
 }
 
-/// The ETag of `codec`'s variant of a representation tagged `etag`.
+/// The ETag of `codec`'s variant of a representation tagged `etag`: the codec appended
+/// inside the quotes, and weak (as nginx does): the encoded bytes are semantically, not
+/// byte-for-byte, the same from one response to the next (pipelined chunks may be encoded
+/// differently), and ranges are never served from an encoded variant.
 fn encoded_etag(etag: &HeaderValue, codec: Codec) -> Option<HeaderValue> {
     let s = etag.to_str().ok()?;
     let base = s.strip_suffix('"')?;
     if !base.contains('"') {
         return None;
     }
-    HeaderValue::from_str(&format!("{base}-{}\"", codec.token())).ok()
+    let weak = if base.starts_with("W/") { "" } else { "W/" };
+    HeaderValue::from_str(&format!("{weak}{base}-{}\"", codec.token())).ok()
 }
 
 fn add_vary(h: &mut HeaderMap) {
@@ -404,7 +408,13 @@ pub(crate) fn finish(neg: Option<Negotiated>, mut resp: Response<Body>) -> Respo
         mode: cfg.mode,
         chunk_size: cfg.chunk_size,
         depth: cfg.depth,
-        flush_after: Some(cfg.flush_interval),
+        // Static files never pause on I/O: flushing on a timer would only make the chunk
+        // boundaries (so the encoded bytes behind one ETag) depend on timing.
+        flush_after: if file.is_some() {
+            None
+        } else {
+            Some(cfg.flush_interval)
+        },
     };
     let offloader = comp.offloader.clone();
     let metrics = comp.shared.metrics.clone();
@@ -510,6 +520,8 @@ mod tests {
         assert!(strip_suffix_in_list("\"-gzip\"", Codec::Gzip).is_none());
         let e = HeaderValue::from_static("W/\"abc\"");
         assert_eq!(encoded_etag(&e, Codec::Zstd).unwrap(), "W/\"abc-zstd\"");
+        let e = HeaderValue::from_static("\"abc\"");
+        assert_eq!(encoded_etag(&e, Codec::Gzip).unwrap(), "W/\"abc-gzip\"");
         assert!(encoded_etag(&HeaderValue::from_static("abc"), Codec::Zstd).is_none());
     }
 

@@ -383,7 +383,7 @@ async fn encoded_etags_and_conditional_requests() {
     assert!(tag.starts_with('"') && tag.ends_with('"'));
     let gz = get(&c, &url, &[("accept-encoding", "gzip")]).await;
     let gz_tag = gz.h("etag").unwrap().to_owned();
-    assert_eq!(gz_tag, format!("{}-gzip\"", &tag[..tag.len() - 1]));
+    assert_eq!(gz_tag, format!("W/{}-gzip\"", &tag[..tag.len() - 1]));
     let br_tag = get(&c, &url, &[("accept-encoding", "br")])
         .await
         .h("etag")
@@ -711,5 +711,47 @@ async fn measure_requests_per_second_cached_vs_per_request() {
             "100 KiB page, gzip level 4, 1 worker, h2, 16 concurrent: {label}: {:.0} req/s",
             n as f64 / secs
         );
+    }
+}
+
+/// Encoded variants carry a weak ETag (their bytes may differ from one response to the next:
+/// pipelined chunks are not always encoded identically) and every response decodes to the
+/// file; an If-None-Match with that weak tag gets 304.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encoded_variants_have_weak_etags_and_always_decode() {
+    let t = common::start_with(&config("pipelined", "zpool", "cache_size = 0"), |dir| {
+        let text: String = (0..40_000)
+            .map(|i| format!("line {i} of a text file\n"))
+            .collect();
+        std::fs::write(dir.join("site/big.txt"), text).unwrap();
+    });
+    let orig = std::fs::read(t.site().join("big.txt")).unwrap();
+    let c = common::client(&t.cert(), common::Proto::H2);
+    let url = format!("{}/big.txt", t.https());
+    for coding in CODECS {
+        let hdr = [("accept-encoding", coding)];
+        let rounds: Vec<_> = (0..6).map(|_| get(&c, &url, &hdr)).collect();
+        let got = futures_util::future::join_all(rounds).await;
+        let etag = got[0].h("etag").unwrap().to_owned();
+        assert!(
+            etag.starts_with("W/\"") && etag.ends_with(&format!("-{coding}\"")),
+            "{etag}"
+        );
+        for g in &got {
+            assert_eq!(g.h("content-encoding"), Some(coding));
+            assert_eq!(g.h("etag"), Some(etag.as_str()));
+            assert!(
+                decode(coding, &g.body) == orig,
+                "{coding}: body does not decode to the file"
+            );
+        }
+        let r = get(
+            &c,
+            &url,
+            &[("accept-encoding", coding), ("if-none-match", &etag)],
+        )
+        .await;
+        assert_eq!(r.status, 304, "{coding}");
+        assert_eq!(r.h("etag"), Some(etag.as_str()));
     }
 }
