@@ -174,14 +174,21 @@ impl AsyncWrite for TlsStream {
         if bufs.iter().all(|b| b.is_empty()) {
             return Poll::Ready(Ok(0));
         }
+        let mut retried = false;
         loop {
             // rustls takes what fits in its send buffer (maybe nothing when it is full)
             let n = this.conn.writer().write_vectored(bufs)?;
             match this.poll_write_tls(cx) {
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending if n == 0 => return Poll::Pending,
-                // the buffer was full and is now written out: try again
-                Poll::Ready(Ok(())) if n == 0 => continue,
+                // the buffer was full and is now written out: try once more (an empty
+                // buffer always takes something; never spin if it did not)
+                Poll::Ready(Ok(())) if n == 0 => {
+                    if retried {
+                        return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                    }
+                    retried = true;
+                }
                 _ => return Poll::Ready(Ok(n)),
             }
         }
