@@ -260,11 +260,14 @@ async fn drive<T>(
         // An idle connection gets a GOAWAY, then this long to close before it is dropped
         // (a client that never answers must not hold it forever).
         let mut drop_at: Option<Instant> = None;
+        // HTTP/2 frames that are not requests (PING, WINDOW_UPDATE) may arrive while idle:
+        // only the keep-alive timeout applies (h2 bounds header blocks itself).
+        let h2_idle = limits.keepalive_timeout;
         loop {
             let deadline = if closing {
                 None
             } else {
-                state.deadline(limits.header_read_timeout, limits.keepalive_timeout)
+                state.deadline(h2_idle, h2_idle)
             };
             tokio::select! {
                 r = conn.as_mut() => {
@@ -273,7 +276,7 @@ async fn drive<T>(
                 }
                 _ = state.changed.notified() => {}
                 _ = sleep_or_never(deadline.map(|d| d.0)) => {
-                    if state.deadline(limits.header_read_timeout, limits.keepalive_timeout).is_some_and(|(d, _)| d <= Instant::now()) {
+                    if state.deadline(h2_idle, h2_idle).is_some_and(|(d, _)| d <= Instant::now()) {
                         conn.as_mut().graceful_shutdown();
                         closing = true;
                         drop_at = Some(Instant::now() + Duration::from_secs(1));
