@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{sleep_until, Instant};
 
@@ -154,6 +154,54 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
     }
 }
 
+/// Replays bytes already read from a stream, then reads the stream.
+struct Prefixed<T> {
+    prefix: bytes::Bytes,
+    inner: T,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            let chunk = self.prefix.split_to(n);
+            buf.put_slice(&chunk);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// Spawns HTTP/2 stream tasks on the worker's `LocalSet`.
 #[derive(Clone, Copy)]
 pub(crate) struct LocalExec;
@@ -246,9 +294,9 @@ async fn drive<T>(
         let svc = svc.clone();
         async move { Ok::<_, Infallible>(svc.handle(req).await) }
     });
-    let io = TokioIo::new(io);
     let mut shutdown = worker.shutdown.clone();
     if h2 {
+        let io = TokioIo::new(io);
         state.protocol.set("HTTP/2");
         let conn = hyper::server::conn::http2::Builder::new(LocalExec)
             .timer(TokioTimer::new())
@@ -295,6 +343,32 @@ async fn drive<T>(
             }
         }
     } else {
+        // hyper's HTTP/1 connection allocates its read and write buffers (16 KiB) when it is
+        // built: build it only once the first request bytes arrive, so that idle connections
+        // cost little (as nginx allocates its header buffer on the first read).
+        let mut io = io;
+        let mut first = vec![0u8; 2048];
+        let n = loop {
+            let deadline = state.deadline(limits.header_read_timeout, limits.keepalive_timeout);
+            tokio::select! {
+                r = io.read(&mut first) => match r {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => break n,
+                },
+                _ = sleep_or_never(deadline.map(|d| d.0)) => {
+                    if state.deadline(limits.header_read_timeout, limits.keepalive_timeout).is_some_and(|(d, _)| d <= Instant::now()) {
+                        tracing::debug!(peer = %state.peer, "closing: idle before the first request");
+                        return;
+                    }
+                }
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+        };
+        first.truncate(n);
+        let io = TokioIo::new(Prefixed {
+            prefix: bytes::Bytes::from(first),
+            inner: io,
+        });
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(None)
