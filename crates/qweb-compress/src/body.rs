@@ -28,7 +28,7 @@ use std::time::Duration;
 use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use qweb_offload::compress::{Codec, CompressOp};
-use qweb_offload::{channel, Completion, Offloader, Op, OpError, OpOutput, OpResult, Submission};
+use qweb_offload::{run_blocking, Completion, Offloader, Op, OpError, OpOutput, OpResult};
 
 use crate::kernel::compress_chunk;
 use crate::metrics::CompressMetrics;
@@ -180,17 +180,11 @@ where
             }
             Mode::Sync => {
                 // Straight to the engine (no batching), and block this thread until done.
-                let (completer, completion) = channel();
-                let rejected = self
-                    .offloader
-                    .engine()
-                    .submit(vec![Submission::new(Op::Compress(op.clone()), completer)]);
-                let r = if rejected.is_empty() {
-                    completion.wait(self.offloader.timeout())
-                } else {
-                    Err(OpError::Saturated)
-                };
-                Wait::Done(r)
+                Wait::Done(run_blocking(
+                    &**self.offloader.engine(),
+                    Op::Compress(op.clone()),
+                    self.offloader.timeout(),
+                ))
             }
         };
         self.in_flight.push_back(InFlight { op, wait });

@@ -94,6 +94,13 @@ struct Pending {
     server: usize,
 }
 
+impl Pending {
+    /// Older than the engine timeout, or nobody waits for it any more.
+    fn expired(&self, now: Instant, timeout: Duration) -> bool {
+        now.duration_since(self.sub.submitted_at) >= timeout || !self.sub.completer.is_wanted()
+    }
+}
+
 /// The engine.
 pub struct KeyserverEngine {
     name: String,
@@ -268,8 +275,7 @@ impl Dispatcher {
             let mut b = self.backlog.borrow_mut();
             let mut keep = VecDeque::new();
             while let Some(p) = b.pop_front() {
-                if now.duration_since(p.sub.submitted_at) >= timeout || !p.sub.completer.is_wanted()
-                {
+                if p.expired(now, timeout) {
                     expired.push(p);
                 } else {
                     keep.push_back(p);
@@ -468,7 +474,7 @@ where
                 let now = Instant::now();
                 let expired: Vec<u64> = in_flight
                     .iter()
-                    .filter(|(_, p)| now.duration_since(p.sub.submitted_at) >= timeout || !p.sub.completer.is_wanted())
+                    .filter(|(_, p)| p.expired(now, timeout))
                     .map(|(id, _)| *id)
                     .collect();
                 for id in expired {

@@ -44,6 +44,23 @@ pub trait Engine: Send + Sync + 'static {
     fn metrics(&self) -> &EngineMetrics;
 }
 
+/// Sync offload: submits `op` to `engine` and blocks the calling thread until its result or
+/// `timeout` (counted as a failure of the engine). A full queue is `Saturated` at once.
+pub fn run_blocking(engine: &dyn Engine, op: Op, timeout: Duration) -> crate::op::OpResult {
+    let (completer, completion) = crate::completion::channel();
+    if !engine
+        .submit(vec![Submission::new(op, completer)])
+        .is_empty()
+    {
+        return Err(OpError::Saturated);
+    }
+    let r = completion.wait(timeout);
+    if r == Err(OpError::Timeout) {
+        engine.metrics().failed.fetch_add(1, Relaxed);
+    }
+    r
+}
+
 /// Runs each op on the caller's thread, at submission: the software baseline.
 pub struct InlineEngine {
     name: String,

@@ -25,7 +25,7 @@ mod offloader;
 mod op;
 
 pub use completion::{channel, Completer, Completion};
-pub use engine::{Engine, InlineEngine, PoolConfig, PoolEngine, Submission};
+pub use engine::{run_blocking, Engine, InlineEngine, PoolConfig, PoolEngine, Submission};
 pub use key::{KeyError, KeyKind, LocalKey};
 pub use metrics::EngineMetrics;
 pub use offloader::{BatchConfig, Offloader};

@@ -107,60 +107,25 @@ impl Drop for RequestGuard {
     }
 }
 
-/// Marks reads on the connection state; transparent otherwise.
+/// Marks reads on the connection state, and replays `prefix` (bytes already read, already
+/// marked) before reading on; transparent otherwise.
 struct Tracked<T> {
     inner: T,
     state: Rc<ConnState>,
+    prefix: bytes::Bytes,
+}
+
+impl<T> Tracked<T> {
+    fn new(inner: T, state: &Rc<ConnState>) -> Self {
+        Tracked {
+            inner,
+            state: state.clone(),
+            prefix: bytes::Bytes::new(),
+        }
+    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.state.on_read();
-        }
-        r
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-/// Replays bytes already read from a stream, then reads the stream.
-struct Prefixed<T> {
-    prefix: bytes::Bytes,
-    inner: T,
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -172,11 +137,16 @@ impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
             buf.put_slice(&chunk);
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.state.on_read();
+        }
+        r
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
+impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -226,10 +196,7 @@ pub(crate) async fn serve(
     let limits = &worker.limits;
     match &listener.tls {
         None => {
-            let io = Tracked {
-                inner: stream,
-                state: state.clone(),
-            };
+            let io = Tracked::new(stream, &state);
             drive(io, false, false, state, &listener, &worker).await;
         }
         Some(tls) => {
@@ -264,17 +231,14 @@ pub(crate) async fn serve(
                 }
             };
             let h2 = tls.connection().alpn_protocol() == Some(qweb_tls::ALPN_H2);
-            let io = Tracked {
-                inner: tls,
-                state: state.clone(),
-            };
+            let io = Tracked::new(tls, &state);
             drive(io, true, h2, state, &listener, &worker).await;
         }
     }
 }
 
 async fn drive<T>(
-    io: T,
+    mut io: Tracked<T>,
     tls: bool,
     h2: bool,
     state: Rc<ConnState>,
@@ -346,7 +310,6 @@ async fn drive<T>(
         // hyper's HTTP/1 connection allocates its read and write buffers (16 KiB) when it is
         // built: build it only once the first request bytes arrive, so that idle connections
         // cost little (as nginx allocates its header buffer on the first read).
-        let mut io = io;
         let mut first = vec![0u8; 2048];
         let n = loop {
             let deadline = state.deadline(limits.header_read_timeout, limits.keepalive_timeout);
@@ -365,10 +328,8 @@ async fn drive<T>(
             }
         };
         first.truncate(n);
-        let io = TokioIo::new(Prefixed {
-            prefix: bytes::Bytes::from(first),
-            inner: io,
-        });
+        io.prefix = bytes::Bytes::from(first);
+        let io = TokioIo::new(io);
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(None)

@@ -11,9 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use qweb_offload::job;
-use qweb_offload::{
-    channel, Engine, KeyKind, KeyRef, Op, OpError, OpOutput, SignOp, SignScheme, Submission,
-};
+use qweb_offload::{run_blocking, Engine, KeyKind, KeyRef, Op, OpOutput, SignOp, SignScheme};
 use rustls::sign::{Signer, SigningKey};
 use rustls::{SignatureAlgorithm, SignatureScheme};
 
@@ -110,25 +108,6 @@ impl std::fmt::Debug for OffloadSigner {
     }
 }
 
-impl OffloadSigner {
-    /// Sync offload: submit and block this thread until the result or the timeout.
-    fn sign_blocking(&self, op: Op) -> Result<OpOutput, OpError> {
-        let (completer, completion) = channel();
-        let rejected = self
-            .policy
-            .engine
-            .submit(vec![Submission::new(op, completer)]);
-        if !rejected.is_empty() {
-            return Err(OpError::Saturated);
-        }
-        let r = completion.wait(self.policy.timeout);
-        if r == Err(OpError::Timeout) {
-            self.policy.engine.metrics().failed.fetch_add(1, Relaxed);
-        }
-        r
-    }
-}
-
 impl Signer for OffloadSigner {
     fn sign(&self, message: &[u8]) -> Result<Vec<u8>, rustls::Error> {
         let op = Op::Sign(SignOp {
@@ -137,8 +116,8 @@ impl Signer for OffloadSigner {
             message: message.to_vec(),
         });
         let result = match job::pause(op) {
-            Ok(r) => r,                        // async: the driver had it executed
-            Err(op) => self.sign_blocking(op), // not in a job: sync
+            Ok(r) => r, // async: the driver had it executed
+            Err(op) => run_blocking(&*self.policy.engine, op, self.policy.timeout), // sync
         };
         match result {
             Ok(OpOutput::Signature(sig)) => Ok(sig),

@@ -324,55 +324,65 @@ impl Config {
     /// self-signed certificate, HTTP on 127.0.0.1:8080, serving `./public` when it exists, else
     /// the built-in welcome site.
     pub fn default_config() -> Config {
-        let root = PathBuf::from("public");
-        let action = if root.is_dir() {
-            RouteAction::Static(StaticConfig {
-                root: absolute(&root),
-                index: "index.html".into(),
-            })
-        } else {
-            RouteAction::Static(StaticConfig {
-                root: default_state_dir().join("welcome"),
-                index: "index.html".into(),
-            })
-        };
+        let state_dir = default_state_dir();
         Config {
             source: None,
             workers: default_workers(),
-            state_dir: default_state_dir(),
+            routes: default_routes(&state_dir),
+            state_dir,
             shutdown_timeout: Duration::from_secs(10),
             limits: Limits::default(),
             log: LogConfig::default(),
-            listeners: vec![
-                ListenerConfig {
-                    address: ([127, 0, 0, 1], 8443).into(),
-                    tls: Some(TlsConfig::SelfSigned),
-                    http2: true,
-                    offload: None,
-                },
-                ListenerConfig {
-                    address: ([127, 0, 0, 1], 8080).into(),
-                    tls: None,
-                    http2: false,
-                    offload: None,
-                },
-            ],
-            routes: vec![RouteConfig {
-                prefix: "/".into(),
-                strip_prefix: false,
-                action,
-            }],
+            listeners: default_listeners(),
             offload: OffloadConfig::default(),
             admin: None,
             compression: CompressionConfig::default(),
         }
     }
 
-    /// True when the built-in welcome site is what a route serves (it is written to the state
-    /// folder at start).
+    /// Where the built-in welcome site lives (written there at start when a route serves
+    /// it).
     pub fn welcome_root(&self) -> PathBuf {
         self.state_dir.join("welcome")
     }
+}
+
+/// The listeners without a config: HTTPS on 127.0.0.1:8443 (self-signed), HTTP on
+/// 127.0.0.1:8080.
+fn default_listeners() -> Vec<ListenerConfig> {
+    vec![
+        ListenerConfig {
+            address: ([127, 0, 0, 1], 8443).into(),
+            tls: Some(TlsConfig::SelfSigned),
+            http2: true,
+            offload: None,
+        },
+        ListenerConfig {
+            address: ([127, 0, 0, 1], 8080).into(),
+            tls: None,
+            http2: false,
+            offload: None,
+        },
+    ]
+}
+
+/// The route without a config: `/` serves `./public` when it exists, else the built-in
+/// welcome site in `state_dir`.
+fn default_routes(state_dir: &Path) -> Vec<RouteConfig> {
+    let public = PathBuf::from("public");
+    let root = if public.is_dir() {
+        absolute(&public)
+    } else {
+        state_dir.join("welcome")
+    };
+    vec![RouteConfig {
+        prefix: "/".into(),
+        strip_prefix: false,
+        action: RouteAction::Static(StaticConfig {
+            root,
+            index: "index.html".into(),
+        }),
+    }]
 }
 
 /// Default number of workers: the number of CPU cores.
@@ -516,7 +526,7 @@ impl Validator<'_> {
                 }
                 out
             }
-            None => Config::default_config().listeners,
+            None => default_listeners(),
         };
 
         let mut routes: Vec<RouteConfig> = Vec::new();
@@ -532,12 +542,7 @@ impl Validator<'_> {
             routes.push(route);
         }
         if routes.is_empty() {
-            routes = Config::default_config().routes;
-            if let RouteAction::Static(s) = &mut routes[0].action {
-                if s.root.ends_with("welcome") {
-                    s.root = state_dir.join("welcome");
-                }
-            }
+            routes = default_routes(&state_dir);
         }
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
 
