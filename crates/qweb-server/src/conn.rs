@@ -333,7 +333,11 @@ async fn drive<T>(
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(None)
-            .max_buf_size(limits.max_request_header_size)
+            // The service answers heads over the limit (414 for the target, 431 for the
+            // fields) with a body; hyper's parser only refuses heads over twice the limit.
+            .max_buf_size((limits.max_request_header_size * 2).max(8192))
+            // the header count follows the size limit: a 101st small header is no attack
+            .max_headers((limits.max_request_header_size / 32).max(100))
             .keep_alive(true)
             .serve_connection(io, service);
         let mut conn = pin!(conn);

@@ -7,6 +7,7 @@
 
 pub mod config;
 
+mod access_log;
 mod admin;
 mod body;
 mod compress;
@@ -14,7 +15,9 @@ mod conn;
 mod files;
 mod listen;
 mod metrics;
+mod path;
 mod proxy;
+mod request_rules;
 mod response;
 mod server;
 mod service;

@@ -1,17 +1,21 @@
-//! The HTTP service of one connection: routes each request to static files or the proxy and
-//! wraps the response body for the access log.
+//! The HTTP service of one connection: judges each request (request rules, path
+//! normalisation), routes it to static files or the proxy, and wraps the response body for
+//! the access log.
 
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Instant;
 
-use http::{header, HeaderValue, Request, Response};
+use http::{header, HeaderValue, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 
-use crate::body::{AccessRecord, Logged};
+use crate::body::{AccessRecord, Body, Logged};
 use crate::conn::ConnState;
-use crate::proxy::ClientInfo;
-use crate::worker::{Handler, WorkerCtx};
+use crate::path::PathError;
+use crate::proxy::{ClientInfo, Target};
+use crate::request_rules;
+use crate::response;
+use crate::worker::{Handler, Route, WorkerCtx};
 
 /// Per-connection service.
 pub(crate) struct Service {
@@ -45,7 +49,8 @@ impl Service {
         }
     }
 
-    /// Handles one request.
+    /// Handles one request: the request rules, path normalisation, routing, then static files
+    /// or the proxy; compression and the access log wrap the response.
     pub(crate) async fn handle(&self, mut req: Request<Incoming>) -> Response<Logged> {
         let guard = self.conn.request_started_guard();
         self.worker
@@ -54,53 +59,15 @@ impl Service {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let start = Instant::now();
         let method = req.method().clone();
-        let path = req.uri().path().to_owned();
-        let log_path = req
-            .uri()
-            .path_and_query()
-            .map(|p| p.as_str().to_owned())
-            .unwrap_or_else(|| path.clone());
+        let log_path = crate::access_log::escape(
+            req.uri()
+                .path_and_query()
+                .map(|p| p.as_str())
+                .unwrap_or_else(|| req.uri().path()),
+        );
         // Compression, part 1: negotiate, and map encoded ETags in If-None-Match.
         let negotiated = crate::compress::begin(self.worker.compression.as_ref(), &mut req);
-        let route = self.worker.routes.iter().find(|r| covers(&r.prefix, &path));
-        let resp = match route {
-            None => crate::response::status(http::StatusCode::NOT_FOUND),
-            Some(route) => {
-                let sub = if route.strip_prefix && route.prefix != "/" {
-                    let rest = &path[route.prefix.len()..];
-                    if rest.is_empty() {
-                        "/".to_owned()
-                    } else {
-                        rest.to_owned()
-                    }
-                } else {
-                    path.clone()
-                };
-                match &route.handler {
-                    Handler::Static(_)
-                        if route.strip_prefix && path == route.prefix && route.prefix != "/" =>
-                    {
-                        // `/static` -> `/static/`, so relative links resolve under the mount
-                        crate::files::redirect_to_dir(&path, req.uri().query())
-                    }
-                    Handler::Static(files) => {
-                        let mount = if route.strip_prefix && route.prefix != "/" {
-                            route.prefix.as_str()
-                        } else {
-                            ""
-                        };
-                        files.serve(req.method(), req.headers(), mount, &sub, req.uri().query())
-                    }
-                    Handler::Proxy(proxy) => {
-                        let pq = match req.uri().query() {
-                            Some(q) => format!("{sub}?{q}"),
-                            None => sub,
-                        };
-                        proxy.forward(req, &pq, &self.client).await
-                    }
-                }
-            }
-        };
+        let resp = self.route(req).await;
         // Compression, part 2: encode the response (or only mark it `Vary`).
         let mut resp = crate::compress::finish(negotiated, resp);
         resp.headers_mut()
@@ -115,7 +82,135 @@ impl Service {
         };
         resp.map(|b| Logged::new(b, record, guard))
     }
+
+    fn find_route(&self, path: &str) -> Option<&Route> {
+        self.worker.routes.iter().find(|r| covers(&r.prefix, path))
+    }
+
+    /// The normalised path; encoded separators pass only on their way to a route that
+    /// forwards the raw path.
+    fn normalize(&self, raw: &str) -> Result<String, PathError> {
+        match crate::path::normalize(raw) {
+            Err(PathError::Forbidden) => {
+                let lenient = crate::path::normalize_keeping_separators(raw)?;
+                match self.find_route(&lenient).map(|r| &r.handler) {
+                    Some(Handler::Proxy(p)) if p.pass_raw_path() => Ok(lenient),
+                    _ => Err(PathError::Forbidden),
+                }
+            }
+            r => r,
+        }
+    }
+
+    async fn route(&self, req: Request<Incoming>) -> Response<Body> {
+        if let Some(status) = head_too_large(&req, self.worker.limits.max_request_header_size) {
+            let mut r = response::status(status);
+            if req.version() <= Version::HTTP_11 {
+                r.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            return r;
+        }
+        let checked = request_rules::check(&req);
+        let path = match self.normalize(req.uri().path()) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(peer = %self.conn.peer, "refused path: {e:?}");
+                return response::status(e.status());
+            }
+        };
+        let route = self.find_route(&path);
+        let authority = match checked {
+            Ok(a) => a,
+            Err(refusal) => {
+                tracing::debug!(peer = %self.conn.peer, "refused request: {}", refusal.reason);
+                let mut r = response::status(refusal.status);
+                if refusal.status == StatusCode::METHOD_NOT_ALLOWED {
+                    let allow = match route.map(|r| &r.handler) {
+                        Some(Handler::Proxy(_)) => PROXY_METHODS,
+                        _ => "GET, HEAD",
+                    };
+                    r.headers_mut()
+                        .insert(header::ALLOW, HeaderValue::from_static(allow));
+                }
+                if refusal.close && req.version() <= Version::HTTP_11 {
+                    r.headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                return r;
+            }
+        };
+        let Some(route) = route else {
+            return response::status(StatusCode::NOT_FOUND);
+        };
+        let sub = if route.strip_prefix && route.prefix != "/" {
+            match &path[route.prefix.len()..] {
+                "" => "/",
+                rest => rest,
+            }
+        } else {
+            path.as_str()
+        };
+        match &route.handler {
+            Handler::Static(_)
+                if route.strip_prefix && path == route.prefix && route.prefix != "/" =>
+            {
+                // `/static` -> `/static/`, so relative links resolve under the mount
+                crate::files::redirect_to_dir(&path, req.uri().query())
+            }
+            Handler::Static(files) => {
+                let mount = if route.strip_prefix && route.prefix != "/" {
+                    route.prefix.as_str()
+                } else {
+                    ""
+                };
+                files.serve(req.method(), req.headers(), mount, sub, req.uri().query())
+            }
+            Handler::Proxy(proxy) => {
+                let raw;
+                let pq = if proxy.pass_raw_path() {
+                    raw = req
+                        .uri()
+                        .path_and_query()
+                        .map(|p| p.as_str().to_owned())
+                        .unwrap_or_else(|| "/".to_owned());
+                    raw
+                } else {
+                    match req.uri().query() {
+                        Some(q) => format!("{sub}?{q}"),
+                        None => sub.to_owned(),
+                    }
+                };
+                let target = Target {
+                    path_and_query: &pq,
+                    authority: authority.as_ref(),
+                };
+                proxy.forward(req, &target, &self.client).await
+            }
+        }
+    }
 }
+
+/// 414 when the request target alone is over `limit`, 431 when the header fields are (the
+/// request line and fields as sent on HTTP/1; HPACK-decoded sizes on HTTP/2).
+fn head_too_large<B>(req: &Request<B>, limit: usize) -> Option<StatusCode> {
+    let target = req
+        .uri()
+        .path_and_query()
+        .map_or(req.uri().path().len(), |p| p.as_str().len());
+    if target > limit {
+        return Some(StatusCode::URI_TOO_LONG);
+    }
+    let fields: usize = req
+        .headers()
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len() + 4)
+        .sum();
+    (target + fields > limit).then_some(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
+}
+
+/// What a proxy route answers in `Allow` (CONNECT and TRACE are never forwarded).
+const PROXY_METHODS: &str = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS";
 
 #[cfg(test)]
 mod tests {

@@ -5,10 +5,11 @@
 
 mod compression;
 mod error;
+mod proxy;
 mod raw;
 pub mod units;
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -270,10 +271,23 @@ pub struct ProxyConfig {
     pub upstreams: Vec<Upstream>,
     /// Time to connect to an upstream.
     pub connect_timeout: Duration,
-    /// Time to wait for the upstream's response head, and between body reads.
+    /// Time to wait for the upstream's response head once the request body was sent, for the
+    /// upstream to take more of the request body, and between upstream body reads.
     pub timeout: Duration,
+    /// Longest pause between two reads of the client's request body (408 beyond).
+    pub client_body_timeout: Duration,
     /// Idle keep-alive connections kept per upstream per worker.
     pub keepalive: usize,
+    /// Forward the client's path bytes as sent instead of the normalised path.
+    pub pass_raw_path: bool,
+    /// Forward request headers whose names contain `_` (dropped by default, as nginx does:
+    /// `X_Forwarded_For` must not pass next to `X-Forwarded-For`).
+    pub underscores_in_headers: bool,
+    /// Clients whose `X-Forwarded-Host`, `X-Forwarded-Proto`, `Forwarded` and `X-Real-IP` are
+    /// passed on; from everyone else they are replaced.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Largest upstream response head; larger is a 502.
+    pub max_response_header_size: usize,
 }
 
 /// One upstream server.
@@ -902,36 +916,13 @@ impl Validator<'_> {
                         format!("{} is not a directory", path.display()),
                     ));
                 }
+                self.no_proxy_keys(i, rr)?;
                 RouteAction::Static(StaticConfig {
                     root: path,
                     index: rr.index.clone().unwrap_or_else(|| "index.html".into()),
                 })
             }
-            (None, Some(ups)) => {
-                if ups.get_ref().is_empty() {
-                    return Err(self.err(
-                        Some(ups.span()),
-                        format!("route[{i}].upstreams"),
-                        "at least one upstream is needed",
-                    ));
-                }
-                let mut upstreams = Vec::new();
-                for (j, u) in ups.get_ref().iter().enumerate() {
-                    let up = parse_upstream(u.get_ref()).map_err(|m| {
-                        self.err(Some(u.span()), format!("route[{i}].upstreams[{j}]"), m)
-                    })?;
-                    upstreams.push(up);
-                }
-                RouteAction::Proxy(ProxyConfig {
-                    upstreams,
-                    connect_timeout: rr
-                        .connect_timeout
-                        .map(|d| d.0)
-                        .unwrap_or(Duration::from_secs(5)),
-                    timeout: rr.timeout.map(|d| d.0).unwrap_or(Duration::from_secs(60)),
-                    keepalive: rr.keepalive.unwrap_or(32),
-                })
-            }
+            (None, Some(ups)) => RouteAction::Proxy(self.proxy_route(i, rr, ups)?),
         };
         if rr.index.is_some() && !matches!(action, RouteAction::Static(_)) {
             return Err(self.err(
@@ -946,30 +937,6 @@ impl Validator<'_> {
             action,
         })
     }
-}
-
-/// `host:port` or `http://host:port`, resolved now.
-fn parse_upstream(s: &str) -> Result<Upstream, String> {
-    let hostport = if let Some(rest) = s.strip_prefix("http://") {
-        rest.trim_end_matches('/')
-    } else if s.starts_with("https://") {
-        return Err("https upstreams are not supported yet; use http://host:port".into());
-    } else {
-        s
-    };
-    if hostport.contains('/') {
-        return Err(format!("`{s}`: an upstream is `host:port` without a path"));
-    }
-    let mut addrs = hostport
-        .to_socket_addrs()
-        .map_err(|e| format!("`{s}` is not a reachable host:port: {e}"))?;
-    let addr = addrs
-        .next()
-        .ok_or_else(|| format!("`{s}` resolves to no address"))?;
-    Ok(Upstream {
-        name: hostport.to_owned(),
-        addr,
-    })
 }
 
 /// Byte span of a dotted key's value, for errors found after parsing (best effort: the first

@@ -159,4 +159,9 @@ pub(crate) struct RawRoute {
     pub connect_timeout: Option<Dur>,
     pub timeout: Option<Dur>,
     pub keepalive: Option<usize>,
+    pub client_body_timeout: Option<Dur>,
+    pub pass_raw_path: Option<bool>,
+    pub underscores_in_headers: Option<bool>,
+    pub trusted_proxies: Option<Vec<Spanned<String>>>,
+    pub max_response_header_size: Option<Spanned<Size>>,
 }

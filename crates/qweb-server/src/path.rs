@@ -1,0 +1,198 @@
+//! Request-path normalisation, done once per request before routing, for static and proxy
+//! routes alike (as nginx does): routes match the normalised path and upstreams receive it.
+//!
+//! - percent-encoded unreserved characters (RFC 3986 §2.3: `A-Z a-z 0-9 - . _ ~`) are decoded,
+//!   so `%2e%2e` is the dot segment `..`; every other escape is kept, with upper-case hex;
+//! - an encoded `/` (`%2F`), `\` (`%5C`) or NUL (`%00`), a raw `\` and control bytes are refused
+//!   (400): each would mean one thing to qweb's router and another to a file system or an
+//!   upstream that decodes it (`/files/..%2fsecret`);
+//! - dot segments are removed (RFC 3986 §5.2.4) and runs of `/` merged; a path that would
+//!   climb above `/` is refused (400), as nginx does.
+//!
+//! The result is still a valid URI path (nothing was decoded that needs encoding).
+
+use http::StatusCode;
+
+/// Why a path was refused (always 400 Bad Request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PathError {
+    /// Not an origin-form path (does not start with `/`).
+    NotAbsolute,
+    /// A `%` not followed by two hex digits.
+    BadEscape,
+    /// `%2F`, `%5C`, `%00`, a raw backslash or a control byte.
+    Forbidden,
+    /// More `..` segments than there are segments to remove.
+    AboveRoot,
+}
+
+impl PathError {
+    /// The status that refuses the request.
+    pub(crate) fn status(self) -> StatusCode {
+        StatusCode::BAD_REQUEST
+    }
+}
+
+fn unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
+}
+
+fn hex(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
+
+/// Normalises an origin-form request path (without the query). See the module docs.
+pub(crate) fn normalize(raw: &str) -> Result<String, PathError> {
+    normalize_with(raw, false)
+}
+
+/// [`normalize`], but `%2F` and `%5C` are kept encoded (one segment) instead of refused: for
+/// routing requests to routes that forward the client's raw path (`pass_raw_path`).
+pub(crate) fn normalize_keeping_separators(raw: &str) -> Result<String, PathError> {
+    normalize_with(raw, true)
+}
+
+fn normalize_with(raw: &str, keep_separators: bool) -> Result<String, PathError> {
+    let bytes = raw.as_bytes();
+    if bytes.first() != Some(&b'/') {
+        return Err(PathError::NotAbsolute);
+    }
+    // Pass 1: decode unreserved escapes, refuse the dangerous ones.
+    let mut decoded: Vec<u8> = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'%' {
+            let (h, l) = match (bytes.get(i + 1), bytes.get(i + 2)) {
+                (Some(&h), Some(&l)) => (h, l),
+                _ => return Err(PathError::BadEscape),
+            };
+            let v = match (hex(h), hex(l)) {
+                (Some(h), Some(l)) => h << 4 | l,
+                _ => return Err(PathError::BadEscape),
+            };
+            if v == 0 || (matches!(v, b'/' | b'\\') && !keep_separators) {
+                return Err(PathError::Forbidden);
+            }
+            if unreserved(v) {
+                decoded.push(v);
+            } else {
+                decoded.extend_from_slice(&[b'%', HEX[(v >> 4) as usize], HEX[(v & 15) as usize]]);
+            }
+            i += 3;
+            continue;
+        }
+        if b == b'\\' || b < 0x20 || b == 0x7f {
+            return Err(PathError::Forbidden);
+        }
+        decoded.push(b);
+        i += 1;
+    }
+    // Pass 2: remove dot segments and empty segments.
+    let mut out: Vec<&[u8]> = Vec::new();
+    let mut trailing_slash = false;
+    for seg in decoded[1..].split(|&b| b == b'/') {
+        trailing_slash = false;
+        match seg {
+            b"" | b"." => trailing_slash = true,
+            b".." => {
+                if out.pop().is_none() {
+                    return Err(PathError::AboveRoot);
+                }
+                trailing_slash = true;
+            }
+            s => out.push(s),
+        }
+    }
+    let mut path = Vec::with_capacity(decoded.len());
+    for seg in &out {
+        path.push(b'/');
+        path.extend_from_slice(seg);
+    }
+    if trailing_slash || path.is_empty() {
+        path.push(b'/');
+    }
+    // Only ASCII bytes of the (ASCII) input and hex digits were written.
+    String::from_utf8(path).map_err(|_| PathError::Forbidden)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalises_like_rfc3986_and_nginx() {
+        for (raw, want) in [
+            ("/", "/"),
+            ("/a/b", "/a/b"),
+            ("/a/b/", "/a/b/"),
+            ("//up/x", "/up/x"),
+            ("/up//x//", "/up/x/"),
+            ("/up/./x", "/up/x"),
+            ("/t/../up/x", "/up/x"),
+            ("/a/b/..", "/a/"),
+            ("/a/b/.", "/a/b/"),
+            ("/a/%2e%2E/b", "/b"),
+            ("/a/%2e/b", "/a/b"),
+            ("/%41%7e%5f", "/A~_"),
+            ("/a%20b", "/a%20b"),
+            ("/a%3fb", "/a%3Fb"),
+            ("/%e2%82%ac", "/%E2%82%AC"),
+            ("/..a/b..", "/..a/b.."),
+            ("/files/..", "/"),
+        ] {
+            assert_eq!(normalize(raw).as_deref(), Ok(want), "{raw}");
+        }
+    }
+
+    #[test]
+    fn refuses_escapes_and_climbs() {
+        for (raw, why) in [
+            ("/..", PathError::AboveRoot),
+            ("/../x", PathError::AboveRoot),
+            ("/files/../../x", PathError::AboveRoot),
+            ("/%2e%2e/x", PathError::AboveRoot),
+            ("/files/..%2finternal.txt", PathError::Forbidden),
+            ("/files/..%2Finternal.txt", PathError::Forbidden),
+            ("/a%5c..%5cb", PathError::Forbidden),
+            ("/a\\b", PathError::Forbidden),
+            ("/a%00b", PathError::Forbidden),
+            ("/a\tb", PathError::Forbidden),
+            ("/a%zz", PathError::BadEscape),
+            ("/a%2", PathError::BadEscape),
+            ("/a%", PathError::BadEscape),
+            ("a/b", PathError::NotAbsolute),
+            ("*", PathError::NotAbsolute),
+            ("", PathError::NotAbsolute),
+        ] {
+            assert_eq!(normalize(raw), Err(why), "{raw}");
+        }
+    }
+
+    #[test]
+    fn separators_kept_for_raw_routes() {
+        assert_eq!(
+            normalize_keeping_separators("/raw/a%2fb/./c").as_deref(),
+            Ok("/raw/a%2Fb/c")
+        );
+        assert_eq!(
+            normalize_keeping_separators("/a%00"),
+            Err(PathError::Forbidden)
+        );
+    }
+
+    #[test]
+    fn output_is_a_fixed_point() {
+        for raw in ["/a/./b/../c//d/", "/%41/%2e%2e/x%20y", "/x/y/z/../../w"] {
+            let once = normalize(raw).unwrap();
+            assert_eq!(normalize(&once).unwrap(), once, "{raw}");
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! The two bodies of a proxied exchange: the client's request body on its way up
+//! ([`ClientBody`]), and the upstream's response body on its way down ([`UpstreamBody`]),
+//! which decides whether the upstream connection may be reused.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use hyper::body::Incoming;
+use tokio::time::{Instant, Sleep};
+
+use super::pool::UpstreamConn;
+use super::Proxy;
+use crate::body::BoxError;
+
+/// What went wrong on the client's side of a request body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ClientBodyError {
+    /// Malformed framing (bad chunked encoding, a length that lied) or the client went away.
+    Malformed,
+    /// No body bytes for `client_body_timeout`.
+    Timeout,
+}
+
+/// How the request body is moving, shared between [`ClientBody`] (inside hyper's client
+/// connection) and the proxy's exchange (which times the upstream).
+pub(super) struct Progress {
+    /// Last time hyper took a piece of the body (the upstream accepted more), or the
+    /// request started.
+    pub last: Cell<Instant>,
+    /// The whole body was handed to hyper.
+    pub finished: Cell<bool>,
+    /// hyper is waiting for the client to send more.
+    pub waiting_on_client: Cell<bool>,
+    /// Set when the client's body failed.
+    pub client_error: Cell<Option<ClientBodyError>>,
+}
+
+impl Progress {
+    fn new(finished: bool) -> Rc<Self> {
+        Rc::new(Progress {
+            last: Cell::new(Instant::now()),
+            finished: Cell::new(finished),
+            waiting_on_client: Cell::new(false),
+            client_error: Cell::new(None),
+        })
+    }
+}
+
+/// The client's request body as sent upstream: reports progress, and fails when the client
+/// pauses longer than `client_body_timeout` between two reads (an active upload is never cut:
+/// each piece restarts the clock).
+pub(crate) struct ClientBody {
+    inner: Incoming,
+    progress: Rc<Progress>,
+    idle: Duration,
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl ClientBody {
+    pub(super) fn new(inner: Incoming, idle: Duration) -> (Self, Rc<Progress>) {
+        let progress = Progress::new(inner.is_end_stream());
+        let body = ClientBody {
+            inner,
+            progress: progress.clone(),
+            idle,
+            sleep: None,
+        };
+        (body, progress)
+    }
+}
+
+impl HttpBody for ClientBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let p = &this.progress;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(f))) => {
+                p.last.set(Instant::now());
+                p.waiting_on_client.set(false);
+                this.sleep = None;
+                if this.inner.is_end_stream() {
+                    p.finished.set(true);
+                }
+                Poll::Ready(Some(Ok(f)))
+            }
+            Poll::Ready(None) => {
+                p.last.set(Instant::now());
+                p.waiting_on_client.set(false);
+                p.finished.set(true);
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => {
+                p.client_error.set(Some(ClientBodyError::Malformed));
+                Poll::Ready(Some(Err(e.into())))
+            }
+            Poll::Pending => {
+                p.waiting_on_client.set(true);
+                let idle = this.idle;
+                let sleep = this
+                    .sleep
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                if sleep.as_mut().poll(cx).is_ready() {
+                    p.client_error.set(Some(ClientBodyError::Timeout));
+                    return Poll::Ready(Some(Err("client request body timed out".into())));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The upstream's response body: streamed to the client; a pause longer than the route's
+/// `timeout` between two reads ends the response with an error. The upstream connection goes
+/// back to the pool only when the exchange ended cleanly: the response body read to its end
+/// per its framing, the request body sent whole, and `reusable` (not a HEAD response, whose
+/// framing an upstream may get wrong, and not an upgrade).
+pub(super) struct UpstreamBody {
+    pub inner: Incoming,
+    pub conn: Option<UpstreamConn>,
+    pub proxy: Rc<Proxy>,
+    pub idx: usize,
+    pub request: Rc<Progress>,
+    pub reusable: bool,
+    pub timeout: Duration,
+    pub sleep: Pin<Box<Sleep>>,
+    pub done: bool,
+}
+
+impl HttpBody for UpstreamBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        loop {
+            return match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(None) => {
+                    this.done = true;
+                    Poll::Ready(None)
+                }
+                Poll::Ready(Some(Ok(f))) => {
+                    this.sleep.as_mut().reset(Instant::now() + this.timeout);
+                    if this.inner.is_end_stream() {
+                        this.done = true;
+                    }
+                    if f.data_ref().is_some_and(|d| d.is_empty()) {
+                        continue; // an empty chunk would become an empty DATA frame
+                    }
+                    Poll::Ready(Some(Ok(f)))
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    this.conn = None;
+                    Poll::Ready(Some(Err(e.into())))
+                }
+                Poll::Pending => {
+                    if this.sleep.as_mut().poll(cx).is_ready() {
+                        this.conn = None;
+                        tracing::warn!(upstream = %this.proxy.cfg.upstreams[this.idx].name, "upstream body read timed out");
+                        return Poll::Ready(Some(Err("upstream read timed out".into())));
+                    }
+                    Poll::Pending
+                }
+            };
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            let ended = self.done || self.inner.is_end_stream();
+            if ended && self.reusable && self.request.finished.get() {
+                self.proxy.pool.checkin(self.idx, conn);
+            }
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! Reverse proxy to upstream HTTP/1.1 servers: a keep-alive connection pool per worker and
+//! upstream, round-robin, streaming bodies both ways.
+//!
+//! One exchange runs in named phases (as Pingora's proxy does):
+//!
+//! 1. [`upstream_request`]: the client's request rewritten for the upstream (path, `Host`,
+//!    hop-by-hop and forwarding headers, body framing);
+//! 2. [`Proxy::forward`]: pick an upstream (round-robin), [`Proxy::connection`] (an idle pooled
+//!    connection or a new one), [`Proxy::exchange`] (send, wait for the response head under
+//!    the phase timeouts);
+//! 3. each failure says whether another try is allowed ([`Retry`]): a request that was not
+//!    sent may go to a fresh connection or the next upstream; one that was sent never goes
+//!    twice;
+//! 4. [`Proxy::respond`]: the response head checked and rewritten; its body
+//!    ([`body::UpstreamBody`]) returns the connection to the pool when the exchange ended
+//!    cleanly.
+//!
+//! Statuses: 502 when no upstream can be reached or one answers wrongly, 504 on upstream
+//! timeouts, 400 for a malformed client body, 408 when the client's body stalls.
+
+mod body;
+mod headers;
+mod pool;
+
+use std::cell::Cell;
+use std::net::SocketAddr;
+use std::pin::pin;
+use std::rc::Rc;
+
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::body::Body;
+use crate::config::ProxyConfig;
+use crate::response;
+use body::{ClientBody, ClientBodyError, Progress, UpstreamBody};
+pub(crate) use headers::strip_hop_by_hop;
+use headers::Forwarding;
+use pool::{Pool, SharedSocket, UpstreamConn};
+
+/// One proxy route on one worker.
+pub(crate) struct Proxy {
+    cfg: ProxyConfig,
+    next: Cell<usize>,
+    pool: Pool,
+}
+
+/// Facts about the client connection the upstream is told.
+pub(crate) struct ClientInfo {
+    pub addr: SocketAddr,
+    pub tls: bool,
+}
+
+/// What the client asked for, after the request rules and path normalisation.
+pub(crate) struct Target<'a> {
+    /// Path and query to send upstream (normalised, or as sent with `pass_raw_path`).
+    pub path_and_query: &'a str,
+    /// The authority the client named (`Host`, `:authority`, or an absolute-form target's).
+    pub authority: Option<&'a HeaderValue>,
+}
+
+/// Whether a failed attempt may be tried again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// Not sent, on a reused connection that turned out stale: another connection to the same
+    /// upstream (does not count as a try).
+    SameUpstream,
+    /// Not sent (connect failed, or a fresh connection failed before the request went out):
+    /// the next upstream.
+    NextUpstream,
+    /// The request (or part of its body) went out: never sent twice.
+    No,
+}
+
+/// Why an attempt failed.
+#[derive(Debug)]
+struct Failure {
+    status: StatusCode,
+    retry: Retry,
+}
+
+impl Failure {
+    fn new(status: StatusCode, retry: Retry) -> Self {
+        Failure { status, retry }
+    }
+}
+
+/// A successful exchange's response head, with what its body needs.
+struct Answer {
+    resp: Response<Incoming>,
+    conn: UpstreamConn,
+}
+
+impl Proxy {
+    pub(crate) fn new(cfg: &ProxyConfig) -> Rc<Self> {
+        Rc::new(Proxy {
+            pool: Pool::new(cfg.upstreams.len(), cfg.keepalive),
+            cfg: cfg.clone(),
+            next: Cell::new(0),
+        })
+    }
+
+    /// Forwards `req` to an upstream and returns the response to send to the client.
+    pub(crate) async fn forward(
+        self: &Rc<Self>,
+        req: Request<Incoming>,
+        target: &Target<'_>,
+        client: &ClientInfo,
+    ) -> Response<Body> {
+        let head = req.method() == Method::HEAD;
+        let (mut req, progress) = match upstream_request(req, target, client, &self.cfg) {
+            Ok(r) => r,
+            Err(code) => return response::status(code),
+        };
+        let n = self.cfg.upstreams.len();
+        let mut idx = self.next.get() % n;
+        self.next.set((idx + 1) % n);
+        let mut tries = 0;
+        let mut last = Failure::new(StatusCode::BAD_GATEWAY, Retry::No);
+        while tries < n {
+            let attempt = match self.connection(idx).await {
+                Ok((conn, reused)) => self.exchange(conn, reused, req, idx, &progress).await,
+                Err(f) => Err((f, Some(req))),
+            };
+            match attempt {
+                Ok(answer) => return self.respond(answer, idx, head, progress),
+                Err((failure, unsent)) => {
+                    let retry = failure.retry;
+                    last = failure;
+                    req = match (retry, unsent) {
+                        (Retry::No, _) | (_, None) => break,
+                        (Retry::SameUpstream, Some(r)) => r,
+                        (Retry::NextUpstream, Some(r)) => {
+                            tries += 1;
+                            idx = (idx + 1) % n;
+                            r
+                        }
+                    };
+                }
+            }
+        }
+        let mut r = response::status(last.status);
+        if matches!(
+            last.status,
+            StatusCode::BAD_REQUEST | StatusCode::REQUEST_TIMEOUT
+        ) {
+            // the client's body framing is broken or abandoned: do not read on
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        r
+    }
+
+    /// An idle pooled connection to upstream `idx` (`true`: reused), or a new one.
+    async fn connection(&self, idx: usize) -> Result<(UpstreamConn, bool), Failure> {
+        if let Some(c) = self.pool.checkout(idx) {
+            return Ok((c, true));
+        }
+        self.connect(idx).await.map(|c| (c, false))
+    }
+
+    async fn connect(&self, idx: usize) -> Result<UpstreamConn, Failure> {
+        let up = &self.cfg.upstreams[idx];
+        let tcp = match tokio::time::timeout(self.cfg.connect_timeout, TcpStream::connect(up.addr))
+            .await
+        {
+            Err(_) => {
+                tracing::warn!(upstream = %up.name, "upstream connect timed out");
+                return Err(Failure::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    Retry::NextUpstream,
+                ));
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(upstream = %up.name, "upstream connect failed: {e}");
+                return Err(Failure::new(StatusCode::BAD_GATEWAY, Retry::NextUpstream));
+            }
+            Ok(Ok(t)) => t,
+        };
+        let _ = tcp.set_nodelay(true);
+        let socket = Rc::new(tcp);
+        let (sender, conn) = hyper::client::conn::http1::Builder::new()
+            .max_buf_size(self.cfg.max_response_header_size)
+            .handshake::<_, ClientBody>(TokioIo::new(SharedSocket(socket.clone())))
+            .await
+            .map_err(|e| {
+                tracing::warn!(upstream = %up.name, "upstream handshake failed: {e}");
+                Failure::new(StatusCode::BAD_GATEWAY, Retry::NextUpstream)
+            })?;
+        let name = up.name.clone();
+        tokio::task::spawn_local(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(upstream = %name, "upstream connection ended: {e}");
+            }
+        });
+        Ok(UpstreamConn { sender, socket })
+    }
+
+    /// Sends `req` on `conn` and waits for the response head. Timing: while the request body
+    /// flows, the clock restarts with every piece the upstream takes; once it was all sent,
+    /// the upstream has the route's `timeout` to answer. Pauses of the client are the
+    /// client's (`client_body_timeout`, in [`ClientBody`]).
+    async fn exchange(
+        &self,
+        mut conn: UpstreamConn,
+        reused: bool,
+        req: Request<ClientBody>,
+        idx: usize,
+        progress: &Rc<Progress>,
+    ) -> Result<Answer, (Failure, Option<Request<ClientBody>>)> {
+        let name = &self.cfg.upstreams[idx].name;
+        let ready = tokio::time::timeout(self.cfg.connect_timeout, conn.sender.ready()).await;
+        if !matches!(ready, Ok(Ok(()))) {
+            let retry = if reused {
+                Retry::SameUpstream
+            } else {
+                Retry::NextUpstream
+            };
+            return Err((Failure::new(StatusCode::BAD_GATEWAY, retry), Some(req)));
+        }
+        progress.last.set(Instant::now());
+        let mut send = pin!(conn.sender.try_send_request(req));
+        let result = loop {
+            let deadline = progress.last.get() + self.cfg.timeout;
+            tokio::select! {
+                r = send.as_mut() => break r,
+                _ = tokio::time::sleep_until(deadline) => {
+                    if progress.waiting_on_client.get() && !progress.finished.get() {
+                        // the client is slow, not the upstream: ClientBody times the client
+                        progress.last.set(Instant::now());
+                        continue;
+                    }
+                    if progress.last.get() + self.cfg.timeout <= Instant::now() {
+                        tracing::warn!(upstream = %name, "upstream response timed out");
+                        return Err((Failure::new(StatusCode::GATEWAY_TIMEOUT, Retry::No), None));
+                    }
+                }
+            }
+        };
+        match result {
+            Ok(resp) => Ok(Answer { resp, conn }),
+            Err(mut e) => {
+                let unsent = e.take_message();
+                if let Some(client) = progress.client_error.get() {
+                    let status = match client {
+                        ClientBodyError::Malformed => StatusCode::BAD_REQUEST,
+                        ClientBodyError::Timeout => StatusCode::REQUEST_TIMEOUT,
+                    };
+                    tracing::debug!(upstream = %name, "client request body failed: {}", e.error());
+                    return Err((Failure::new(status, Retry::No), None));
+                }
+                let retry = match (&unsent, reused) {
+                    (None, _) => Retry::No,
+                    (Some(_), true) => Retry::SameUpstream,
+                    (Some(_), false) => Retry::NextUpstream,
+                };
+                if retry != Retry::SameUpstream {
+                    tracing::warn!(upstream = %name, "upstream request failed: {}", e.error());
+                }
+                Err((Failure::new(StatusCode::BAD_GATEWAY, retry), unsent))
+            }
+        }
+    }
+
+    /// Checks and rewrites the response head; wraps the body.
+    fn respond(
+        self: &Rc<Self>,
+        answer: Answer,
+        idx: usize,
+        head: bool,
+        request: Rc<Progress>,
+    ) -> Response<Body> {
+        let (mut parts, body) = answer.resp.into_parts();
+        if parts.status == StatusCode::SWITCHING_PROTOCOLS {
+            // qweb never asks for an upgrade (it strips Upgrade): a 101 is a broken upstream
+            tracing::warn!(upstream = %self.cfg.upstreams[idx].name, "upstream switched protocols unasked");
+            return response::status(StatusCode::BAD_GATEWAY);
+        }
+        strip_hop_by_hop(&mut parts.headers);
+        parts.version = Version::HTTP_11;
+        let body = UpstreamBody {
+            inner: body,
+            conn: Some(answer.conn),
+            proxy: self.clone(),
+            idx,
+            request,
+            reusable: !head,
+            timeout: self.cfg.timeout,
+            sleep: Box::pin(tokio::time::sleep(self.cfg.timeout)),
+            done: false,
+        };
+        Response::from_parts(parts, crate::body::boxed(body))
+    }
+}
+
+/// Phase 1: the upstream's request. The body is wrapped to time the client and report
+/// progress; a body of unknown length is sent chunked whatever the method (hyper would
+/// otherwise send a GET's body as empty).
+fn upstream_request(
+    req: Request<Incoming>,
+    target: &Target<'_>,
+    client: &ClientInfo,
+    cfg: &ProxyConfig,
+) -> Result<(Request<ClientBody>, Rc<Progress>), StatusCode> {
+    let (mut parts, body) = req.into_parts();
+    let from = Forwarding {
+        peer: client.addr.ip(),
+        tls: client.tls,
+        authority: target.authority,
+    };
+    // hyper names the upstream by address when the config gave no name
+    let name = cfg.upstreams.first().map(|u| u.name.as_str()).unwrap_or("");
+    headers::rewrite_request(&mut parts.headers, cfg, &from, name);
+    let unknown_length = !http_body::Body::is_end_stream(&body)
+        && http_body::Body::size_hint(&body).exact().is_none();
+    if unknown_length {
+        parts.headers.remove(header::CONTENT_LENGTH);
+        parts.headers.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+    }
+    parts.uri = Uri::try_from(target.path_and_query).map_err(|_| StatusCode::BAD_REQUEST)?;
+    parts.version = Version::HTTP_11;
+    let (body, progress) = ClientBody::new(body, cfg.client_body_timeout);
+    Ok((Request::from_parts(parts, body), progress))
+}
+
+impl Proxy {
+    /// The route forwards the client's path as sent (`pass_raw_path`).
+    pub(crate) fn pass_raw_path(&self) -> bool {
+        self.cfg.pass_raw_path
+    }
+}
