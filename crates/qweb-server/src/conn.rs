@@ -18,6 +18,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{sleep_until, Instant};
 
+use crate::head_scan::HeadScan;
 use crate::service::Service;
 use crate::worker::{ListenerCtx, WorkerCtx};
 
@@ -31,6 +32,8 @@ pub(crate) struct ConnState {
     in_flight: Cell<u32>,
     last_activity: Cell<Instant>,
     head_started: Cell<Option<Instant>>,
+    /// What the current HTTP/1 request head's bytes showed (see [`HeadScan`]).
+    head_scan: Cell<HeadScan>,
     /// Woken when the deadline may have moved earlier (a request started or finished, a
     /// request head started arriving).
     changed: tokio::sync::Notify,
@@ -44,6 +47,7 @@ impl ConnState {
             in_flight: Cell::new(0),
             last_activity: Cell::new(Instant::now()),
             head_started: Cell::new(None),
+            head_scan: Cell::new(HeadScan::default()),
             changed: tokio::sync::Notify::new(),
         }
     }
@@ -63,13 +67,23 @@ impl ConnState {
         self.changed.notify_one();
     }
 
-    fn on_read(&self) {
+    fn on_read(&self, bytes: &[u8]) {
         let now = Instant::now();
         self.last_activity.set(now);
+        let mut scan = self.head_scan.get();
         if self.in_flight.get() == 0 && self.head_started.get().is_none() {
             self.head_started.set(Some(now));
             self.changed.notify_one();
+            scan.start();
         }
+        scan.feed(bytes);
+        self.head_scan.set(scan);
+    }
+
+    /// The current HTTP/1 request's head had a `Content-Length` field (hyper hides it when
+    /// `Transfer-Encoding` is present too).
+    pub(crate) fn head_had_content_length(&self) -> bool {
+        self.head_scan.get().saw_content_length()
     }
 
     /// When the connection should be closed if nothing changes, and why.
@@ -140,7 +154,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.state.on_read();
+            self.state.on_read(&buf.filled()[before..]);
         }
         r
     }

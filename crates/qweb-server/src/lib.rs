@@ -13,6 +13,7 @@ mod body;
 mod compress;
 mod conn;
 mod files;
+mod head_scan;
 mod listen;
 mod metrics;
 mod path;

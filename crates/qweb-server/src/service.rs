@@ -83,6 +83,22 @@ impl Service {
         resp.map(|b| Logged::new(b, record, guard))
     }
 
+    /// `Transfer-Encoding` with a `Content-Length` that hyper's parser dropped (see
+    /// [`crate::head_scan`]).
+    fn check_framing(&self, req: &Request<Incoming>) -> Result<(), request_rules::Refusal> {
+        if req.version() <= Version::HTTP_11
+            && req.headers().contains_key(header::TRANSFER_ENCODING)
+            && self.conn.head_had_content_length()
+        {
+            return Err(request_rules::Refusal {
+                status: StatusCode::BAD_REQUEST,
+                close: true,
+                reason: "Transfer-Encoding with Content-Length",
+            });
+        }
+        Ok(())
+    }
+
     fn find_route(&self, path: &str) -> Option<&Route> {
         self.worker.routes.iter().find(|r| covers(&r.prefix, path))
     }
@@ -111,21 +127,15 @@ impl Service {
             }
             return r;
         }
-        let checked = request_rules::check(&req);
-        let path = match self.normalize(req.uri().path()) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::debug!(peer = %self.conn.peer, "refused path: {e:?}");
-                return response::status(e.status());
-            }
-        };
-        let route = self.find_route(&path);
+        let checked = request_rules::check(&req).and_then(|a| self.check_framing(&req).map(|()| a));
+        let path = self.normalize(req.uri().path());
         let authority = match checked {
             Ok(a) => a,
             Err(refusal) => {
                 tracing::debug!(peer = %self.conn.peer, "refused request: {}", refusal.reason);
                 let mut r = response::status(refusal.status);
                 if refusal.status == StatusCode::METHOD_NOT_ALLOWED {
+                    let route = path.as_ref().ok().and_then(|p| self.find_route(p));
                     let allow = match route.map(|r| &r.handler) {
                         Some(Handler::Proxy(_)) => PROXY_METHODS,
                         _ => "GET, HEAD",
@@ -140,6 +150,14 @@ impl Service {
                 return r;
             }
         };
+        let path = match path {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(peer = %self.conn.peer, "refused path: {e:?}");
+                return response::status(e.status());
+            }
+        };
+        let route = self.find_route(&path);
         let Some(route) = route else {
             return response::status(StatusCode::NOT_FOUND);
         };

@@ -2,6 +2,7 @@
 //! real upstream HTTP server.
 #![allow(dead_code)]
 
+pub mod recorder;
 pub mod upstream;
 
 use std::net::SocketAddr;
