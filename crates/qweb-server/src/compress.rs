@@ -21,9 +21,8 @@
 //! request.
 
 use std::cell::RefCell;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::rc::Rc;
@@ -48,7 +47,12 @@ use crate::config::{CompressionConfig, Config};
 /// when it was opened.
 #[derive(Debug, Clone)]
 pub(crate) struct StaticFile {
+    /// The root's path joined with `rel` (names the file in the variant cache).
     pub path: PathBuf,
+    /// The route's root: sidecars are opened beneath it, by the route's symlink rules.
+    pub root: Arc<crate::files::Root>,
+    /// The file's path relative to the root.
+    pub rel: PathBuf,
     pub len: u64,
     pub mtime: SystemTime,
 }
@@ -351,7 +355,7 @@ pub(crate) fn finish(neg: Option<Negotiated>, mut resp: Response<Body>) -> Respo
     if let Some(f) = &file {
         if cfg.precompressed {
             for &c in &neg.ranked {
-                if let Some((sidecar, slen)) = open_sidecar(&f.path, c, f.mtime) {
+                if let Some((sidecar, slen)) = open_sidecar(f, c) {
                     comp.metrics().sidecar_hits.fetch_add(1, Relaxed);
                     encode_headers(resp.headers_mut(), c, Some(slen));
                     let m = comp.metrics();
@@ -436,25 +440,22 @@ pub(crate) fn finish(neg: Option<Negotiated>, mut resp: Response<Body>) -> Respo
     })
 }
 
-/// `path` + `.gz`/`.br`/`.zst`, when it is a regular file (not a link) at least as new as
-/// the original (`gzip -k` keeps the original's mtime), with its length.
-fn open_sidecar(path: &Path, codec: Codec, mtime: SystemTime) -> Option<(File, u64)> {
+/// `path` + `.gz`/`.br`/`.zst`, when it is a regular file at least as new as the original
+/// (`gzip -k` keeps the original's mtime), with its length. Opened beneath the route's root
+/// like the original (a sidecar symlink is followed only as the route's `symlinks` allows).
+fn open_sidecar(f: &StaticFile, codec: Codec) -> Option<(File, u64)> {
     let ext = match codec {
         Codec::Gzip => "gz",
         Codec::Brotli => "br",
         Codec::Zstd => "zst",
     };
-    let mut name = path.as_os_str().to_owned();
+    let mut name = f.rel.as_os_str().to_owned();
     name.push(".");
     name.push(ext);
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
-        .open(PathBuf::from(name))
-        .ok()?;
+    let file = f.root.open(Path::new(&name)).ok()?;
     let meta = file.metadata().ok()?;
     let smtime = meta.modified().unwrap_or(UNIX_EPOCH);
-    (meta.is_file() && smtime >= mtime).then_some((file, meta.len()))
+    (meta.is_file() && smtime >= f.mtime).then_some((file, meta.len()))
 }
 
 /// A sidecar file streamed in 64 KiB frames.

@@ -577,7 +577,9 @@ async fn path_traversal_is_impossible() {
         std::os::unix::fs::symlink(dir.join("secret"), site.join("leak.txt")).unwrap();
         std::os::unix::fs::symlink(dir.join("outside"), site.join("outdir")).unwrap();
         std::os::unix::fs::symlink("../secret", site.join("rel-leak")).unwrap();
-        std::os::unix::fs::symlink(site.join("a/b/page.txt"), site.join("inside")).unwrap();
+        std::os::unix::fs::symlink("a/b/page.txt", site.join("inside")).unwrap();
+        // absolute symlinks are refused even when they point inside (RESOLVE_BENEATH)
+        std::os::unix::fs::symlink(site.join("a/b/page.txt"), site.join("abs-inside")).unwrap();
         std::os::unix::fs::symlink("a/b", site.join("linkdir")).unwrap();
     });
     // The secret really is reachable on disk next to the site: a failed traversal is not a typo.
@@ -627,6 +629,7 @@ async fn path_traversal_is_impossible() {
         "/outdir/secret",
         "/outdir/",
         "/rel-leak",
+        "/abs-inside",
     ] {
         let answer = raw_get(&t, target).await;
         assert_eq!(raw_status(&answer), 403, "{target}:\n{answer}");

@@ -262,6 +262,38 @@ pub struct StaticConfig {
     pub root: PathBuf,
     /// File served for a directory.
     pub index: String,
+    /// Which symlinks in a request's path are followed.
+    pub symlinks: Symlinks,
+    /// How files are opened beneath the root (not a config key: tests force the fallback).
+    pub open_method: OpenMethod,
+}
+
+/// Which symlinks a static route follows (`symlinks = "inside_root" | "refuse" | "follow"`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Symlinks {
+    /// Symlinks are followed as long as the path stays beneath the root (the kernel's
+    /// `RESOLVE_BENEATH`): relative targets that stay inside work, absolute targets are
+    /// refused even when they point inside the root, as is every target that leaves it.
+    #[default]
+    InsideRoot,
+    /// No symlink anywhere in the path.
+    Refuse,
+    /// Any symlink, wherever it points (nginx's `disable_symlinks off`): whoever can create a
+    /// symlink under the root can publish any file the server can read.
+    Follow,
+}
+
+/// How a static route opens files beneath its root.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OpenMethod {
+    /// `openat2` with `RESOLVE_BENEATH` when the kernel allows it (probed once per process),
+    /// else [`OpenMethod::Walk`].
+    #[default]
+    Auto,
+    /// One `openat(O_NOFOLLOW)` per path component from the root's directory fd, symlinks
+    /// resolved by qweb with the same rules (the fallback where `openat2` is unavailable,
+    /// e.g. blocked by seccomp).
+    Walk,
 }
 
 /// Reverse proxy to upstream servers.
@@ -395,6 +427,8 @@ fn default_routes(state_dir: &Path) -> Vec<RouteConfig> {
         action: RouteAction::Static(StaticConfig {
             root,
             index: "index.html".into(),
+            symlinks: Symlinks::default(),
+            open_method: OpenMethod::default(),
         }),
     }]
 }
@@ -920,10 +954,19 @@ impl Validator<'_> {
                 RouteAction::Static(StaticConfig {
                     root: path,
                     index: rr.index.clone().unwrap_or_else(|| "index.html".into()),
+                    symlinks: self.symlinks(i, rr)?,
+                    open_method: OpenMethod::default(),
                 })
             }
             (None, Some(ups)) => RouteAction::Proxy(self.proxy_route(i, rr, ups)?),
         };
+        if let (Some(s), RouteAction::Proxy(_)) = (&rr.symlinks, &action) {
+            return Err(self.err(
+                Some(s.span()),
+                format!("route[{i}].symlinks"),
+                "`symlinks` is for static routes",
+            ));
+        }
         if rr.index.is_some() && !matches!(action, RouteAction::Static(_)) {
             return Err(self.err(
                 Some(r.span()),
@@ -936,6 +979,26 @@ impl Validator<'_> {
             strip_prefix: rr.strip_prefix.unwrap_or(false),
             action,
         })
+    }
+}
+
+impl Validator<'_> {
+    fn symlinks(&self, i: usize, rr: &RawRoute) -> Result<Symlinks, ConfigError> {
+        let Some(s) = &rr.symlinks else {
+            return Ok(Symlinks::default());
+        };
+        match s.get_ref().as_str() {
+            "inside_root" => Ok(Symlinks::InsideRoot),
+            "refuse" => Ok(Symlinks::Refuse),
+            "follow" => Ok(Symlinks::Follow),
+            other => Err(self.err(
+                Some(s.span()),
+                format!("route[{i}].symlinks"),
+                format!(
+                    "unknown symlinks mode `{other}` (use \"inside_root\", \"refuse\" or \"follow\")"
+                ),
+            )),
+        }
     }
 }
 

@@ -154,6 +154,7 @@ pub(crate) struct RawRoute {
     pub prefix: Spanned<String>,
     pub root: Option<Spanned<PathBuf>>,
     pub index: Option<String>,
+    pub symlinks: Option<Spanned<String>>,
     pub upstreams: Option<Spanned<Vec<Spanned<String>>>>,
     pub strip_prefix: Option<bool>,
     pub connect_timeout: Option<Dur>,

@@ -151,3 +151,33 @@ fn offload_defaults() {
     );
     assert!(c.offload.batch);
 }
+
+#[test]
+fn static_route_symlinks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let symlinks = |text: &str| match &parse(text).unwrap().routes[0].action {
+        RouteAction::Static(s) => s.symlinks,
+        RouteAction::Proxy(_) => panic!("not static"),
+    };
+    let route = format!("[[route]]\nprefix = \"/\"\nroot = \"{d}\"\n");
+    assert_eq!(symlinks(&route), Symlinks::InsideRoot);
+    for (v, want) in [
+        ("inside_root", Symlinks::InsideRoot),
+        ("refuse", Symlinks::Refuse),
+        ("follow", Symlinks::Follow),
+    ] {
+        assert_eq!(symlinks(&format!("{route}symlinks = \"{v}\"\n")), want);
+    }
+    let e = err(&format!("{route}symlinks = \"sometimes\"\n"));
+    assert!(
+        e.contains(":4:12: key `route[0].symlinks`") && e.contains("unknown symlinks mode"),
+        "{e}"
+    );
+    let e =
+        err("[[route]]\nprefix = \"/a\"\nupstreams = [\"127.0.0.1:1\"]\nsymlinks = \"refuse\"\n");
+    assert!(
+        e.contains(":4:12: key `route[0].symlinks`") && e.contains("for static routes"),
+        "{e}"
+    );
+}

@@ -3,13 +3,14 @@
 
 mod body;
 mod conditional;
+mod open;
 mod range;
 mod resolve;
 
-use std::fs::{File, Metadata, OpenOptions};
+use std::fs::{File, Metadata};
 use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
@@ -19,23 +20,30 @@ use crate::config::StaticConfig;
 use crate::response;
 use body::FileBody;
 use conditional::Outcome;
+pub(crate) use open::Root;
 use range::RangeRequest;
-use resolve::Target;
 
 /// Files this small are read whole into one buffer.
 const SMALL: u64 = 64 * 1024;
 
 /// One static route on one worker.
 pub(crate) struct StaticFiles {
-    root: PathBuf,
+    /// The root's directory fd: every file is opened beneath it.
+    root: Arc<Root>,
+    /// The root's path as configured (names files for Content-Type and the compression
+    /// layer's cache; never opened by).
+    root_path: PathBuf,
     index: String,
 }
 
 impl StaticFiles {
-    /// `cfg.root` must exist; it is canonicalized so that symlink checks compare like with like.
+    /// Opens `cfg.root` (which must be a directory) once; requests open files beneath it.
+    /// Replacing the root directory itself (say, a `current` symlink switched to a new
+    /// release) takes effect when the workers are started again.
     pub(crate) fn new(cfg: &StaticConfig) -> std::io::Result<Self> {
         Ok(StaticFiles {
-            root: std::fs::canonicalize(&cfg.root)?,
+            root: Arc::new(Root::open_dir(&cfg.root, cfg.symlinks, cfg.open_method)?),
+            root_path: cfg.root.clone(),
             index: cfg.index.clone(),
         })
     }
@@ -55,54 +63,68 @@ impl StaticFiles {
         if method != Method::GET && method != Method::HEAD {
             return response::method_not_allowed("GET, HEAD");
         }
-        let rel = match resolve::decode(path) {
-            Ok(r) => r,
-            Err(code) => return response::status(code),
-        };
-        let file_path = match resolve::resolve(&self.root, &rel) {
-            Ok(Target::File(p)) => p,
-            Ok(Target::Dir(dir)) => {
-                if !path.ends_with('/') {
-                    return redirect_to_dir(&format!("{mount}{path}"), query);
-                }
-                let index = dir.join(&self.index);
-                match resolve::resolve(&self.root, index.strip_prefix(&self.root).unwrap_or(&index))
-                {
-                    Ok(Target::File(p)) => p,
-                    // a directory without an index: no listings
-                    Ok(Target::Dir(_)) | Err(_) => return response::status(StatusCode::FORBIDDEN),
+        match self.open(path, mount, query) {
+            Ok(Opened::File(file, meta, rel)) => {
+                match self.serve_file(method, headers, file, &meta, rel) {
+                    Ok(r) => r,
+                    Err(code) => response::status(code),
                 }
             }
-            Err(code) => return response::status(code),
-        };
-        match self.serve_file(method, headers, &file_path) {
-            Ok(r) => r,
+            Ok(Opened::Redirect(r)) => r,
             Err(code) => response::status(code),
         }
+    }
+
+    /// The regular file `path` names (a directory's index file), opened beneath the root, its
+    /// metadata (of the opened fd) and its path relative to the root.
+    fn open(&self, path: &str, mount: &str, query: Option<&str>) -> Result<Opened, StatusCode> {
+        let rel = resolve::decode(path)?;
+        let file = self.root.open(&rel).map_err(resolve::io_status)?;
+        let meta = file.metadata().map_err(resolve::io_status)?;
+        if meta.is_file() {
+            // `/file/` names a directory that is not there
+            if path.ends_with('/') {
+                return Err(StatusCode::NOT_FOUND);
+            }
+            return Ok(Opened::File(file, meta, rel));
+        }
+        if !meta.is_dir() {
+            // FIFOs, sockets, devices: opened O_NONBLOCK, never read
+            return Err(StatusCode::FORBIDDEN);
+        }
+        if !path.ends_with('/') {
+            return Ok(Opened::Redirect(redirect_to_dir(
+                &format!("{mount}{path}"),
+                query,
+            )));
+        }
+        // a directory without an index (or whose index is not a regular file): no listings
+        let index = self
+            .root
+            .open_in(&file, &rel, &self.index)
+            .map_err(|_| StatusCode::FORBIDDEN)?;
+        drop(file);
+        let meta = index.metadata().map_err(|_| StatusCode::FORBIDDEN)?;
+        if !meta.is_file() {
+            return Err(StatusCode::FORBIDDEN);
+        }
+        Ok(Opened::File(index, meta, rel.join(&self.index)))
     }
 
     fn serve_file(
         &self,
         method: &Method,
         headers: &HeaderMap,
-        path: &Path,
+        mut file: File,
+        meta: &Metadata,
+        rel: PathBuf,
     ) -> Result<Response<Body>, StatusCode> {
-        // O_NONBLOCK: if the file was swapped for a FIFO since it was checked, open does not
-        // block; O_NOFOLLOW: nor for a symlink. The metadata checked is the opened file's.
-        let mut file = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
-            .open(path)
-            .map_err(resolve::io_status)?;
-        let meta = file.metadata().map_err(resolve::io_status)?;
-        if !meta.is_file() {
-            return Err(StatusCode::FORBIDDEN);
-        }
+        let path = self.root_path.join(&rel);
         let len = meta.len();
         let mtime = meta.modified().unwrap_or(UNIX_EPOCH);
-        let etag = etag(&meta, mtime);
+        let etag = etag(meta, mtime);
         let mut h = HeaderMap::new();
-        h.insert(header::CONTENT_TYPE, content_type(path));
+        h.insert(header::CONTENT_TYPE, content_type(&path));
         h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
         if let Ok(v) = HeaderValue::from_str(&etag) {
             h.insert(header::ETAG, v);
@@ -145,7 +167,9 @@ impl StaticFiles {
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(count));
         // for the compression layer (variant cache, sidecars)
         let info = crate::compress::StaticFile {
-            path: path.to_owned(),
+            path,
+            root: self.root.clone(),
+            rel,
             len,
             mtime,
         };
@@ -163,6 +187,14 @@ impl StaticFiles {
         };
         Ok(with_file(with_headers(status, h, body), info))
     }
+}
+
+/// What a request path led to.
+enum Opened {
+    /// A regular file, its metadata and its path relative to the root.
+    File(File, Metadata, PathBuf),
+    /// A directory named without its trailing slash.
+    Redirect(Response<Body>),
 }
 
 fn with_file(mut r: Response<Body>, info: crate::compress::StaticFile) -> Response<Body> {

@@ -1,11 +1,11 @@
-//! Mapping a request path to a file under the document root, refusing every way out of it:
-//! `..` segments (also percent-encoded), backslashes, NUL bytes, and symlinks whose target
-//! lies outside the root.
+//! Mapping a request path to a path relative to the document root, refusing every way out
+//! of it by name: `..` segments (also percent-encoded), backslashes, NUL bytes. Symlinks are
+//! the opener's business (`open.rs`).
 
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use http::StatusCode;
 
@@ -31,36 +31,14 @@ pub(crate) fn decode(raw_path: &str) -> Result<PathBuf, StatusCode> {
     Ok(rel)
 }
 
-/// What a path resolved to.
-#[derive(Debug)]
-pub(crate) enum Target {
-    /// A regular file (canonical path).
-    File(PathBuf),
-    /// A directory (canonical path).
-    Dir(PathBuf),
-}
-
-/// Resolves `rel` under the canonical `root`, following symlinks only as long as the result
-/// stays inside the root.
-pub(crate) fn resolve(root: &Path, rel: &Path) -> Result<Target, StatusCode> {
-    let joined = root.join(rel);
-    let canonical = std::fs::canonicalize(&joined).map_err(io_status)?;
-    if !canonical.starts_with(root) {
-        return Err(StatusCode::FORBIDDEN);
-    }
-    let meta = std::fs::metadata(&canonical).map_err(io_status)?;
-    if meta.is_dir() {
-        Ok(Target::Dir(canonical))
-    } else if meta.is_file() {
-        Ok(Target::File(canonical))
-    } else {
-        // FIFOs, sockets, devices: never opened (a FIFO would block the worker).
-        Err(StatusCode::FORBIDDEN)
-    }
-}
-
 /// The status for a filesystem error.
+/// `EXDEV` (the path left the root) and `ELOOP` (a symlink the route refuses, or a loop) are
+/// 403; permissions are 403; everything else (missing, not a directory) is 404.
 pub(crate) fn io_status(e: io::Error) -> StatusCode {
+    match e.raw_os_error() {
+        Some(libc::EXDEV | libc::ELOOP) => return StatusCode::FORBIDDEN,
+        _ => {}
+    }
     match e.kind() {
         io::ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
         _ => StatusCode::NOT_FOUND,
@@ -89,33 +67,5 @@ mod tests {
         ] {
             assert_eq!(decode(bad), Err(StatusCode::BAD_REQUEST), "{bad}");
         }
-    }
-
-    #[test]
-    fn symlink_out_of_root_is_forbidden() {
-        let outside = tempfile::tempdir().unwrap();
-        std::fs::write(outside.path().join("secret"), "s").unwrap();
-        let root = tempfile::tempdir().unwrap();
-        let root_c = std::fs::canonicalize(root.path()).unwrap();
-        std::fs::write(root.path().join("ok"), "o").unwrap();
-        std::os::unix::fs::symlink(outside.path().join("secret"), root.path().join("leak"))
-            .unwrap();
-        std::os::unix::fs::symlink(root.path().join("ok"), root.path().join("inside")).unwrap();
-        assert!(matches!(
-            resolve(&root_c, Path::new("ok")),
-            Ok(Target::File(_))
-        ));
-        assert!(matches!(
-            resolve(&root_c, Path::new("inside")),
-            Ok(Target::File(_))
-        ));
-        assert_eq!(
-            resolve(&root_c, Path::new("leak")).unwrap_err(),
-            StatusCode::FORBIDDEN
-        );
-        assert_eq!(
-            resolve(&root_c, Path::new("missing")).unwrap_err(),
-            StatusCode::NOT_FOUND
-        );
     }
 }
