@@ -9,7 +9,7 @@ use http::{header, HeaderValue, Request, Response};
 use hyper::body::Incoming;
 
 use crate::body::{AccessRecord, Logged};
-use crate::conn::ConnState;
+use crate::conn_state::ConnState;
 use crate::proxy::ClientInfo;
 use crate::worker::{Handler, WorkerCtx};
 
