@@ -397,7 +397,11 @@ async fn drive<T>(
             let deadline = state.deadline(timeouts);
             tokio::select! {
                 r = io.read(&mut first) => match r {
-                    Ok(0) | Err(_) => return,
+                    Ok(0) => return,
+                    Err(e) => {
+                        tracing::debug!(peer = %state.peer, "read failed before the first request: {e}");
+                        return;
+                    }
                     Ok(n) => break n,
                 },
                 _ = sleep_or_never(deadline.map(|d| d.0)) => {
@@ -420,7 +424,13 @@ async fn drive<T>(
             .serve_connection(io, service);
         let mut conn = pin!(conn);
         let mut closing = false;
+        // Shutdown began while a request head was arriving: close after that request.
+        let mut close_after_request = false;
         loop {
+            if close_after_request && state.phase() == Phase::Serving {
+                conn.as_mut().graceful_shutdown();
+                close_after_request = false;
+            }
             let deadline = state.deadline(timeouts);
             tokio::select! {
                 r = conn.as_mut() => {
@@ -439,10 +449,13 @@ async fn drive<T>(
                     }
                 }
                 _ = shutdown.wait_for(|s| *s), if !closing => {
-                    conn.as_mut().graceful_shutdown();
                     closing = true;
-                    if state.phase() == Phase::AwaitRequest {
-                        return;
+                    match state.phase() {
+                        Phase::AwaitRequest => return,
+                        // hyper would close before reading the head: let it arrive first
+                        // (bounded by header_read_timeout).
+                        Phase::ReadingHead => close_after_request = true,
+                        Phase::Serving => conn.as_mut().graceful_shutdown(),
                     }
                 }
             }
