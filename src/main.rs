@@ -133,7 +133,15 @@ fn init_logging(config: &qweb_server::config::LogConfig) {
     let filter = std::env::var("RUST_LOG")
         .ok()
         .and_then(|v| EnvFilter::try_new(v).ok())
-        .unwrap_or_else(|| EnvFilter::new(&config.level));
+        .unwrap_or_else(|| {
+            // h2 warns once per misbehaving connection (rapid reset); qweb logs those itself,
+            // once per peer per minute.
+            if config.level.contains("h2") {
+                EnvFilter::new(&config.level)
+            } else {
+                EnvFilter::new(format!("{},h2=error", config.level))
+            }
+        });
     use std::io::IsTerminal;
     let errors = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
@@ -255,20 +263,18 @@ impl Signals {
             }
             tracing::info!("shutting down: no new connections; waiting for in-flight requests");
             let mut stopping = tokio::task::spawn_blocking(stop);
-            tokio::select! {
+            let code = tokio::select! {
                 _ = &mut stopping => {
                     tracing::info!("stopped");
-                    ExitCode::SUCCESS
+                    return ExitCode::SUCCESS;
                 }
-                _ = int.recv() => {
-                    tracing::warn!("second signal: exiting now");
-                    ExitCode::from(130)
-                }
-                _ = term.recv() => {
-                    tracing::warn!("second signal: exiting now");
-                    ExitCode::from(130)
-                }
-            }
+                _ = int.recv() => 130,
+                _ = term.recv() => 130,
+            };
+            tracing::warn!("second signal: exiting now");
+            // Not a return: the runtime would wait for the graceful stop (a blocking task)
+            // and for in-flight requests before the process could end.
+            std::process::exit(code)
         })
     }
 }

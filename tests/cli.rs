@@ -325,3 +325,238 @@ async fn access_log_line_per_request() {
     assert!(first[7].ends_with("ms"), "{log:?}");
     assert!(log[1].contains("\"GET /missing HTTP/1.1\" 404"), "{log:?}");
 }
+
+/// A config file in `dir` with `body`; returns its path.
+fn write_config(dir: &Path, body: &str) -> std::path::PathBuf {
+    let cfg = dir.join("q.toml");
+    std::fs::write(&cfg, body).unwrap();
+    cfg
+}
+
+fn signal(child: &Child, sig: libc::c_int) {
+    // SAFETY: kill(2) with a pid we own and a valid signal number.
+    let rc = unsafe { libc::kill(child.id() as libc::pid_t, sig) };
+    assert_eq!(rc, 0);
+}
+
+/// A second SIGTERM exits at once, even with a request in flight and a long drain deadline.
+#[tokio::test(flavor = "multi_thread")]
+async fn second_signal_exits_at_once() {
+    let up = upstream::start("slow").await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            "workers = 1\nshutdown_timeout = \"60s\"\n[log]\naccess = false\n\
+             [[listener]]\naddress = \"127.0.0.1:0\"\n\
+             [[route]]\nprefix = \"/\"\nupstreams = [\"{}\"]\n",
+            up.addr
+        ),
+    );
+    let (mut child, lines) = spawn_serve(
+        &["--config", cfg.to_str().unwrap()],
+        dir.path(),
+        &dir.path().join("state"),
+    );
+    let addr = listen_addr(&lines, "http");
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let in_flight = tokio::spawn(async move {
+        reqwest::Client::new()
+            .get(format!("http://{addr}/slow/30000"))
+            .send()
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    signal(&child, libc::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "exited on the first signal"
+    );
+    let start = std::time::Instant::now();
+    signal(&child, libc::SIGTERM);
+    let status =
+        tokio::task::spawn_blocking(move || wait_exit(&mut child, Duration::from_secs(10)))
+            .await
+            .unwrap();
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(3), "second signal took {took:?}");
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    in_flight.abort();
+}
+
+/// SIGTERM while a TLS handshake is paused on a slow offload engine: the handshake completes,
+/// the request is served, then the process exits 0.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_lets_a_paused_handshake_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("site")).unwrap();
+    std::fs::write(dir.path().join("site/index.html"), "served").unwrap();
+    let cfg = write_config(
+        dir.path(),
+        "workers = 1\nshutdown_timeout = \"20s\"\n[log]\naccess = false\n\
+         [offload.engines.slow]\nkind = \"pool\"\nadded_latency = \"1500ms\"\n\
+         [[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\nself_signed = true\n\
+         [listener.offload]\nengine = \"slow\"\nmode = \"async\"\ntimeout = \"10s\"\n\
+         [[route]]\nprefix = \"/\"\nroot = \"site\"\n",
+    );
+    let state = dir.path().join("state");
+    let (mut child, lines) = spawn_serve(&["--config", cfg.to_str().unwrap()], dir.path(), &state);
+    let addr = listen_addr(&lines, "https");
+    let c = client(&state.join("selfsigned.crt"));
+    let req = tokio::spawn(async move {
+        c.get(format!(
+            "https://localhost:{}/",
+            addr.rsplit(':').next().unwrap()
+        ))
+        .send()
+        .await?
+        .text()
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await; // the handshake is paused now
+    sigterm(&child);
+    let body = req
+        .await
+        .unwrap()
+        .expect("the paused handshake was dropped");
+    assert_eq!(body, "served");
+    let status =
+        tokio::task::spawn_blocking(move || wait_exit(&mut child, Duration::from_secs(15)))
+            .await
+            .unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+/// Two `qweb serve` on one address: the second refuses to start (SO_REUSEPORT would let it
+/// share the port silently).
+#[test]
+fn second_instance_on_the_same_address_refuses_to_start() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            "workers = 2\n[[listener]]\naddress = \"127.0.0.1:0\"\n\
+             [[listener]]\naddress = \"127.0.0.1:{port}\"\n"
+        ),
+    );
+    let (mut first, _) = spawn_serve(
+        &["--config", cfg.to_str().unwrap()],
+        dir.path(),
+        &dir.path().join("state"),
+    );
+    let out = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&cfg)
+        .env("QWEB_STATE_DIR", dir.path().join("state"))
+        .output()
+        .unwrap();
+    sigterm(&first);
+    assert!(wait_exit(&mut first, Duration::from_secs(15)).success());
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "error: 127.0.0.1:{port} is already in use by another process (listener[1].address)"
+        )),
+        "{err}"
+    );
+}
+
+/// CPU time (user + system, seconds) of a process so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // fields after the command name (which is in parentheses)
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf with a valid name.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// With its file descriptors exhausted, the admin listener backs off instead of spinning on
+/// a failing accept: the process stays under 10% of a core while clients hammer it.
+#[test]
+fn admin_listener_under_emfile_does_not_spin() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let admin = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            "workers = 1\n[admin]\naddress = \"127.0.0.1:{admin}\"\n\
+             [[listener]]\naddress = \"127.0.0.1:0\"\n"
+        ),
+    );
+    let mut cmd = Command::new(BIN);
+    cmd.args(["serve", "--config"])
+        .arg(&cfg)
+        .env("QWEB_STATE_DIR", dir.path().join("state"))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: only async-signal-safe setrlimit between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let r = libc::rlimit {
+                rlim_cur: 64,
+                rlim_max: 64,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut reader = BufReader::new(child.stderr.take().unwrap());
+    loop {
+        let mut l = String::new();
+        assert!(reader.read_line(&mut l).unwrap() > 0, "qweb exited early");
+        if l.contains("worker(s)") {
+            break;
+        }
+    }
+    let errors = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let e = errors.clone();
+    std::thread::spawn(move || {
+        for l in reader.lines().map_while(Result::ok) {
+            if l.contains("accept failed") {
+                e.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
+    // exhaust the descriptors: connections the admin accepts and then some in its backlog
+    let mut held = Vec::new();
+    for _ in 0..150 {
+        if let Ok(s) = std::net::TcpStream::connect(("127.0.0.1", admin)) {
+            held.push(s);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let before = cpu_seconds(child.id());
+    let start = std::time::Instant::now();
+    std::thread::sleep(Duration::from_secs(3));
+    let used = cpu_seconds(child.id()) - before;
+    let share = used / start.elapsed().as_secs_f64();
+    let logged = errors.load(std::sync::atomic::Ordering::Relaxed);
+    drop(held);
+    let _ = child.kill();
+    let _ = child.wait();
+    eprintln!(
+        "admin under EMFILE: {:.1}% of a core, {logged} accept-error lines",
+        share * 100.0
+    );
+    assert!(logged >= 1, "the accept failures were never reported");
+    assert!(share < 0.10, "{:.1}% of a core", share * 100.0);
+    assert!(logged <= 8, "{logged} log lines in ~3.5 s");
+}

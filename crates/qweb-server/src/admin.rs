@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -59,12 +60,27 @@ pub(crate) fn run(
 /// Serves the admin listener until shutdown.
 async fn serve(socket: TcpListener, registry: Arc<Registry>, mut shutdown: watch::Receiver<bool>) {
     let registry = Rc::new(registry);
+    let errors = crate::log_limit::Every::new(Duration::from_secs(1));
+    let addr = socket.local_addr().ok();
     loop {
         let accepted = tokio::select! {
             r = socket.accept() => r,
             _ = shutdown.wait_for(|s| *s) => return,
         };
-        let Ok((stream, _)) = accepted else { continue };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // EMFILE/ENFILE and the like: the pending connection stays queued and accept
+                // would fail again at once. Back off instead of spinning.
+                if let Some(suppressed) = errors.hit() {
+                    tracing::error!(listener = ?addr, suppressed, "admin listener: accept failed: {e}");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => continue,
+                    _ = shutdown.wait_for(|s| *s) => return,
+                }
+            }
+        };
         let registry = registry.clone();
         tokio::task::spawn_local(async move {
             let svc = service_fn(move |req| {

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::{BodyExt, Empty, Full};
 
-use crate::conn::RequestGuard;
+use crate::conn_state::RequestGuard;
 
 /// Errors a body can yield.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -44,8 +44,10 @@ pub(crate) struct AccessRecord {
     pub log: bool,
 }
 
-/// Counts the body bytes sent; on drop (body finished, or the client went away) writes the
-/// access-log line and marks the request as no longer in flight on its connection.
+/// Counts the body bytes sent and tells the connection's watchdog whether the response waits
+/// for the client (a chunk handed over, not yet taken) or for its source; on drop (body
+/// finished, the client went away, or the send timeout reset it) writes the access-log line
+/// and marks the request as no longer in flight on its connection.
 pub(crate) struct Logged {
     inner: Body,
     bytes: u64,
@@ -55,6 +57,8 @@ pub(crate) struct Logged {
 
 impl Logged {
     pub(crate) fn new(inner: Body, record: AccessRecord, guard: RequestGuard) -> Self {
+        // The head goes out now; the body is polled once the client can take more.
+        guard.waiting_for_client();
         Logged {
             inner,
             bytes: 0,
@@ -73,11 +77,13 @@ impl HttpBody for Logged {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
+        this.guard.body_polled();
         let r = this.inner.as_mut().poll_frame(cx);
         if let Poll::Ready(Some(Ok(frame))) = &r {
             if let Some(d) = frame.data_ref() {
                 this.bytes += d.len() as u64;
             }
+            this.guard.waiting_for_client();
         }
         r
     }

@@ -1,7 +1,7 @@
 //! One client connection: TLS handshake (with a deadline), then HTTP/1.1 or HTTP/2 by ALPN,
-//! with the idle keep-alive and request-head timeouts, and graceful shutdown.
+//! with the idle keep-alive, request-head and send timeouts, the HTTP/2 flood budget, and
+//! graceful shutdown. The state the watchdog reads lives in [`crate::conn_state`].
 
-use std::cell::Cell;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
@@ -18,115 +18,20 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{sleep_until, Instant};
 
-use crate::head_scan::HeadScan;
+use crate::conn_state::{ConnState, Expiry, Phase, StreamCancel, Timeouts};
+use crate::h2_flood::FloodMeter;
 use crate::service::Service;
 use crate::worker::{ListenerCtx, WorkerCtx};
 
-/// What the watchdog of a connection needs to know, shared by the I/O wrapper, the service and
-/// the response bodies (all on the worker's thread).
-pub(crate) struct ConnState {
-    /// The client's address.
-    pub peer: SocketAddr,
-    /// "HTTP/1.1" or "HTTP/2" (set once the protocol is known).
-    pub protocol: Cell<&'static str>,
-    in_flight: Cell<u32>,
-    last_activity: Cell<Instant>,
-    head_started: Cell<Option<Instant>>,
-    /// What the current HTTP/1 request head's bytes showed (see [`HeadScan`]).
-    head_scan: Cell<HeadScan>,
-    /// Woken when the deadline may have moved earlier (a request started or finished, a
-    /// request head started arriving).
-    changed: tokio::sync::Notify,
-}
-
-impl ConnState {
-    fn new(peer: SocketAddr) -> Self {
-        ConnState {
-            peer,
-            protocol: Cell::new("HTTP/1.1"),
-            in_flight: Cell::new(0),
-            last_activity: Cell::new(Instant::now()),
-            head_started: Cell::new(None),
-            head_scan: Cell::new(HeadScan::default()),
-            changed: tokio::sync::Notify::new(),
-        }
-    }
-
-    /// A request head was parsed and handed to the service; the request is in flight until
-    /// the guard is dropped (response body finished, or the request abandoned).
-    pub(crate) fn request_started_guard(self: &Rc<Self>) -> RequestGuard {
-        self.head_started.set(None);
-        self.in_flight.set(self.in_flight.get() + 1);
-        self.changed.notify_one();
-        RequestGuard(self.clone())
-    }
-
-    fn request_done(&self) {
-        self.in_flight.set(self.in_flight.get().saturating_sub(1));
-        self.last_activity.set(Instant::now());
-        self.changed.notify_one();
-    }
-
-    fn on_read(&self, bytes: &[u8]) {
-        let now = Instant::now();
-        self.last_activity.set(now);
-        let mut scan = self.head_scan.get();
-        if self.in_flight.get() == 0 && self.head_started.get().is_none() {
-            self.head_started.set(Some(now));
-            self.changed.notify_one();
-            scan.start();
-        }
-        scan.feed(bytes);
-        self.head_scan.set(scan);
-    }
-
-    /// The current HTTP/1 request's head had a `Content-Length` field (hyper hides it when
-    /// `Transfer-Encoding` is present too).
-    pub(crate) fn head_had_content_length(&self) -> bool {
-        self.head_scan.get().saw_content_length()
-    }
-
-    /// When the connection should be closed if nothing changes, and why.
-    fn deadline(
-        &self,
-        header_timeout: Duration,
-        idle_timeout: Duration,
-    ) -> Option<(Instant, &'static str)> {
-        if self.in_flight.get() > 0 {
-            return None;
-        }
-        match self.head_started.get() {
-            Some(t) => Some((t + header_timeout, "request head timeout")),
-            None => Some((
-                self.last_activity.get() + idle_timeout,
-                "idle keep-alive timeout",
-            )),
-        }
-    }
-}
-
-/// One request in flight on a connection.
-pub(crate) struct RequestGuard(Rc<ConnState>);
-
-impl RequestGuard {
-    /// The connection's state.
-    pub(crate) fn conn(&self) -> &ConnState {
-        &self.0
-    }
-}
-
-impl Drop for RequestGuard {
-    fn drop(&mut self) {
-        self.0.request_done();
-    }
-}
-
-/// Marks reads on the connection state, and replays `prefix` (bytes already read, already
-/// marked) before reading on; transparent otherwise.
+/// Marks reads and write progress on the connection state, replays `prefix` (bytes already
+/// read, already marked) before reading on, and on HTTP/2 meters the client's control frames
+/// (see [`crate::h2_flood`]); transparent otherwise.
 struct Tracked<T> {
     inner: T,
     state: Rc<ConnState>,
     prefix: bytes::Bytes,
+    /// HTTP/2: the flood meter, and how much of its GOAWAY is still to be written.
+    flood: Option<(FloodMeter, usize)>,
 }
 
 impl<T> Tracked<T> {
@@ -135,16 +40,72 @@ impl<T> Tracked<T> {
             inner,
             state: state.clone(),
             prefix: bytes::Bytes::new(),
+            flood: None,
         }
+    }
+
+    fn meter_writes(&mut self, bufs: &[io::IoSlice<'_>], mut n: usize) {
+        if let Some((m, _)) = &mut self.flood {
+            for b in bufs {
+                let k = n.min(b.len());
+                m.on_write(&b[..k]);
+                n -= k;
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Past the flood budget: once the server's last frame is complete, writes GOAWAY
+    /// ENHANCE_YOUR_CALM. `Ready(Ok)` when it is out (the connection then ends).
+    fn poll_goaway(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>
+    where
+        T: AsyncWrite + Unpin,
+    {
+        let Some((m, sent)) = &mut self.flood else {
+            return Poll::Ready(Ok(()));
+        };
+        if m.write_to_boundary() > 0 {
+            return Poll::Pending; // hyper finishes its frame first (see poll_write)
+        }
+        let frame = m.goaway();
+        while *sent < frame.len() {
+            match Pin::new(&mut self.inner).poll_write(cx, &frame[*sent..]) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => *sent += n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn flooded(&self) -> bool {
+        self.state.flooded() && self.flood.is_some()
     }
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {
+fn flood_error() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "HTTP/2 control-frame flood",
+    )
+}
+
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Tracked<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if self.flooded() {
+            // Read no more from a flooding client: send GOAWAY, then end the connection.
+            return match self.poll_goaway(cx) {
+                Poll::Ready(_) => Poll::Ready(Err(flood_error())),
+                Poll::Pending => Poll::Pending,
+            };
+        }
         if !self.prefix.is_empty() {
             let n = self.prefix.len().min(buf.remaining());
             let chunk = self.prefix.split_to(n);
@@ -152,9 +113,21 @@ impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {
             return Poll::Ready(Ok(()));
         }
         let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let this = &mut *self;
+        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.state.on_read(&buf.filled()[before..]);
+            this.state.on_read(&buf.filled()[before..]);
+            if let Some((m, _)) = &mut this.flood {
+                if m.on_read(&buf.filled()[before..]) {
+                    // Over budget: hyper sees none of it; GOAWAY, then the end.
+                    buf.set_filled(before);
+                    this.state.on_flood();
+                    return match this.poll_goaway(cx) {
+                        Poll::Ready(_) => Poll::Ready(Err(flood_error())),
+                        Poll::Pending => Poll::Pending,
+                    };
+                }
+            }
         }
         r
     }
@@ -166,27 +139,72 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let mut buf = buf;
+        if self.state.flooded() {
+            if let Some((m, _)) = &self.flood {
+                // Let hyper finish the frame it started, and nothing more.
+                let left = m.write_to_boundary();
+                if left == 0 {
+                    return match self.poll_goaway(cx) {
+                        Poll::Ready(_) => Poll::Ready(Err(flood_error())),
+                        Poll::Pending => Poll::Pending,
+                    };
+                }
+                buf = &buf[..left.min(buf.len())];
+            }
+        }
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        match &r {
+            Poll::Ready(Ok(n)) => {
+                self.state.on_write(false);
+                let n = *n;
+                self.meter_writes(&[io::IoSlice::new(buf)], n);
+            }
+            Poll::Pending => self.state.on_write(true),
+            Poll::Ready(Err(_)) => {}
+        }
+        r
     }
     fn poll_write_vectored(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        if self.flood.is_some() {
+            // Metered (and, after a flood, cut at frame boundaries) one buffer at a time.
+            let first = bufs
+                .iter()
+                .find(|b| !b.is_empty())
+                .map_or(&[][..], |b| &b[..]);
+            return self.poll_write(cx, first);
+        }
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        match &r {
+            Poll::Ready(Ok(_)) => self.state.on_write(false),
+            Poll::Pending => self.state.on_write(true),
+            Poll::Ready(Err(_)) => {}
+        }
+        r
     }
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        self.flood.is_none() && self.inner.is_write_vectored()
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let r = Pin::new(&mut self.inner).poll_flush(cx);
+        match &r {
+            Poll::Ready(Ok(())) => self.state.on_write(false),
+            Poll::Pending => self.state.on_write(true),
+            Poll::Ready(Err(_)) => {}
+        }
+        r
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
-/// Spawns HTTP/2 stream tasks on the worker's `LocalSet`.
+/// Spawns HTTP/2 stream tasks on the worker's `LocalSet`, each cancellable by the
+/// connection's watchdog (send timeout).
 #[derive(Clone, Copy)]
 pub(crate) struct LocalExec;
 
@@ -195,7 +213,8 @@ where
     F: Future + 'static,
 {
     fn execute(&self, fut: F) {
-        tokio::task::spawn_local(fut);
+        let cancel = Rc::new(StreamCancel::default());
+        tokio::task::spawn_local(StreamCancel::run(cancel, fut));
     }
 }
 
@@ -214,7 +233,6 @@ pub(crate) async fn serve(
             drive(io, false, false, state, &listener, &worker).await;
         }
         Some(tls) => {
-            let mut shutdown = worker.shutdown.clone();
             let driver = match &tls.offloader {
                 Some(offloader) => qweb_tls::handshake::Driver::Job {
                     offloader,
@@ -222,11 +240,10 @@ pub(crate) async fn serve(
                 },
                 None => qweb_tls::handshake::Driver::Direct,
             };
+            // A handshake in progress (perhaps paused on an offloaded signature) is not cut by
+            // a shutdown: it may finish within its own timeout, bounded by the drain deadline.
             let accept = qweb_tls::handshake::accept(stream, tls.config.clone(), driver);
-            let hs = tokio::select! {
-                r = tokio::time::timeout(limits.tls_handshake_timeout, accept) => r,
-                _ = shutdown.wait_for(|s| *s) => return,
-            };
+            let hs = tokio::time::timeout(limits.tls_handshake_timeout, accept).await;
             let m = &worker.metrics;
             let tls = match hs {
                 Ok(Ok(tls)) => {
@@ -273,7 +290,11 @@ async fn drive<T>(
         async move { Ok::<_, Infallible>(svc.handle(req).await) }
     });
     let mut shutdown = worker.shutdown.clone();
+    // A connection that completed its handshake after shutdown began (it was paused) still
+    // gets its first request served.
+    let late = *shutdown.borrow();
     if h2 {
+        io.flood = Some((FloodMeter::new(limits.h2_control_frames_per_second), 0));
         let io = TokioIo::new(io);
         state.protocol.set("HTTP/2");
         let conn = hyper::server::conn::http2::Builder::new(LocalExec)
@@ -286,34 +307,75 @@ async fn drive<T>(
         // An idle connection gets a GOAWAY, then this long to close before it is dropped
         // (a client that never answers must not hold it forever).
         let mut drop_at: Option<Instant> = None;
+        // Closed whatever is in flight at this time (stalled, flooding).
+        let mut cut_at: Option<Instant> = None;
         // HTTP/2 frames that are not requests (PING, WINDOW_UPDATE) may arrive while idle:
         // only the keep-alive timeout applies (h2 bounds header blocks itself).
-        let h2_idle = limits.keepalive_timeout;
+        let timeouts = Timeouts {
+            head: limits.keepalive_timeout,
+            idle: limits.keepalive_timeout,
+            send: limits.send_timeout,
+            per_response: true,
+        };
         loop {
-            let deadline = if closing {
-                None
-            } else {
-                state.deadline(h2_idle, h2_idle)
-            };
+            if state.flooded() && cut_at.is_none() {
+                if let Some(n) = worker.peer_log.hit(state.peer.ip()) {
+                    tracing::warn!(peer = %state.peer, suppressed = n, "HTTP/2 control-frame flood: GOAWAY ENHANCE_YOUR_CALM, closing");
+                }
+                state.reset_all_streams();
+                cut_at = Some(Instant::now() + Duration::from_secs(1));
+            }
+            let deadline = state
+                .deadline(timeouts)
+                .filter(|(_, why)| !closing || !matches!(why, Expiry::Idle | Expiry::Head));
             tokio::select! {
                 r = conn.as_mut() => {
-                    if let Err(e) = r { tracing::debug!(peer = %state.peer, "HTTP/2 connection error: {e}"); }
+                    if let Err(e) = r {
+                        let text = format!("{e:?}");
+                        if text.contains("ENHANCE_YOUR_CALM") && !state.flooded() {
+                            if let Some(n) = worker.peer_log.hit(state.peer.ip()) {
+                                tracing::warn!(peer = %state.peer, suppressed = n, "HTTP/2 peer misbehaved (too many resets): GOAWAY ENHANCE_YOUR_CALM");
+                            }
+                        } else {
+                            tracing::debug!(peer = %state.peer, "HTTP/2 connection error: {e}");
+                        }
+                    }
                     return;
                 }
                 _ = state.changed.notified() => {}
                 _ = sleep_or_never(deadline.map(|d| d.0)) => {
-                    if state.deadline(h2_idle, h2_idle).is_some_and(|(d, _)| d <= Instant::now()) {
-                        conn.as_mut().graceful_shutdown();
-                        closing = true;
-                        drop_at = Some(Instant::now() + Duration::from_secs(1));
+                    match state.deadline(timeouts) {
+                        Some((d, why)) if d <= Instant::now() => match why {
+                            Expiry::WriteStalled => {
+                                tracing::debug!(peer = %state.peer, "closing: {}", why.as_str());
+                                return;
+                            }
+                            Expiry::ResponseStalled => {
+                                if state.reset_stalled_streams(limits.send_timeout) {
+                                    // Every stream waits on a client that takes nothing.
+                                    tracing::debug!(peer = %state.peer, "closing: {}", why.as_str());
+                                    conn.as_mut().graceful_shutdown();
+                                    state.reset_all_streams();
+                                    closing = true;
+                                    cut_at = Some(Instant::now() + Duration::from_secs(1));
+                                }
+                            }
+                            Expiry::Idle | Expiry::Head => {
+                                conn.as_mut().graceful_shutdown();
+                                closing = true;
+                                drop_at = Some(Instant::now() + Duration::from_secs(1));
+                            }
+                        },
+                        _ => {}
                     }
                 }
                 _ = sleep_or_never(drop_at) => {
-                    if state.in_flight.get() == 0 {
+                    if state.in_flight() == 0 {
                         return;
                     }
                     drop_at = None;
                 }
+                _ = sleep_or_never(cut_at) => return,
                 _ = shutdown.wait_for(|s| *s), if !closing => {
                     conn.as_mut().graceful_shutdown();
                     closing = true;
@@ -321,24 +383,34 @@ async fn drive<T>(
             }
         }
     } else {
+        let timeouts = Timeouts {
+            head: limits.header_read_timeout,
+            idle: limits.keepalive_timeout,
+            send: limits.send_timeout,
+            per_response: false,
+        };
         // hyper's HTTP/1 connection allocates its read and write buffers (16 KiB) when it is
         // built: build it only once the first request bytes arrive, so that idle connections
         // cost little (as nginx allocates its header buffer on the first read).
         let mut first = vec![0u8; 2048];
         let n = loop {
-            let deadline = state.deadline(limits.header_read_timeout, limits.keepalive_timeout);
+            let deadline = state.deadline(timeouts);
             tokio::select! {
                 r = io.read(&mut first) => match r {
-                    Ok(0) | Err(_) => return,
+                    Ok(0) => return,
+                    Err(e) => {
+                        tracing::debug!(peer = %state.peer, "read failed before the first request: {e}");
+                        return;
+                    }
                     Ok(n) => break n,
                 },
                 _ = sleep_or_never(deadline.map(|d| d.0)) => {
-                    if state.deadline(limits.header_read_timeout, limits.keepalive_timeout).is_some_and(|(d, _)| d <= Instant::now()) {
+                    if state.deadline(timeouts).is_some_and(|(d, _)| d <= Instant::now()) {
                         tracing::debug!(peer = %state.peer, "closing: idle before the first request");
                         return;
                     }
                 }
-                _ = shutdown.wait_for(|s| *s) => return,
+                _ = shutdown.wait_for(|s| *s), if !late => return,
             }
         };
         first.truncate(n);
@@ -356,8 +428,14 @@ async fn drive<T>(
             .serve_connection(io, service);
         let mut conn = pin!(conn);
         let mut closing = false;
+        // Shutdown began while a request head was arriving: close after that request.
+        let mut close_after_request = false;
         loop {
-            let deadline = state.deadline(limits.header_read_timeout, limits.keepalive_timeout);
+            if close_after_request && state.phase() == Phase::Serving {
+                conn.as_mut().graceful_shutdown();
+                close_after_request = false;
+            }
+            let deadline = state.deadline(timeouts);
             tokio::select! {
                 r = conn.as_mut() => {
                     if let Err(e) = r { tracing::debug!(peer = %state.peer, "HTTP/1 connection error: {e}"); }
@@ -365,18 +443,23 @@ async fn drive<T>(
                 }
                 _ = state.changed.notified() => {}
                 _ = sleep_or_never(deadline.map(|d| d.0)) => {
-                    if let Some((d, why)) = state.deadline(limits.header_read_timeout, limits.keepalive_timeout) {
+                    if let Some((d, why)) = state.deadline(timeouts) {
                         if d <= Instant::now() {
-                            tracing::debug!(peer = %state.peer, "closing: {why}");
+                            // Dropping the connection drops the response body: its file is
+                            // closed, its upstream connection freed.
+                            tracing::debug!(peer = %state.peer, "closing: {}", why.as_str());
                             return;
                         }
                     }
                 }
                 _ = shutdown.wait_for(|s| *s), if !closing => {
-                    conn.as_mut().graceful_shutdown();
                     closing = true;
-                    if state.in_flight.get() == 0 {
-                        return;
+                    match state.phase() {
+                        Phase::AwaitRequest => return,
+                        // hyper would close before reading the head: let it arrive first
+                        // (bounded by header_read_timeout).
+                        Phase::ReadingHead => close_after_request = true,
+                        Phase::Serving => conn.as_mut().graceful_shutdown(),
                     }
                 }
             }

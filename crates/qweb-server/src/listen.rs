@@ -1,4 +1,6 @@
-//! Binding listeners: one `SO_REUSEPORT` socket per worker, all on the same port.
+//! Binding listeners: one `SO_REUSEPORT` socket per worker, all on the same port, after
+//! making sure no other process listens there (`SO_REUSEPORT` would otherwise let a second
+//! qweb share the port silently and take part of the traffic).
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
@@ -17,6 +19,25 @@ fn bind_one(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.bind(&addr.into())?;
     socket.listen(4096)?;
     Ok(socket.into())
+}
+
+/// Is another process listening on `addr`? Binds it once without `SO_REUSEPORT` (with
+/// `SO_REUSEADDR`, so that old connections in TIME_WAIT do not count): that fails with
+/// `EADDRINUSE` exactly when some socket listens there. Port 0 needs no probe.
+pub(crate) fn in_use(addr: SocketAddr) -> io::Result<bool> {
+    if addr.port() == 0 {
+        return Ok(false);
+    }
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    match socket.bind(&addr.into()) {
+        Ok(()) => Ok(false),
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => Ok(true),
+        Err(e) => Err(e),
+    }
 }
 
 /// Binds `count` sockets on `addr`. When the port is 0, the first socket picks a free port and

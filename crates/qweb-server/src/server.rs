@@ -27,6 +27,14 @@ pub enum ServerError {
         /// The error.
         source: std::io::Error,
     },
+    /// Another process listens on the address already.
+    #[error("{addr} is already in use by another process ({key})")]
+    InUse {
+        /// The address.
+        addr: SocketAddr,
+        /// The configuration key that names it, e.g. `listener[0].address`.
+        key: String,
+    },
     /// Certificates could not be loaded or generated.
     #[error(transparent)]
     Tls(#[from] qweb_tls::TlsError),
@@ -193,6 +201,24 @@ impl Server {
                 }
             };
             tls_configs.push(tls);
+        }
+
+        // Refuse to share a port with another process before binding anything.
+        let mut to_bind: Vec<(SocketAddr, String)> = config
+            .listeners
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l.address, format!("listener[{i}].address")))
+            .collect();
+        if let Some(addr) = config.admin {
+            to_bind.push((addr, "admin.address".into()));
+        }
+        for (addr, key) in to_bind {
+            match crate::listen::in_use(addr) {
+                Ok(false) => {}
+                Ok(true) => return Err(ServerError::InUse { addr, key }),
+                Err(source) => return Err(ServerError::Bind { addr, source }),
+            }
         }
 
         let n = config.workers.max(1);

@@ -10,7 +10,7 @@ use http::{header, HeaderValue, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 
 use crate::body::{AccessRecord, Body, Logged};
-use crate::conn::ConnState;
+use crate::conn_state::ConnState;
 use crate::path::PathError;
 use crate::proxy::{ClientInfo, Target};
 use crate::request_rules;

@@ -42,6 +42,8 @@ pub(crate) struct WorkerCtx {
     pub metrics: Arc<WorkerMetrics>,
     /// Response compression on this worker (`None`: off).
     pub compression: Option<Rc<crate::compress::Compressor>>,
+    /// Log lines about misbehaving peers: one per peer per minute.
+    pub peer_log: crate::log_limit::PerPeer,
     connections: Cell<usize>,
     connection_closed: Notify,
 }
@@ -112,6 +114,7 @@ pub(crate) fn run(
             .compression
             .as_ref()
             .map(crate::compress::Compressor::new),
+        peer_log: crate::log_limit::PerPeer::new(Duration::from_secs(60)),
         connections: Cell::new(0),
         connection_closed: Notify::new(),
     });
@@ -177,6 +180,7 @@ impl Drop for ConnCount {
 async fn accept_loop(socket: TcpListener, listener: Rc<ListenerCtx>, ctx: Rc<WorkerCtx>) {
     let mut shutdown = ctx.shutdown.clone();
     let max = ctx.limits.max_connections_per_worker;
+    let errors = crate::log_limit::Every::new(Duration::from_secs(1));
     loop {
         // At the limit, stop accepting: new connections wait in the backlog.
         while ctx.connections.get() >= max {
@@ -204,8 +208,11 @@ async fn accept_loop(socket: TcpListener, listener: Rc<ListenerCtx>, ctx: Rc<Wor
                 });
             }
             Err(e) => {
-                // EMFILE/ENFILE and the like: back off instead of spinning.
-                tracing::error!(listener = %listener.local_addr, "accept failed: {e}");
+                // EMFILE/ENFILE and the like: back off instead of spinning, and say so once
+                // a second at most.
+                if let Some(suppressed) = errors.hit() {
+                    tracing::error!(listener = %listener.local_addr, suppressed, "accept failed: {e}");
+                }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }

@@ -168,6 +168,14 @@ pub struct Limits {
     pub max_connections_per_worker: usize,
     /// HTTP/2 streams per connection.
     pub max_concurrent_streams: u32,
+    /// A response that makes no progress (the client takes nothing) for this long is cut:
+    /// the HTTP/1 connection is closed, the HTTP/2 stream reset (the connection closed with
+    /// GOAWAY when all its streams stalled).
+    pub send_timeout: Duration,
+    /// HTTP/2 control frames (SETTINGS, PING, WINDOW_UPDATE, PRIORITY, RST_STREAM, empty
+    /// frames) a client may send per second (and in one burst); more gets GOAWAY
+    /// ENHANCE_YOUR_CALM.
+    pub h2_control_frames_per_second: u32,
 }
 
 impl Default for Limits {
@@ -179,6 +187,8 @@ impl Default for Limits {
             tls_handshake_timeout: Duration::from_secs(10),
             max_connections_per_worker: 10_000,
             max_concurrent_streams: 128,
+            send_timeout: Duration::from_secs(60),
+            h2_control_frames_per_second: 1000,
         }
     }
 }
@@ -520,7 +530,15 @@ impl Validator<'_> {
                 .max_concurrent_streams
                 .unwrap_or(defaults.max_concurrent_streams)
                 .max(1),
+            send_timeout: l.send_timeout.map(|d| d.0).unwrap_or(defaults.send_timeout),
+            h2_control_frames_per_second: l
+                .h2_control_frames_per_second
+                .unwrap_or(defaults.h2_control_frames_per_second),
         };
+        if limits.h2_control_frames_per_second == 0 {
+            let key = "limits.h2_control_frames_per_second";
+            return Err(self.err(span_of_key(self.text, key), key, "must be greater than 0"));
+        }
         if !(8192..=1 << 24).contains(&limits.max_request_header_size) {
             let key = "limits.max_request_header_size";
             return Err(self.err(
@@ -533,6 +551,7 @@ impl Validator<'_> {
             ("limits.header_read_timeout", limits.header_read_timeout),
             ("limits.keepalive_timeout", limits.keepalive_timeout),
             ("limits.tls_handshake_timeout", limits.tls_handshake_timeout),
+            ("limits.send_timeout", limits.send_timeout),
         ] {
             if d.is_zero() {
                 return Err(self.err(span_of_key(self.text, key), key, "must be greater than 0"));

@@ -114,6 +114,8 @@ pub(crate) struct RawLimits {
     pub tls_handshake_timeout: Option<Dur>,
     pub max_connections_per_worker: Option<usize>,
     pub max_concurrent_streams: Option<u32>,
+    pub send_timeout: Option<Dur>,
+    pub h2_control_frames_per_second: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]

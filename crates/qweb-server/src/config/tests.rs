@@ -181,3 +181,24 @@ fn static_route_symlinks() {
         "{e}"
     );
 }
+
+#[test]
+fn send_timeout_and_h2_flood_budget() {
+    let c = Config::from_str_at("workers = 1\n", None).unwrap();
+    assert_eq!(c.limits.send_timeout, std::time::Duration::from_secs(60));
+    assert_eq!(c.limits.h2_control_frames_per_second, 1000);
+    let c = Config::from_str_at(
+        "[limits]\nsend_timeout = \"2s\"\nh2_control_frames_per_second = 50\n",
+        None,
+    )
+    .unwrap();
+    assert_eq!(c.limits.send_timeout, std::time::Duration::from_secs(2));
+    assert_eq!(c.limits.h2_control_frames_per_second, 50);
+    let e = err("[limits]\nsend_timeout = 0\n");
+    assert!(e.contains(":2:1: key `limits.send_timeout`"), "{e}");
+    let e = err("workers = 1\n[limits]\nh2_control_frames_per_second = 0\n");
+    assert!(
+        e.contains(":3:1: key `limits.h2_control_frames_per_second`"),
+        "{e}"
+    );
+}

@@ -1,0 +1,316 @@
+//! What the watchdog of one connection knows: which phase the connection is in, when each
+//! phase must end, and how far each response being sent has come.
+//!
+//! Shared (through `Rc`) by the connection's I/O wrapper, its service and its response bodies,
+//! all on the worker's thread. Depends on nothing above it.
+
+use std::cell::{Cell, RefCell};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::head_scan::HeadScan;
+
+tokio::task_local! {
+    /// The HTTP/2 stream task a request runs in (none for HTTP/1).
+    static STREAM: Rc<StreamCancel>;
+}
+
+/// Cancels one HTTP/2 stream task: the task drops its stream (h2 sends RST_STREAM) and its
+/// response body (which closes files and frees upstream connections).
+#[derive(Default)]
+pub(crate) struct StreamCancel {
+    cancelled: Cell<bool>,
+    notify: Notify,
+}
+
+impl StreamCancel {
+    /// Runs `fut` as the stream task of `cancel`, until it ends or is cancelled.
+    pub(crate) async fn run<F: std::future::Future>(cancel: Rc<StreamCancel>, fut: F) {
+        let c = cancel.clone();
+        STREAM
+            .scope(cancel, async move {
+                tokio::select! {
+                    _ = fut => {}
+                    _ = c.notify.notified() => {}
+                }
+            })
+            .await;
+    }
+
+    fn cancel(&self) {
+        if !self.cancelled.replace(true) {
+            self.notify.notify_one();
+        }
+    }
+}
+
+/// The phase a connection is in; each phase owns its deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Waiting for a request head to start (idle keep-alive).
+    AwaitRequest,
+    /// A request head is arriving.
+    ReadingHead,
+    /// Requests in flight: the service or the client is working.
+    Serving,
+}
+
+/// Why a connection's deadline passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Expiry {
+    /// Idle for `keepalive_timeout`.
+    Idle,
+    /// The request head took longer than `header_read_timeout`.
+    Head,
+    /// A write made no progress for `send_timeout`.
+    WriteStalled,
+    /// At least one response made no progress for `send_timeout`.
+    ResponseStalled,
+}
+
+impl Expiry {
+    /// For the log.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Expiry::Idle => "idle keep-alive timeout",
+            Expiry::Head => "request head timeout",
+            Expiry::WriteStalled => "send timeout (writes stalled)",
+            Expiry::ResponseStalled => "send timeout (response stalled)",
+        }
+    }
+}
+
+/// The timeouts a connection's deadlines come from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    pub head: Duration,
+    pub idle: Duration,
+    pub send: Duration,
+    /// Also cut single responses that wait for the client (HTTP/2, where flow control can
+    /// stall one stream while the socket stays writable). HTTP/1 needs only stalled writes.
+    pub per_response: bool,
+}
+
+/// How far one response has come.
+struct Sending {
+    /// `Some(t)`: the response's next chunk is ready and has been waiting for the client since
+    /// `t`. `None`: not sending yet, or waiting for its own source (an upstream).
+    waiting_since: Cell<Option<Instant>>,
+    /// The HTTP/2 stream to reset when it stalls.
+    stream: Option<Rc<StreamCancel>>,
+}
+
+/// The state of one connection.
+pub(crate) struct ConnState {
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// "HTTP/1.1" or "HTTP/2" (set once the protocol is known).
+    pub protocol: Cell<&'static str>,
+    phase: Cell<Phase>,
+    in_flight: Cell<u32>,
+    last_activity: Cell<Instant>,
+    head_started: Cell<Option<Instant>>,
+    /// What the current HTTP/1 request head's bytes showed (see [`HeadScan`]).
+    head_scan: Cell<HeadScan>,
+    /// Writes to the client have been refused (socket buffer full) since then.
+    write_blocked_since: Cell<Option<Instant>>,
+    responses: RefCell<Vec<Rc<Sending>>>,
+    /// An HTTP/2 control-frame flood was detected on the read path.
+    flood: Cell<bool>,
+    /// Woken when the deadline may have moved earlier, or the connection must close.
+    pub changed: Notify,
+}
+
+impl ConnState {
+    /// A new connection from `peer`.
+    pub(crate) fn new(peer: SocketAddr) -> Self {
+        ConnState {
+            peer,
+            protocol: Cell::new("HTTP/1.1"),
+            phase: Cell::new(Phase::AwaitRequest),
+            in_flight: Cell::new(0),
+            last_activity: Cell::new(Instant::now()),
+            head_started: Cell::new(None),
+            head_scan: Cell::new(HeadScan::default()),
+            write_blocked_since: Cell::new(None),
+            responses: RefCell::new(Vec::new()),
+            flood: Cell::new(false),
+            changed: Notify::new(),
+        }
+    }
+
+    /// The phase the connection is in.
+    pub(crate) fn phase(&self) -> Phase {
+        self.phase.get()
+    }
+
+    /// Requests in flight.
+    pub(crate) fn in_flight(&self) -> u32 {
+        self.in_flight.get()
+    }
+
+    /// A request head was parsed and handed to the service; the request is in flight until
+    /// the guard is dropped (response body finished, or the request abandoned).
+    pub(crate) fn request_started_guard(self: &Rc<Self>) -> RequestGuard {
+        self.head_started.set(None);
+        self.in_flight.set(self.in_flight.get() + 1);
+        self.phase.set(Phase::Serving);
+        let sending = Rc::new(Sending {
+            waiting_since: Cell::new(None),
+            stream: STREAM.try_with(|s| s.clone()).ok(),
+        });
+        self.responses.borrow_mut().push(sending.clone());
+        self.changed.notify_one();
+        RequestGuard {
+            conn: self.clone(),
+            sending,
+        }
+    }
+
+    fn request_done(&self, sending: &Rc<Sending>) {
+        self.responses
+            .borrow_mut()
+            .retain(|s| !Rc::ptr_eq(s, sending));
+        self.in_flight.set(self.in_flight.get().saturating_sub(1));
+        if self.in_flight.get() == 0 {
+            self.phase.set(Phase::AwaitRequest);
+        }
+        self.last_activity.set(Instant::now());
+        self.changed.notify_one();
+    }
+
+    /// Bytes were read from the client.
+    pub(crate) fn on_read(&self, bytes: &[u8]) {
+        let now = Instant::now();
+        self.last_activity.set(now);
+        let mut scan = self.head_scan.get();
+        if self.in_flight.get() == 0 && self.head_started.get().is_none() {
+            self.head_started.set(Some(now));
+            self.phase.set(Phase::ReadingHead);
+            self.changed.notify_one();
+            scan.start();
+        }
+        scan.feed(bytes);
+        self.head_scan.set(scan);
+    }
+
+    /// The current HTTP/1 request's head had a `Content-Length` field (hyper hides it when
+    /// `Transfer-Encoding` is present too).
+    pub(crate) fn head_had_content_length(&self) -> bool {
+        self.head_scan.get().saw_content_length()
+    }
+
+    /// A write to the client was refused (`blocked`) or made progress.
+    pub(crate) fn on_write(&self, blocked: bool) {
+        if blocked {
+            if self.write_blocked_since.get().is_none() {
+                self.write_blocked_since.set(Some(Instant::now()));
+                self.changed.notify_one();
+            }
+        } else {
+            self.write_blocked_since.set(None);
+        }
+    }
+
+    /// The read path saw an HTTP/2 control-frame flood: the connection must close.
+    pub(crate) fn on_flood(&self) {
+        if !self.flood.replace(true) {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Whether a flood was detected.
+    pub(crate) fn flooded(&self) -> bool {
+        self.flood.get()
+    }
+
+    /// When the connection (or one of its responses) must be dealt with if nothing changes,
+    /// and why. `t.head` is not used for HTTP/2 (pass the idle timeout).
+    pub(crate) fn deadline(&self, t: Timeouts) -> Option<(Instant, Expiry)> {
+        let write = self
+            .write_blocked_since
+            .get()
+            .map(|s| (s + t.send, Expiry::WriteStalled));
+        let phase = match self.phase.get() {
+            Phase::Serving if !t.per_response => None,
+            Phase::Serving => self
+                .responses
+                .borrow()
+                .iter()
+                .filter(|s| !s.stream.as_ref().is_some_and(|c| c.cancelled.get()))
+                .filter_map(|s| s.waiting_since.get())
+                .min()
+                .map(|s| (s + t.send, Expiry::ResponseStalled)),
+            Phase::ReadingHead => self.head_started.get().map(|s| (s + t.head, Expiry::Head)),
+            Phase::AwaitRequest => Some((self.last_activity.get() + t.idle, Expiry::Idle)),
+        };
+        match (write, phase) {
+            (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// HTTP/2: resets every stream whose response waited for the client for `send` or
+    /// longer. Returns `true` when every request in flight had stalled (the connection
+    /// should be closed).
+    pub(crate) fn reset_stalled_streams(&self, send: Duration) -> bool {
+        let now = Instant::now();
+        let responses = self.responses.borrow();
+        let mut stalled = 0;
+        for s in responses.iter() {
+            if s.waiting_since.get().is_some_and(|w| w + send <= now) {
+                stalled += 1;
+                if let Some(c) = &s.stream {
+                    c.cancel();
+                }
+            }
+        }
+        stalled > 0 && stalled == responses.len()
+    }
+
+    /// HTTP/2: resets every stream in flight.
+    pub(crate) fn reset_all_streams(&self) {
+        for s in self.responses.borrow().iter() {
+            if let Some(c) = &s.stream {
+                c.cancel();
+            }
+        }
+    }
+}
+
+/// One request in flight on a connection.
+pub(crate) struct RequestGuard {
+    conn: Rc<ConnState>,
+    sending: Rc<Sending>,
+}
+
+impl RequestGuard {
+    /// The connection's state.
+    pub(crate) fn conn(&self) -> &ConnState {
+        &self.conn
+    }
+
+    /// The response body is about to be asked for its next chunk: whatever happens next is up
+    /// to the body's source, not the client.
+    pub(crate) fn body_polled(&self) {
+        self.sending.waiting_since.set(None);
+    }
+
+    /// The response (head or a chunk) was handed over and now waits for the client to take it.
+    pub(crate) fn waiting_for_client(&self) {
+        if self.sending.waiting_since.get().is_none() {
+            self.sending.waiting_since.set(Some(Instant::now()));
+            self.conn.changed.notify_one();
+        }
+    }
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.conn.request_done(&self.sending);
+    }
+}
