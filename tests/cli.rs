@@ -261,6 +261,7 @@ async fn access_log_line_per_request() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("site")).unwrap();
     std::fs::write(dir.path().join("site/hello.txt"), "hello world").unwrap();
+    std::fs::write(dir.path().join("site/big.bin"), vec![7u8; 16 << 20]).unwrap();
     let cfg = dir.path().join("q.toml");
     std::fs::write(
         &cfg,
@@ -299,18 +300,55 @@ async fn access_log_line_per_request() {
         .unwrap();
     assert_eq!(r.status(), 404);
     let out = child.stdout.take().unwrap();
-    let log = tokio::task::spawn_blocking(move || {
-        let mut r = BufReader::new(out);
-        let mut v = Vec::new();
-        for _ in 0..2 {
-            let mut l = String::new();
-            r.read_line(&mut l).unwrap();
-            v.push(l);
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines() {
+            let Ok(l) = l else { break };
+            if tx.send(l).is_err() {
+                break;
+            }
         }
-        v
-    })
-    .await
-    .unwrap();
+    });
+    let next = || {
+        rx.recv_timeout(Duration::from_secs(15))
+            .expect("an access-log line")
+    };
+    let log = vec![next(), next()];
+    // a quote in the target is escaped (no forged fields)
+    let raw = |req: &'static [u8]| {
+        let addr = addr.clone();
+        async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            s.write_all(req).await.unwrap();
+            let mut b = vec![0u8; 4096];
+            let _ = tokio::time::timeout(Duration::from_secs(5), s.read(&mut b)).await;
+            s
+        }
+    };
+    drop(raw(b"GET /q\"x%0A HTTP/1.1\r\nHost: a\r\n\r\n").await);
+    let quoted = next();
+    assert!(
+        quoted.contains("\"GET /q\\x22x%0A HTTP/1.1\" 404"),
+        "{quoted}"
+    );
+    // a request the parser refuses is logged too
+    drop(raw(b"GET / HTTP/1.1\r\nHost : a\r\n\r\n").await);
+    let refused = next();
+    assert!(
+        refused.contains("\"-\" 400 0") && refused.ends_with("refused"),
+        "{refused}"
+    );
+    // a client that leaves in the middle of a 16 MiB body: logged when it is gone, with
+    // the bytes handed over so far and the mark
+    let s = raw(b"GET /big.bin HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    std::thread::sleep(Duration::from_millis(200));
+    drop(s);
+    let aborted = next();
+    let f: Vec<&str> = aborted.split_whitespace().collect();
+    assert!(aborted.ends_with(" aborted") && f[5] == "200", "{aborted}");
+    let sent: u64 = f[6].parse().unwrap();
+    assert!(sent < 16 << 20, "{aborted}");
     sigterm(&child);
     assert!(wait_exit(&mut child, Duration::from_secs(15)).success());
     // e.g. 2026-11-30T07:00:00.123456Z 127.0.0.1:5555 "GET /hello.txt?x=1 HTTP/1.1" 200 11 0.2ms

@@ -51,6 +51,8 @@ pub(crate) struct AccessRecord {
 pub(crate) struct Logged {
     inner: Body,
     bytes: u64,
+    /// The body went out whole (end of stream reached).
+    ended: bool,
     record: AccessRecord,
     guard: RequestGuard,
 }
@@ -62,6 +64,7 @@ impl Logged {
         Logged {
             inner,
             bytes: 0,
+            ended: false,
             record,
             guard,
         }
@@ -79,11 +82,16 @@ impl HttpBody for Logged {
         let this = &mut *self;
         this.guard.body_polled();
         let r = this.inner.as_mut().poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &r {
-            if let Some(d) = frame.data_ref() {
-                this.bytes += d.len() as u64;
+        match &r {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref() {
+                    this.bytes += d.len() as u64;
+                }
+                this.ended = this.inner.is_end_stream();
+                this.guard.waiting_for_client();
             }
-            this.guard.waiting_for_client();
+            Poll::Ready(None) => this.ended = true,
+            _ => {}
         }
         r
     }
@@ -102,16 +110,19 @@ impl Drop for Logged {
         if self.record.log {
             let r = &self.record;
             let ms = r.start.elapsed().as_secs_f64() * 1000.0;
+            // HEAD responses and empty bodies are never polled: they went out whole
+            let whole = self.ended || self.inner.is_end_stream() || r.method == http::Method::HEAD;
             tracing::info!(
                 target: "qweb::access",
-                "{} \"{} {} {}\" {} {} {:.3}ms",
+                "{} \"{} {} {}\" {} {} {:.3}ms{}",
                 self.guard.conn().peer,
                 r.method,
                 r.path,
                 self.guard.conn().protocol.get(),
                 r.status,
                 self.bytes,
-                ms
+                ms,
+                if whole { "" } else { " aborted" }
             );
         }
     }

@@ -438,7 +438,14 @@ async fn drive<T>(
             let deadline = state.deadline(timeouts);
             tokio::select! {
                 r = conn.as_mut() => {
-                    if let Err(e) = r { tracing::debug!(peer = %state.peer, "HTTP/1 connection error: {e}"); }
+                    if let Err(e) = r {
+                        tracing::debug!(peer = %state.peer, "HTTP/1 connection error: {e}");
+                        if worker.access_log && (e.is_parse() || e.is_parse_too_large()) {
+                            // hyper's parser answered (400, or 431 for a head over its buffer)
+                            let status = if e.is_parse_too_large() { 431 } else { 400 };
+                            crate::access_log::refused(state.peer, status);
+                        }
+                    }
                     return;
                 }
                 _ = state.changed.notified() => {}
