@@ -56,6 +56,7 @@ fn many_ops_in_flight_verify_and_unknown_keys_fail() {
         unix: Some((sock.clone(), vec![unsafe { libc::getuid() }])),
         tls: None,
         admin: Some("127.0.0.1:0".parse().unwrap()),
+        limits: Default::default(),
         added_latency: Duration::from_millis(30),
     })
     .unwrap();
