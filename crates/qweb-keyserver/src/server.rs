@@ -611,3 +611,64 @@ fn render(state: &State) -> String {
     state.pool.metrics().write_prometheus(&mut out, "keyserver");
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> Result<KeyserverConfig, KeyserverError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ks.toml");
+        std::fs::write(
+            &path,
+            format!("keys = [\"k.pem\"]\n{extra}\n[unix]\npath = \"ks.sock\"\n"),
+        )
+        .unwrap();
+        KeyserverConfig::from_file(&path)
+    }
+
+    #[test]
+    fn connection_limits_have_defaults_and_are_validated() {
+        let c = config("").unwrap();
+        assert_eq!(c.limits, ConnLimits::default());
+        assert_eq!(c.limits.max_answers, 256);
+        assert_eq!(c.limits.max_signing, 16);
+        assert_eq!(c.limits.frame_timeout, Duration::from_secs(10));
+        let c = config(
+            "max_answers_per_connection = 8\nmax_signing_per_connection = 2\nframe_timeout = \"500ms\"",
+        )
+        .unwrap();
+        assert_eq!(
+            c.limits,
+            ConnLimits {
+                max_answers: 8,
+                max_signing: 2,
+                frame_timeout: Duration::from_millis(500)
+            }
+        );
+        for (extra, want) in [
+            (
+                "max_answers_per_connection = 0",
+                "ks.toml: key `max_answers_per_connection`: must be at least 1",
+            ),
+            (
+                "max_signing_per_connection = 0",
+                "ks.toml: key `max_signing_per_connection`: must be at least 1",
+            ),
+            (
+                "frame_timeout = \"0s\"",
+                "ks.toml: key `frame_timeout`: must be more than zero",
+            ),
+            (
+                "frame_timeout = \"soon\"",
+                "ks.toml: key `frame_timeout`: `soon` is not a duration",
+            ),
+            // a wrong type is located by line and column
+            ("frame_timeout = 10", "line 2, column 17"),
+            ("max_answers_per_connection = -1", "line 2"),
+        ] {
+            let e = config(extra).unwrap_err().to_string();
+            assert!(e.contains(want), "{extra}: {e}");
+        }
+    }
+}

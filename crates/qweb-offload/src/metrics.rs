@@ -275,3 +275,57 @@ fn write_families(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::InlineEngine;
+
+    struct Remote(InlineEngine);
+    impl Engine for Remote {
+        fn name(&self) -> &str {
+            "r\"1"
+        }
+        fn submit(&self, b: Vec<crate::Submission>) -> Vec<crate::Submission> {
+            self.0.submit(b)
+        }
+        fn metrics(&self) -> &EngineMetrics {
+            self.0.metrics()
+        }
+        fn servers_up(&self) -> Vec<(String, bool)> {
+            vec![("unix:/a\\b".into(), true), ("tls://k:1".into(), false)]
+        }
+    }
+
+    #[test]
+    fn every_family_once_with_all_engines_and_escaped_labels() {
+        let engines: Vec<Arc<dyn Engine>> = vec![
+            Arc::new(InlineEngine::new("a")),
+            Arc::new(Remote(InlineEngine::new("x"))),
+        ];
+        let mut out = String::new();
+        write_engines(&mut out, &engines);
+        let mut seen = Vec::new();
+        let mut last = "";
+        for l in out.lines() {
+            if let Some(rest) = l.strip_prefix("# TYPE ") {
+                let name = rest.split(' ').next().unwrap();
+                assert!(!seen.contains(&name), "family {name} twice:\n{out}");
+                seen.push(name);
+                last = name;
+            } else if !l.starts_with('#') {
+                // every sample belongs to the family declared last
+                assert!(l.starts_with(last), "{l} outside its family {last}:\n{out}");
+            }
+        }
+        assert_eq!(
+            out.matches("# HELP qweb_offload_ops_cancelled_total")
+                .count(),
+            1
+        );
+        assert!(out.contains("qweb_offload_ops_failed_total{engine=\"a\"} 0"));
+        assert!(out.contains("qweb_offload_ops_failed_total{engine=\"r\\\"1\"} 0"));
+        assert!(out.contains("qweb_keyserver_up{engine=\"r\\\"1\",server=\"unix:/a\\\\b\"} 1"));
+        assert!(out.contains("qweb_keyserver_up{engine=\"r\\\"1\",server=\"tls://k:1\"} 0"));
+    }
+}
