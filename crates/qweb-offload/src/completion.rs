@@ -85,12 +85,18 @@ impl Shared {
 
 impl Completer {
     /// Delivers the result and wakes the waiter; says whether the waiter was still there.
-    pub fn complete(mut self, result: OpResult) -> Delivery {
-        self.done = true;
-        self.fill(Some(result))
+    pub fn complete(self, result: OpResult) -> Delivery {
+        self.complete_then(result, |_| {})
     }
 
-    fn fill(&self, result: Option<OpResult>) -> Delivery {
+    /// As [`Completer::complete`], and runs `account` with the delivery before the waiter
+    /// can see the result (so that metrics are up to date when the waiter wakes).
+    pub fn complete_then(mut self, result: OpResult, account: impl FnOnce(Delivery)) -> Delivery {
+        self.done = true;
+        self.fill(Some(result), account)
+    }
+
+    fn fill(&self, result: Option<OpResult>, account: impl FnOnce(Delivery)) -> Delivery {
         let (waker, delivery) = {
             let mut slot = self.shared.lock();
             let delivery = match slot.waiter {
@@ -103,6 +109,8 @@ impl Completer {
                 Some(_) => {}
                 None => slot.abandoned = true,
             }
+            // the waiter takes the result under this lock: it cannot see it yet
+            account(delivery);
             (slot.waker.take(), delivery)
         };
         self.shared.cond.notify_all();
@@ -121,7 +129,7 @@ impl Completer {
 impl Drop for Completer {
     fn drop(&mut self) {
         if !self.done {
-            self.fill(None);
+            self.fill(None, |_| {});
         }
     }
 }

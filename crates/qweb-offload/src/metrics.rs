@@ -76,17 +76,22 @@ impl EngineMetrics {
             Err(OpError::Timeout) => &self.timed_out,
             Err(_) => &self.failed,
         };
-        match completer.complete(result) {
-            Delivery::Delivered => {
-                outcome.fetch_add(1, Relaxed);
+        let latency = submitted_at.elapsed();
+        // counted before the waiter can see the result (a sync waiter submits its next op at
+        // once: the in-flight gauge must already be down)
+        completer.complete_then(result, |delivery| {
+            match delivery {
+                Delivery::Delivered => {
+                    outcome.fetch_add(1, Relaxed);
+                }
+                Delivery::WaiterGone => {
+                    self.cancelled.fetch_add(1, Relaxed);
+                }
+                // counted by the waiter when it gave up
+                Delivery::WaiterTimedOut => {}
             }
-            Delivery::WaiterGone => {
-                self.cancelled.fetch_add(1, Relaxed);
-            }
-            // counted by the waiter when it gave up
-            Delivery::WaiterTimedOut => {}
-        }
-        self.record_latency(submitted_at.elapsed());
+            self.record_latency(latency);
+        });
     }
 
     /// A waiter gave up on an op at its timeout ([`crate::Completion::give_up`] said so):
