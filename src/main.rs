@@ -98,6 +98,7 @@ fn keyserver(path: &std::path::Path, added_latency_ms: u64) -> ExitCode {
         }
     };
     let unix = cfg.unix.clone();
+    let limits = cfg.limits;
     let server = match qweb_keyserver::server::start(cfg) {
         Ok(s) => s,
         Err(e) => {
@@ -117,6 +118,10 @@ fn keyserver(path: &std::path::Path, added_latency_ms: u64) -> ExitCode {
     if let Some(a) = server.admin_addr {
         eprintln!("qweb keyserver: metrics on http://{a}/metrics");
     }
+    eprintln!(
+        "qweb keyserver: per connection: at most {} answers waiting, {} requests signing, frame timeout {:?}",
+        limits.max_answers, limits.max_signing, limits.frame_timeout
+    );
     for id in &server.key_ids {
         eprintln!("qweb keyserver: key {}", id.hex());
     }

@@ -84,28 +84,70 @@ impl Pki {
 struct Keyserver {
     child: Child,
     tls_addr: Option<String>,
+    admin_addr: Option<String>,
+    /// Key ids (hex) in the order the key server printed them.
+    key_ids: Vec<String>,
+    /// stderr lines printed after "ready".
+    log: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Keyserver {
     fn start(pki: &Pki, name: &str, tls: bool, latency_ms: u64) -> Keyserver {
-        let mut cfg = format!(
-            "keys = [\"rsa.key\", \"ecdsa.key\"]\nthreads = 2\n[unix]\npath = \"{name}.sock\"\n"
-        );
+        let mut extra = String::new();
         if tls {
-            cfg.push_str("[tls]\naddress = \"127.0.0.1:0\"\ncert = \"ks.crt\"\nkey = \"ks.key\"\nclient_ca = \"ca.crt\"\n");
+            extra.push_str("[tls]\naddress = \"127.0.0.1:0\"\ncert = \"ks.crt\"\nkey = \"ks.key\"\nclient_ca = \"ca.crt\"\n");
         }
+        Self::start_with(
+            pki,
+            name,
+            "keys = [\"rsa.key\", \"ecdsa.key\"]\nthreads = 2\n",
+            &extra,
+            latency_ms,
+            None,
+        )
+    }
+
+    /// `top`: top-level keys (`keys`, limits); `tables`: more tables after `[unix]`;
+    /// `nofile`: the process's RLIMIT_NOFILE.
+    fn start_with(
+        pki: &Pki,
+        name: &str,
+        top: &str,
+        tables: &str,
+        latency_ms: u64,
+        nofile: Option<u64>,
+    ) -> Keyserver {
+        let cfg = format!("{top}[unix]\npath = \"{name}.sock\"\n{tables}");
         let file = write(pki.dir.path(), &format!("{name}.toml"), &cfg);
-        let mut child = Command::new(BIN)
-            .args(["keyserver", "--config"])
+        let mut cmd = Command::new(BIN);
+        cmd.args(["keyserver", "--config"])
             .arg(&file)
             .arg("--added-latency-ms")
             .arg(latency_ms.to_string())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+            .stderr(Stdio::piped());
+        if let Some(n) = nofile {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: the closure runs in the child between fork and exec and only calls
+            // setrlimit(2), which is async-signal-safe; `lim` lives on the child's stack.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: n,
+                        rlim_max: n,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd.spawn().unwrap();
         let mut reader = BufReader::new(child.stderr.take().unwrap());
         let mut tls_addr = None;
+        let mut admin_addr = None;
+        let mut key_ids = Vec::new();
         let mut lines = Vec::new();
         loop {
             let mut l = String::new();
@@ -115,14 +157,36 @@ impl Keyserver {
             if let Some(a) = l.trim().strip_prefix("qweb keyserver: listening on tls://") {
                 tls_addr = a.split(' ').next().map(str::to_owned);
             }
+            if let Some(a) = l.trim().strip_prefix("qweb keyserver: metrics on http://") {
+                admin_addr = a.split('/').next().map(str::to_owned);
+            }
+            if let Some(k) = l.trim().strip_prefix("qweb keyserver: key ") {
+                key_ids.push(k.to_owned());
+            }
             let ready = l.contains("qweb keyserver: ready");
             lines.push(l);
             if ready {
                 break;
             }
         }
-        std::thread::spawn(move || for _ in reader.lines() {});
-        Keyserver { child, tls_addr }
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for l in reader.lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(l);
+            }
+        });
+        Keyserver {
+            child,
+            tls_addr,
+            admin_addr,
+            key_ids,
+            log,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     fn kill(&mut self) {
@@ -474,4 +538,339 @@ async fn garbage_drops_only_that_connection() {
     tokio::task::spawn_blocking(move || q.shutdown())
         .await
         .unwrap();
+}
+
+// ---- Hostile peers of the key server itself (bounds, fair share, timeouts, accept errors) ----
+
+/// A request frame of docs/KEYSERVER_PROTOCOL.md, written by hand (the test is the peer).
+fn request_frame(id: u64, opcode: u8, key_hex: &str, message: &[u8]) -> Vec<u8> {
+    let key: Vec<u8> = (0..32)
+        .map(|i| u8::from_str_radix(&key_hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    let mut f = Vec::new();
+    f.extend_from_slice(&((10 + 1 + 32 + message.len()) as u32).to_be_bytes());
+    f.extend_from_slice(&[1, 1]);
+    f.extend_from_slice(&id.to_be_bytes());
+    f.push(opcode);
+    f.extend_from_slice(&key);
+    f.extend_from_slice(message);
+    f
+}
+
+/// Reads one frame; returns its kind (2 response, 3 error) and request id.
+fn read_frame(s: &mut impl std::io::Read) -> std::io::Result<(u8, u64)> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len)?;
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut body)?;
+    let id = u64::from_be_bytes(body[2..10].try_into().unwrap());
+    Ok((body[1], id))
+}
+
+fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    proc_status_kib(pid, "VmRSS:")
+}
+
+/// utime + stime of a process, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // fields after the command name (which may hold spaces): state is field 3
+    let rest = &text[text.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf(3) has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    ticks as f64 / hz
+}
+
+/// A peer floods sign requests and never reads an answer: the key server stops reading
+/// from it (backpressure) instead of queueing answers, its memory stays bounded, another
+/// peer is still served meanwhile, and memory is back near the baseline once the peer left.
+#[test]
+fn a_peer_that_floods_and_never_reads_is_bounded() {
+    let pki = Pki::new();
+    let ks = Keyserver::start_with(
+        &pki,
+        "flood",
+        "keys = [\"ecdsa.key\"]\nthreads = 1\nmax_answers_per_connection = 64\n\
+         max_signing_per_connection = 4\nframe_timeout = \"60s\"\n",
+        "",
+        0,
+        None,
+    );
+    let key = ks.key_ids[0].clone();
+    let pid = ks.pid();
+    std::thread::sleep(Duration::from_millis(300));
+    let base = rss_kib(pid);
+    let sock = pki.path("flood.sock");
+    let mut flood = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    flood
+        .set_write_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let batch: Vec<u8> = (0..512u64)
+        .flat_map(|i| request_frame(i, 0x07, &key, b"flood"))
+        .collect();
+    let (mut off, mut sent, mut peak) = (0usize, 0u64, base);
+    let start = Instant::now();
+    let mut sampled = Instant::now();
+    let mut other_served = None;
+    while start.elapsed() < Duration::from_secs(6) {
+        use std::io::Write;
+        match flood.write(&batch[off..]) {
+            Ok(n) => {
+                sent += n as u64;
+                off = (off + n) % batch.len();
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => panic!("flooding peer: {e}"),
+        }
+        if sampled.elapsed() > Duration::from_millis(200) {
+            peak = peak.max(rss_kib(pid));
+            sampled = Instant::now();
+        }
+        if other_served.is_none() && start.elapsed() > Duration::from_secs(3) {
+            // another peer, meanwhile
+            use std::io::Write;
+            let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let t = Instant::now();
+            s.write_all(&request_frame(7, 0x07, &key, b"hello"))
+                .unwrap();
+            other_served = Some((read_frame(&mut s).unwrap(), t.elapsed()));
+        }
+    }
+    peak = peak.max(rss_kib(pid));
+    let grown_mib = (peak.saturating_sub(base)) as f64 / 1024.0;
+    eprintln!(
+        "flood: baseline {base} KiB, peak {peak} KiB (+{grown_mib:.1} MiB), {sent} bytes sent, other peer {other_served:?}"
+    );
+    assert!(
+        grown_mib < 64.0,
+        "key server grew by {grown_mib:.1} MiB under a non-reading flood"
+    );
+    // backpressure: the key server stopped reading, so the peer could not write much more
+    // than the socket buffers hold (old behaviour: it read everything, many MiB)
+    assert!(
+        sent < 4 << 20,
+        "{sent} bytes accepted from a peer that never reads"
+    );
+    let ((kind, id), took) = other_served.unwrap();
+    assert_eq!((kind, id), (2, 7), "the other peer was not answered");
+    assert!(
+        took < Duration::from_secs(2),
+        "the other peer waited {took:?}"
+    );
+    drop(flood);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut after = rss_kib(pid);
+    while after > base + 16 * 1024 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        after = rss_kib(pid);
+    }
+    eprintln!("flood: {after} KiB after the peer left");
+    assert!(
+        after <= base + 16 * 1024,
+        "memory not returned: baseline {base} KiB, after {after} KiB"
+    );
+}
+
+/// One peer keeps the signing pool busy (it floods and reads its answers); another peer's
+/// requests are still answered quickly: each connection has only a small share of the
+/// signing queue (default limits).
+#[test]
+fn a_flooding_peer_does_not_starve_another() {
+    use std::io::Write;
+    let pki = Pki::new();
+    let ks = Keyserver::start_with(
+        &pki,
+        "fair",
+        "keys = [\"rsa.key\"]\nthreads = 1\n",
+        "",
+        0,
+        None,
+    );
+    let key = ks.key_ids[0].clone();
+    let sock = pki.path("fair.sock");
+    let flood = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    let mut rd = flood.try_clone().unwrap();
+    let answered = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let a = answered.clone();
+    let reader = std::thread::spawn(move || {
+        while read_frame(&mut rd).is_ok() {
+            a.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let st = stop.clone();
+    let mut wr = flood.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let batch: Vec<u8> = (0..64u64)
+            .flat_map(|i| request_frame(i, 0x04, &key, b"flood"))
+            .collect();
+        while !st.load(std::sync::atomic::Ordering::Relaxed) {
+            if wr.write_all(&batch).is_err() {
+                return;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let key = ks.key_ids[0].clone();
+    let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut worst = Duration::ZERO;
+    for i in 0..10u64 {
+        let t = Instant::now();
+        s.write_all(&request_frame(1000 + i, 0x04, &key, b"mine"))
+            .unwrap();
+        let got = read_frame(&mut s).unwrap();
+        worst = worst.max(t.elapsed());
+        assert_eq!(got, (2, 1000 + i), "request {i} not signed");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = flood.shutdown(std::net::Shutdown::Both);
+    let _ = writer.join();
+    let _ = reader.join();
+    let flooded = answered.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "fair share: worst {worst:?} for the quiet peer; the flooding peer got {flooded} answers"
+    );
+    assert!(
+        flooded > 10,
+        "the flood did not keep the pool busy ({flooded})"
+    );
+    assert!(
+        worst < Duration::from_secs(1),
+        "the quiet peer waited {worst:?} behind the flood"
+    );
+}
+
+/// A frame begun and not finished within `frame_timeout` closes that connection; an idle
+/// connection (no partial frame) stays open and is served.
+#[test]
+fn a_half_sent_frame_times_out() {
+    use std::io::{Read, Write};
+    let pki = Pki::new();
+    let ks = Keyserver::start_with(
+        &pki,
+        "half",
+        "keys = [\"ecdsa.key\"]\nframe_timeout = \"1s\"\n",
+        "",
+        0,
+        None,
+    );
+    let key = ks.key_ids[0].clone();
+    let sock = pki.path("half.sock");
+    let mut idle = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    let mut half = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    let frame = request_frame(1, 0x07, &key, b"half");
+    half.write_all(&frame[..20]).unwrap();
+    half.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let t = Instant::now();
+    let mut b = [0u8; 64];
+    let r = half.read(&mut b);
+    let took = t.elapsed();
+    assert!(
+        matches!(r, Ok(0))
+            || matches!(&r, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "half a frame: {r:?} after {took:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(800) && took < Duration::from_secs(4),
+        "closed after {took:?}, frame_timeout is 1 s"
+    );
+    // the idle connection outlived the timeout and still works
+    idle.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    idle.write_all(&frame).unwrap();
+    assert_eq!(read_frame(&mut idle).unwrap(), (2, 1));
+}
+
+/// Accept fails with EMFILE (file descriptor limit reached, connections held open): every
+/// accept loop backs off instead of spinning, and logs rarely. Once descriptors are free,
+/// the listeners accept again.
+#[test]
+fn accept_errors_back_off_and_log_rarely() {
+    use std::io::{Read, Write};
+    let pki = Pki::new();
+    let ks = Keyserver::start_with(
+        &pki,
+        "emfile",
+        "keys = [\"ecdsa.key\"]\nthreads = 1\n",
+        "[admin]\naddress = \"127.0.0.1:0\"\n",
+        0,
+        Some(32),
+    );
+    let pid = ks.pid();
+    let admin: std::net::SocketAddr = ks.admin_addr.as_ref().unwrap().parse().unwrap();
+    let sock = pki.path("emfile.sock");
+    // hold more connections than the key server has descriptors; the rest wait in the
+    // backlogs, so the listeners stay readable and accept keeps failing
+    let mut held = Vec::new();
+    for _ in 0..48 {
+        held.push(std::net::TcpStream::connect(admin).unwrap());
+    }
+    let mut held_unix = Vec::new();
+    for _ in 0..16 {
+        held_unix.push(std::os::unix::net::UnixStream::connect(&sock).unwrap());
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let lines_before = ks.log.lock().unwrap().len();
+    let (cpu0, t0) = (cpu_seconds(pid), Instant::now());
+    std::thread::sleep(Duration::from_secs(3));
+    let (cpu, wall) = (cpu_seconds(pid) - cpu0, t0.elapsed().as_secs_f64());
+    let log: Vec<String> = ks.log.lock().unwrap().clone();
+    let accept_lines: Vec<&String> = log.iter().filter(|l| l.contains("accept")).collect();
+    let during = log.len() - lines_before;
+    eprintln!(
+        "EMFILE: {cpu:.3} s CPU in {wall:.1} s; {} accept log lines in all, {during} during the window: {accept_lines:?}",
+        accept_lines.len()
+    );
+    assert!(
+        accept_lines
+            .iter()
+            .any(|l| l.contains("Too many open files") || l.contains("os error 24")),
+        "EMFILE was not reached or not logged: {log:?}"
+    );
+    assert!(
+        cpu < 0.1 * wall,
+        "{cpu:.3} s CPU in {wall:.1} s while accept fails"
+    );
+    // first error of each listener, at most one more each
+    assert!(
+        accept_lines.len() <= 4,
+        "accept errors logged too often: {accept_lines:?}"
+    );
+    // descriptors free again: the admin listener serves
+    drop(held);
+    drop(held_unix);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut s = std::net::TcpStream::connect(admin).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        if out.contains("qweb_keyserver_requests_total") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "admin listener did not recover: {out:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

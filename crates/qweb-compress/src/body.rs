@@ -28,7 +28,7 @@ use std::time::Duration;
 use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use qweb_offload::compress::{Codec, CompressOp};
-use qweb_offload::{run_blocking, Completion, Offloader, Op, OpError, OpOutput, OpResult};
+use qweb_offload::{run_blocking, Offloader, Op, OpError, OpOutput, OpResult, Timed};
 
 use crate::kernel::compress_chunk;
 use crate::metrics::CompressMetrics;
@@ -74,7 +74,7 @@ struct Tee {
 }
 
 enum Wait {
-    Engine(Pin<Box<tokio::time::Timeout<Completion>>>),
+    Engine(Pin<Box<Timed>>),
     Done(OpResult),
 }
 
@@ -175,8 +175,10 @@ where
         self.metrics.chunks_in_flight.fetch_add(1, Relaxed);
         let wait = match self.params.mode {
             Mode::Pipelined => {
-                let c = self.offloader.submit(Op::Compress(op.clone()));
-                Wait::Engine(Box::pin(tokio::time::timeout(self.offloader.timeout(), c)))
+                // a timeout gives the chunk up and counts it once as timed out
+                Wait::Engine(Box::pin(
+                    self.offloader.submit_timed(Op::Compress(op.clone())),
+                ))
             }
             Mode::Sync => {
                 // Straight to the engine (no batching), and block this thread until done.
@@ -322,8 +324,7 @@ where
                 Wait::Done(_) => None,
                 Wait::Engine(f) => match f.as_mut().poll(cx) {
                     Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Ok(r)) => Some(r),
-                    Poll::Ready(Err(_elapsed)) => Some(Err(OpError::Timeout)),
+                    Poll::Ready(r) => Some(r),
                 },
             };
             let Some(done) = this.in_flight.pop_front() else {

@@ -116,6 +116,8 @@ struct Shared {
     max_in_flight: i64,
     /// Connections up now.
     connected: AtomicI64,
+    /// Per server (as configured): its name and its connections up now.
+    servers: Vec<(String, AtomicI64)>,
 }
 
 impl KeyserverEngine {
@@ -127,6 +129,11 @@ impl KeyserverEngine {
             in_flight: AtomicI64::new(0),
             max_in_flight: cfg.max_in_flight.max(1) as i64,
             connected: AtomicI64::new(0),
+            servers: cfg
+                .servers
+                .iter()
+                .map(|ep| (ep.to_string(), AtomicI64::new(0)))
+                .collect(),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
@@ -214,6 +221,14 @@ impl Engine for KeyserverEngine {
     fn metrics(&self) -> &EngineMetrics {
         &self.shared.metrics
     }
+
+    fn servers_up(&self) -> Vec<(String, bool)> {
+        self.shared
+            .servers
+            .iter()
+            .map(|(name, up)| (name.clone(), up.load(Relaxed) > 0))
+            .collect()
+    }
 }
 
 /// A live connection as the dispatcher sees it.
@@ -231,12 +246,13 @@ struct Dispatcher {
 }
 
 impl Dispatcher {
+    /// Ends an op: counted once (completed, failed, timed out, or cancelled when its
+    /// waiter left; not at all here when its waiter already gave up and counted it).
     fn complete(&self, p: Pending, result: Result<OpOutput, OpError>) {
         self.shared.in_flight.fetch_sub(1, Relaxed);
         self.shared
             .metrics
-            .on_complete(result.is_ok(), p.sub.submitted_at.elapsed());
-        p.sub.completer.complete(result);
+            .finish(p.sub.completer, result, p.sub.submitted_at);
     }
 
     /// Sends `p` on a live connection, preferring a server other than `avoid`.
@@ -344,6 +360,9 @@ async fn connection_manager(server: usize, ep: Endpoint, cfg: ClientConfig, d: R
                 let handle = Rc::new(ConnHandle { server, tx });
                 d.conns.borrow_mut().push(handle.clone());
                 d.shared.connected.fetch_add(1, Relaxed);
+                if let Some((_, up)) = d.shared.servers.get(server) {
+                    up.fetch_add(1, Relaxed);
+                }
                 tracing::info!(server = %ep, "connected to key server");
                 d.flush_backlog();
                 let leftover = match stream {
@@ -352,6 +371,9 @@ async fn connection_manager(server: usize, ep: Endpoint, cfg: ClientConfig, d: R
                 };
                 d.conns.borrow_mut().retain(|c| !Rc::ptr_eq(c, &handle));
                 d.shared.connected.fetch_sub(1, Relaxed);
+                if let Some((_, up)) = d.shared.servers.get(server) {
+                    up.fetch_sub(1, Relaxed);
+                }
                 tracing::warn!(server = %ep, in_flight = leftover.len(), "key server connection lost");
                 d.orphaned(leftover);
             }

@@ -4,9 +4,14 @@
 //! - [`server`]: `qweb keyserver`: loads keys, listens on a Unix socket (0600, peer uid
 //!   checked) and/or TCP with mutual TLS, answers requests out of order as they complete,
 //!   signing on a pool of threads.
+//! - [`conn`]: one client connection of the key server, within per-connection bounds
+//!   (answers waiting, fair share of the signing pool, stall timeout).
+//! - [`accept`]: accept loops that back off and log rarely when accept fails (EMFILE).
 //! - [`client`]: the `keyserver` offload engine qweb uses: a few connections per key server,
 //!   non-blocking submit, reconnect with backoff, per-op timeout, one retry on another server.
 
+pub mod accept;
 pub mod client;
+pub mod conn;
 pub mod protocol;
 pub mod server;

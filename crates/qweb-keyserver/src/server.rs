@@ -8,18 +8,13 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
-use qweb_offload::{
-    channel, Engine, KeyId, LocalKey, Op, OpOutput, PoolConfig, PoolEngine, SignOp, Submission,
-};
+use qweb_offload::{Engine, KeyId, LocalKey, PoolConfig, PoolEngine};
 use serde::Deserialize;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
-use crate::protocol::{ErrorCode, Frame};
-
-/// Most requests one connection may have outstanding; more are answered `Overloaded`.
-const MAX_IN_FLIGHT_PER_CONN: i64 = 4096;
+use crate::accept::AcceptErrors;
+use crate::conn::serve_conn;
+pub use crate::conn::ConnLimits;
 
 /// Why the key server cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +46,9 @@ struct RawConfig {
     keys: Vec<PathBuf>,
     threads: Option<usize>,
     queue: Option<usize>,
+    max_answers_per_connection: Option<usize>,
+    max_signing_per_connection: Option<usize>,
+    frame_timeout: Option<String>,
     unix: Option<RawUnix>,
     tls: Option<RawTls>,
     admin: Option<RawAdmin>,
@@ -94,8 +92,24 @@ pub struct KeyserverConfig {
     pub tls: Option<(SocketAddr, PathBuf, PathBuf, PathBuf)>,
     /// `/metrics` listener.
     pub admin: Option<SocketAddr>,
+    /// Per-connection bounds: answers waiting, share of the signing pool, stall timeout.
+    pub limits: ConnLimits,
     /// For measurement only: added to every answer.
     pub added_latency: Duration,
+}
+
+/// Parses `"10s"`, `"500ms"`, `"2m"` (a whole number and a unit).
+fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    match unit.trim() {
+        "ms" => Some(Duration::from_millis(n)),
+        "s" => Some(Duration::from_secs(n)),
+        "m" => n.checked_mul(60).map(Duration::from_secs),
+        _ => None,
+    }
 }
 
 impl KeyserverConfig {
@@ -119,6 +133,41 @@ impl KeyserverConfig {
                 path.display()
             )));
         }
+        let bad = |key: &str, why: &str| {
+            KeyserverError::Config(format!("{}: key `{key}`: {why}", path.display()))
+        };
+        let defaults = ConnLimits::default();
+        let at_least_one = |key: &str, v: Option<usize>, default: usize| match v {
+            Some(0) => Err(bad(key, "must be at least 1")),
+            Some(n) => Ok(n),
+            None => Ok(default),
+        };
+        let frame_timeout = match &raw.frame_timeout {
+            None => defaults.frame_timeout,
+            Some(t) => match parse_duration(t) {
+                Some(d) if !d.is_zero() => d,
+                Some(_) => return Err(bad("frame_timeout", "must be more than zero")),
+                None => {
+                    return Err(bad(
+                        "frame_timeout",
+                        &format!("`{t}` is not a duration like \"10s\" or \"500ms\""),
+                    ))
+                }
+            },
+        };
+        let limits = ConnLimits {
+            max_answers: at_least_one(
+                "max_answers_per_connection",
+                raw.max_answers_per_connection,
+                defaults.max_answers,
+            )?,
+            max_signing: at_least_one(
+                "max_signing_per_connection",
+                raw.max_signing_per_connection,
+                defaults.max_signing,
+            )?,
+            frame_timeout,
+        };
         // SAFETY: getuid(2) has no preconditions and cannot fail.
         let me = unsafe { libc::getuid() };
         Ok(KeyserverConfig {
@@ -136,6 +185,7 @@ impl KeyserverConfig {
                 .tls
                 .map(|t| (t.address, abs(&t.cert), abs(&t.key), abs(&t.client_ca))),
             admin: raw.admin.map(|a| a.address),
+            limits,
             added_latency: Duration::ZERO,
         })
     }
@@ -171,14 +221,20 @@ pub struct ServerMetrics {
     pub errors: AtomicU64,
     /// Connections refused or dropped for a protocol error or a bad peer.
     pub rejected_connections: AtomicU64,
+    /// Connections closed because a frame or an answer stalled past `frame_timeout`.
+    pub timed_out_connections: AtomicU64,
+    /// Failed accepts (e.g. out of file descriptors), all listeners.
+    pub accept_errors: AtomicU64,
     /// Connections open.
     pub connections: AtomicI64,
 }
 
-struct State {
-    keys: HashMap<KeyId, Arc<LocalKey>>,
-    pool: PoolEngine,
-    metrics: ServerMetrics,
+/// What every connection of the key server shares.
+pub(crate) struct State {
+    pub(crate) keys: HashMap<KeyId, Arc<LocalKey>>,
+    pub(crate) pool: PoolEngine,
+    pub(crate) metrics: ServerMetrics,
+    pub(crate) limits: ConnLimits,
 }
 
 /// A running key server (for tests and for `qweb keyserver`).
@@ -213,7 +269,7 @@ impl Drop for RunningKeyserver {
 }
 
 /// Resolves once shutdown was requested (the watch guard is not held across awaits).
-async fn stopped(rx: &mut watch::Receiver<bool>) {
+pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
 }
 
@@ -235,6 +291,7 @@ pub fn start(config: KeyserverConfig) -> Result<RunningKeyserver, KeyserverError
         keys,
         pool,
         metrics: ServerMetrics::default(),
+        limits: config.limits,
     });
 
     // Bind everything before returning, so errors are reported and clients can connect.
@@ -382,18 +439,23 @@ async fn accept_unix(
     state: Arc<State>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut errors = AcceptErrors::new("unix");
     loop {
-        let (stream, _) = tokio::select! {
-            r = l.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!("unix accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+        let r = tokio::select! {
+            r = l.accept() => r,
             _ = stopped(&mut shutdown) => return,
         };
+        let (stream, _) = match r {
+            Ok(x) => x,
+            Err(e) => {
+                let pause = errors.failed(&e, &state.metrics.accept_errors);
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => continue,
+                    _ = stopped(&mut shutdown) => return,
+                }
+            }
+        };
+        errors.succeeded();
         let uid = stream.peer_cred().map(|c| c.uid());
         match uid {
             Ok(uid) if uids.contains(&uid) => {
@@ -414,18 +476,23 @@ async fn accept_tls(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+    let mut errors = AcceptErrors::new("tls");
     loop {
-        let (tcp, peer) = tokio::select! {
-            r = l.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!("tcp accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
+        let r = tokio::select! {
+            r = l.accept() => r,
             _ = stopped(&mut shutdown) => return,
         };
+        let (tcp, peer) = match r {
+            Ok(x) => x,
+            Err(e) => {
+                let pause = errors.failed(&e, &state.metrics.accept_errors);
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => continue,
+                    _ = stopped(&mut shutdown) => return,
+                }
+            }
+        };
+        errors.succeeded();
         let _ = tcp.set_nodelay(true);
         let (acceptor, state, shutdown) = (acceptor.clone(), state.clone(), shutdown.clone());
         tokio::spawn(async move {
@@ -444,140 +511,26 @@ async fn accept_tls(
     }
 }
 
-/// Serves one client connection: requests in, answers out as they complete.
-async fn serve_conn<S>(stream: S, state: Arc<State>, mut shutdown: watch::Receiver<bool>)
-where
-    S: AsyncRead + AsyncWrite + Send + 'static,
-{
-    state.metrics.connections.fetch_add(1, Relaxed);
-    let (mut rd, mut wr) = tokio::io::split(stream);
-    let (tx, mut rx) = mpsc::unbounded_channel::<Frame>();
-    let writer = tokio::spawn(async move {
-        let mut out = BytesMut::new();
-        while let Some(f) = rx.recv().await {
-            f.encode(&mut out);
-            while let Ok(f) = rx.try_recv() {
-                f.encode(&mut out);
-            }
-            if wr.write_all(&out).await.is_err() {
-                return;
-            }
-            out.clear();
-        }
-    });
-    let in_flight = Arc::new(AtomicI64::new(0));
-    let mut buf = BytesMut::with_capacity(8 * 1024);
-    'conn: loop {
-        let n = tokio::select! {
-            r = rd.read_buf(&mut buf) => r,
-            _ = stopped(&mut shutdown) => break,
-        };
-        match n {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-        loop {
-            match Frame::decode(&mut buf) {
-                Ok(Some(frame)) => handle(frame, &state, &tx, &in_flight),
-                Ok(None) => break,
-                Err(e) => {
-                    state.metrics.rejected_connections.fetch_add(1, Relaxed);
-                    tracing::warn!("dropping a client connection: {e}");
-                    break 'conn;
-                }
-            }
-        }
-    }
-    drop(tx);
-    let _ = writer.await;
-    state.metrics.connections.fetch_sub(1, Relaxed);
-}
-
-fn handle(
-    frame: Frame,
-    state: &Arc<State>,
-    tx: &mpsc::UnboundedSender<Frame>,
-    in_flight: &Arc<AtomicI64>,
-) {
-    state.metrics.requests.fetch_add(1, Relaxed);
-    let error = |id, code, message: &str| {
-        state.metrics.errors.fetch_add(1, Relaxed);
-        let _ = tx.send(Frame::Error {
-            id,
-            code,
-            message: message.into(),
-        });
-    };
-    let Frame::Request {
-        id,
-        scheme,
-        key,
-        message,
-    } = frame
-    else {
-        return error(
-            frame.id(),
-            ErrorCode::BadRequest,
-            "only requests are accepted",
-        );
-    };
-    let Some(local) = state.keys.get(&key) else {
-        return error(id, ErrorCode::UnknownKey, "unknown key");
-    };
-    if !local.schemes().contains(&scheme) {
-        return error(id, ErrorCode::BadRequest, "the scheme does not fit the key");
-    }
-    if in_flight.load(Relaxed) >= MAX_IN_FLIGHT_PER_CONN {
-        return error(id, ErrorCode::Overloaded, "too many requests in flight");
-    }
-    let op = Op::Sign(SignOp {
-        key: qweb_offload::KeyRef {
-            id: key,
-            local: Some(local.clone()),
-        },
-        scheme,
-        message,
-    });
-    let (completer, completion) = channel();
-    if !state
-        .pool
-        .submit(vec![Submission::new(op, completer)])
-        .is_empty()
-    {
-        return error(id, ErrorCode::Overloaded, "signing queue full");
-    }
-    in_flight.fetch_add(1, Relaxed);
-    let (tx, in_flight, state) = (tx.clone(), in_flight.clone(), state.clone());
-    tokio::spawn(async move {
-        let answer = match completion.await {
-            Ok(OpOutput::Signature(signature)) => Frame::Response { id, signature },
-            Ok(_) => Frame::Error {
-                id,
-                code: ErrorCode::Internal,
-                message: "the engine returned no signature".into(),
-            },
-            Err(e) => {
-                state.metrics.errors.fetch_add(1, Relaxed);
-                Frame::Error {
-                    id,
-                    code: ErrorCode::Internal,
-                    message: e.to_string(),
-                }
-            }
-        };
-        in_flight.fetch_sub(1, Relaxed);
-        let _ = tx.send(answer);
-    });
-}
-
 /// `GET /metrics` of the key server.
 async fn admin(l: tokio::net::TcpListener, state: Arc<State>, mut shutdown: watch::Receiver<bool>) {
     use std::convert::Infallible;
+    let mut errors = AcceptErrors::new("admin");
     loop {
-        let (stream, _) = tokio::select! {
-            r = l.accept() => match r { Ok(x) => x, Err(_) => continue },
+        let r = tokio::select! {
+            r = l.accept() => r,
             _ = stopped(&mut shutdown) => return,
         };
+        let (stream, _) = match r {
+            Ok(x) => x,
+            Err(e) => {
+                let pause = errors.failed(&e, &state.metrics.accept_errors);
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => continue,
+                    _ = stopped(&mut shutdown) => return,
+                }
+            }
+        };
+        errors.succeeded();
         let state = state.clone();
         tokio::spawn(async move {
             let svc =
@@ -632,6 +585,18 @@ fn render(state: &State) -> String {
             m.rejected_connections.load(Relaxed) as i64,
         ),
         (
+            "qweb_keyserver_timed_out_connections_total",
+            "counter",
+            "Connections closed because a frame or an answer stalled past frame_timeout.",
+            m.timed_out_connections.load(Relaxed) as i64,
+        ),
+        (
+            "qweb_keyserver_accept_errors_total",
+            "counter",
+            "Failed accepts (e.g. out of file descriptors).",
+            m.accept_errors.load(Relaxed) as i64,
+        ),
+        (
             "qweb_keyserver_connections",
             "gauge",
             "Open client connections.",
@@ -643,9 +608,67 @@ fn render(state: &State) -> String {
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
         );
     }
-    state
-        .pool
-        .metrics()
-        .write_prometheus(&mut out, "keyserver", true);
+    state.pool.metrics().write_prometheus(&mut out, "keyserver");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: &str) -> Result<KeyserverConfig, KeyserverError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ks.toml");
+        std::fs::write(
+            &path,
+            format!("keys = [\"k.pem\"]\n{extra}\n[unix]\npath = \"ks.sock\"\n"),
+        )
+        .unwrap();
+        KeyserverConfig::from_file(&path)
+    }
+
+    #[test]
+    fn connection_limits_have_defaults_and_are_validated() {
+        let c = config("").unwrap();
+        assert_eq!(c.limits, ConnLimits::default());
+        assert_eq!(c.limits.max_answers, 256);
+        assert_eq!(c.limits.max_signing, 16);
+        assert_eq!(c.limits.frame_timeout, Duration::from_secs(10));
+        let c = config(
+            "max_answers_per_connection = 8\nmax_signing_per_connection = 2\nframe_timeout = \"500ms\"",
+        )
+        .unwrap();
+        assert_eq!(
+            c.limits,
+            ConnLimits {
+                max_answers: 8,
+                max_signing: 2,
+                frame_timeout: Duration::from_millis(500)
+            }
+        );
+        for (extra, want) in [
+            (
+                "max_answers_per_connection = 0",
+                "ks.toml: key `max_answers_per_connection`: must be at least 1",
+            ),
+            (
+                "max_signing_per_connection = 0",
+                "ks.toml: key `max_signing_per_connection`: must be at least 1",
+            ),
+            (
+                "frame_timeout = \"0s\"",
+                "ks.toml: key `frame_timeout`: must be more than zero",
+            ),
+            (
+                "frame_timeout = \"soon\"",
+                "ks.toml: key `frame_timeout`: `soon` is not a duration",
+            ),
+            // a wrong type is located by line and column
+            ("frame_timeout = 10", "line 2, column 17"),
+            ("max_answers_per_connection = -1", "line 2"),
+        ] {
+            let e = config(extra).unwrap_err().to_string();
+            assert!(e.contains(want), "{extra}: {e}");
+        }
+    }
 }

@@ -56,6 +56,7 @@ fn many_ops_in_flight_verify_and_unknown_keys_fail() {
         unix: Some((sock.clone(), vec![unsafe { libc::getuid() }])),
         tls: None,
         admin: Some("127.0.0.1:0".parse().unwrap()),
+        limits: Default::default(),
         added_latency: Duration::from_millis(30),
     })
     .unwrap();
@@ -189,4 +190,86 @@ fn engine_without_a_server_times_out_ops() {
         assert_eq!(w.wait(Duration::from_secs(5)), Err(OpError::Timeout));
     }
     assert_eq!(engine.connected(), 0);
+}
+
+/// `qweb_keyserver_up` follows the connections: 1 while one is up, 0 once the key server is
+/// gone; engine-side timeouts count as timed out, not failed.
+#[test]
+fn keyserver_up_gauge_and_timeouts_in_the_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ec_path, ec) = gen(dir.path(), "ec", false);
+    let sock = dir.path().join("ks \"q\".sock");
+    let ks = start(KeyserverConfig {
+        keys: vec![ec_path],
+        threads: 1,
+        queue: 64,
+        // SAFETY: getuid(2) has no preconditions.
+        unix: Some((sock.clone(), vec![unsafe { libc::getuid() }])),
+        tls: None,
+        admin: None,
+        limits: Default::default(),
+        added_latency: Duration::from_millis(300),
+    })
+    .unwrap();
+    let engine: Arc<dyn Engine> = Arc::new(
+        KeyserverEngine::new(
+            "ks",
+            ClientConfig {
+                servers: vec![Endpoint::Unix(sock.clone())],
+                connections: 2,
+                max_in_flight: 64,
+                timeout: Duration::from_millis(100),
+                tls: None,
+            },
+        )
+        .unwrap(),
+    );
+    let render = || {
+        let mut out = String::new();
+        qweb_offload::write_engines(&mut out, std::slice::from_ref(&engine));
+        out
+    };
+    // the label value is escaped (the path has a quote)
+    let up = format!(
+        "qweb_keyserver_up{{engine=\"ks\",server=\"unix:{}\"}}",
+        sock.display().to_string().replace('"', "\\\"")
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !render().contains(&format!("{up} 1")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never up: {}",
+            render()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // slower than the engine timeout: the engine times the op out, counted once
+    let (c, w) = channel();
+    assert!(engine
+        .submit(vec![Submission::new(
+            op(&ec, SignScheme::EcdsaP256Sha256, b"m"),
+            c
+        )])
+        .is_empty());
+    assert_eq!(w.wait(Duration::from_secs(5)), Err(OpError::Timeout));
+    ks.shutdown();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !render().contains(&format!("{up} 0")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never down: {}",
+            render()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let text = render();
+    assert!(
+        text.contains("qweb_offload_ops_timed_out_total{engine=\"ks\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("qweb_offload_ops_failed_total{engine=\"ks\"} 0"),
+        "{text}"
+    );
+    assert_eq!(text.matches("# TYPE qweb_keyserver_up gauge").count(), 1);
 }

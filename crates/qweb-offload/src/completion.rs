@@ -14,6 +14,30 @@ struct Slot {
     waker: Option<Waker>,
     /// The completer was dropped without completing.
     abandoned: bool,
+    waiter: Waiter,
+}
+
+/// The waiter's side of a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waiter {
+    /// Still waiting (or has taken its result).
+    Waiting,
+    /// Gave up on its timeout ([`Completion::give_up`]).
+    TimedOut,
+    /// Went away (the [`Completion`] was dropped).
+    Gone,
+}
+
+/// What became of a result an engine delivered ([`Completer::complete`]): the engine's
+/// metrics count the op by it, so that every op is counted exactly once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// The waiter gets the result.
+    Delivered,
+    /// The waiter had already given up on its timeout (and counted the op as timed out).
+    WaiterTimedOut,
+    /// The waiter had gone away before the result came (the op is cancelled).
+    WaiterGone,
 }
 
 struct Shared {
@@ -39,6 +63,7 @@ pub fn channel() -> (Completer, Completion) {
             result: None,
             waker: None,
             abandoned: false,
+            waiter: Waiter::Waiting,
         }),
         cond: Condvar::new(),
     });
@@ -59,37 +84,52 @@ impl Shared {
 }
 
 impl Completer {
-    /// Delivers the result and wakes the waiter.
-    pub fn complete(mut self, result: OpResult) {
-        self.done = true;
-        self.fill(Some(result));
+    /// Delivers the result and wakes the waiter; says whether the waiter was still there.
+    pub fn complete(self, result: OpResult) -> Delivery {
+        self.complete_then(result, |_| {})
     }
 
-    fn fill(&self, result: Option<OpResult>) {
-        let waker = {
+    /// As [`Completer::complete`], and runs `account` with the delivery before the waiter
+    /// can see the result (so that metrics are up to date when the waiter wakes).
+    pub fn complete_then(mut self, result: OpResult, account: impl FnOnce(Delivery)) -> Delivery {
+        self.done = true;
+        self.fill(Some(result), account)
+    }
+
+    fn fill(&self, result: Option<OpResult>, account: impl FnOnce(Delivery)) -> Delivery {
+        let (waker, delivery) = {
             let mut slot = self.shared.lock();
+            let delivery = match slot.waiter {
+                Waiter::Waiting => Delivery::Delivered,
+                Waiter::TimedOut => Delivery::WaiterTimedOut,
+                Waiter::Gone => Delivery::WaiterGone,
+            };
             match result {
-                Some(r) => slot.result = Some(r),
+                Some(r) if delivery == Delivery::Delivered => slot.result = Some(r),
+                Some(_) => {}
                 None => slot.abandoned = true,
             }
-            slot.waker.take()
+            // the waiter takes the result under this lock: it cannot see it yet
+            account(delivery);
+            (slot.waker.take(), delivery)
         };
         self.shared.cond.notify_all();
         if let Some(w) = waker {
             w.wake();
         }
+        delivery
     }
 
     /// Is anyone still waiting? (An engine may skip work nobody waits for.)
     pub fn is_wanted(&self) -> bool {
-        Arc::strong_count(&self.shared) > 1
+        Arc::strong_count(&self.shared) > 1 && self.shared.lock().waiter == Waiter::Waiting
     }
 }
 
 impl Drop for Completer {
     fn drop(&mut self) {
         if !self.done {
-            self.fill(None);
+            self.fill(None, |_| {});
         }
     }
 }
@@ -102,17 +142,26 @@ impl Completion {
         slot.abandoned.then_some(Err(OpError::Dropped))
     }
 
-    /// Blocks the calling thread until the result arrives or `timeout` passes (sync offload).
-    pub fn wait(self, timeout: Duration) -> OpResult {
+    /// Blocks the calling thread until the result arrives or `timeout` passes (sync offload);
+    /// `Err(Timeout)` then. Use [`Completion::wait_for`] to tell a timeout of this wait (to
+    /// count it) from an engine's own `Timeout` result.
+    pub fn wait(mut self, timeout: Duration) -> OpResult {
+        self.wait_for(timeout).unwrap_or(Err(OpError::Timeout))
+    }
+
+    /// Blocks the calling thread until the result arrives (`Some`) or `timeout` passes:
+    /// then gives up ([`Completion::give_up`]) and returns `None`.
+    pub fn wait_for(&mut self, timeout: Duration) -> Option<OpResult> {
         let deadline = std::time::Instant::now() + timeout;
         let mut slot = self.shared.lock();
         loop {
             if let Some(r) = Self::take(&mut slot) {
-                return r;
+                return Some(r);
             }
             let now = std::time::Instant::now();
             if now >= deadline {
-                return Err(OpError::Timeout);
+                slot.waiter = Waiter::TimedOut;
+                return None;
             }
             slot = self
                 .shared
@@ -120,6 +169,29 @@ impl Completion {
                 .wait_timeout(slot, deadline - now)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
+        }
+    }
+}
+
+impl Completion {
+    /// The waiter's timeout passed: takes the result if it came meanwhile (`Some`), else
+    /// marks the op as given up (`None`): the engine's completion will then not count it,
+    /// the caller counts it as timed out (`EngineMetrics::on_waiter_timeout`).
+    pub fn give_up(&mut self) -> Option<OpResult> {
+        let mut slot = self.shared.lock();
+        if let Some(r) = Self::take(&mut slot) {
+            return Some(r);
+        }
+        slot.waiter = Waiter::TimedOut;
+        None
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        let mut slot = self.shared.lock();
+        if slot.waiter == Waiter::Waiting {
+            slot.waiter = Waiter::Gone;
         }
     }
 }
@@ -162,6 +234,31 @@ mod tests {
         assert_eq!(w.wait(Duration::from_secs(5)), Err(OpError::Dropped));
         let (_c, w) = channel();
         assert_eq!(w.wait(Duration::from_millis(10)), Err(OpError::Timeout));
+    }
+
+    #[test]
+    fn completer_learns_what_became_of_the_waiter() {
+        let (c, w) = channel();
+        drop(w);
+        assert!(!c.is_wanted());
+        assert_eq!(
+            c.complete(Ok(OpOutput::Signature(vec![1]))),
+            Delivery::WaiterGone
+        );
+        let (c, mut w) = channel();
+        assert_eq!(w.wait_for(Duration::from_millis(5)), None);
+        assert!(!c.is_wanted());
+        assert_eq!(
+            c.complete(Ok(OpOutput::Signature(vec![1]))),
+            Delivery::WaiterTimedOut
+        );
+        let (c, mut w) = channel();
+        assert_eq!(
+            c.complete(Ok(OpOutput::Signature(vec![2]))),
+            Delivery::Delivered
+        );
+        // the result came before the waiter gave up: it gets it
+        assert_eq!(w.give_up(), Some(Ok(OpOutput::Signature(vec![2]))));
     }
 
     #[tokio::test]

@@ -42,23 +42,28 @@ pub trait Engine: Send + Sync + 'static {
     fn submit(&self, batch: Vec<Submission>) -> Vec<Submission>;
     /// The engine's metrics.
     fn metrics(&self) -> &EngineMetrics;
+    /// The servers this engine sends ops to (a key server engine), each with whether at
+    /// least one connection to it is established now (`qweb_keyserver_up`). None by default.
+    fn servers_up(&self) -> Vec<(String, bool)> {
+        Vec::new()
+    }
 }
 
 /// Sync offload: submits `op` to `engine` and blocks the calling thread until its result or
-/// `timeout` (counted as a failure of the engine). A full queue is `Saturated` at once.
+/// `timeout` (then the op is given up and counted once as timed out). A full queue is
+/// `Saturated` at once.
 pub fn run_blocking(engine: &dyn Engine, op: Op, timeout: Duration) -> crate::op::OpResult {
-    let (completer, completion) = crate::completion::channel();
+    let (completer, mut completion) = crate::completion::channel();
     if !engine
         .submit(vec![Submission::new(op, completer)])
         .is_empty()
     {
         return Err(OpError::Saturated);
     }
-    let r = completion.wait(timeout);
-    if r == Err(OpError::Timeout) {
-        engine.metrics().failed.fetch_add(1, Relaxed);
-    }
-    r
+    completion.wait_for(timeout).unwrap_or_else(|| {
+        engine.metrics().on_waiter_timeout();
+        Err(OpError::Timeout)
+    })
 }
 
 /// Runs each op on the caller's thread, at submission: the software baseline.
@@ -86,9 +91,7 @@ impl Engine for InlineEngine {
         self.metrics.on_submit(batch.len());
         for s in batch {
             let r = s.op.execute();
-            self.metrics
-                .on_complete(r.is_ok(), s.submitted_at.elapsed());
-            s.completer.complete(r);
+            self.metrics.finish(s.completer, r, s.submitted_at);
         }
         Vec::new()
     }
@@ -234,9 +237,7 @@ fn engine_thread(s: &PoolShared) {
             Err(OpError::Dropped) // nobody waits any more: skip the work
         };
         if s.cfg.added_latency.is_zero() {
-            s.metrics
-                .on_complete(result.is_ok(), sub.submitted_at.elapsed());
-            sub.completer.complete(result);
+            s.metrics.finish(sub.completer, result, sub.submitted_at);
         } else {
             let mut d = lock(&s.delayed);
             d.1 += 1;
@@ -264,9 +265,7 @@ fn delay_thread(s: &PoolShared) {
         match d.0.peek().map(|x| x.due) {
             Some(due) if due <= now => {
                 if let Some(x) = d.0.pop() {
-                    s.metrics
-                        .on_complete(x.result.is_ok(), x.submitted_at.elapsed());
-                    x.completer.complete(x.result);
+                    s.metrics.finish(x.completer, x.result, x.submitted_at);
                 }
             }
             Some(due) => {
@@ -435,6 +434,68 @@ mod tests {
         // 32 x 50 ms if they did not overlap; allow a very wide margin
         assert!(took < Duration::from_millis(32 * 50 / 2), "{took:?}");
         assert_eq!(e.metrics().in_flight_peak.load(Relaxed), 32);
+    }
+
+    fn slow_pool(latency_ms: u64) -> PoolEngine {
+        PoolEngine::new(
+            "slow",
+            PoolConfig {
+                threads: 1,
+                queue: 16,
+                added_latency: Duration::from_millis(latency_ms),
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    }
+
+    /// Waits until the engine is done with every op (in flight 0).
+    fn drained(e: &PoolEngine) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while e.metrics().in_flight.load(Relaxed) != 0 {
+            assert!(Instant::now() < deadline, "ops never finished");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn counts(e: &PoolEngine) -> [u64; 5] {
+        let m = e.metrics();
+        [
+            m.submitted.load(Relaxed),
+            m.completed.load(Relaxed),
+            m.failed.load(Relaxed),
+            m.timed_out.load(Relaxed),
+            m.cancelled.load(Relaxed),
+        ]
+    }
+
+    #[test]
+    fn a_timed_out_op_counts_once_as_timed_out() {
+        // sync: the waiter times out at 20 ms, the engine finishes the op at 200 ms
+        let e = slow_pool(200);
+        assert_eq!(
+            run_blocking(&e, op(), Duration::from_millis(20)),
+            Err(OpError::Timeout)
+        );
+        drained(&e);
+        // [submitted, completed, failed, timed_out, cancelled]
+        assert_eq!(counts(&e), [1, 0, 0, 1, 0]);
+    }
+
+    #[test]
+    fn an_op_whose_waiter_left_counts_as_cancelled_not_failed() {
+        let e = slow_pool(100);
+        let (c, w) = channel();
+        assert!(e.submit(vec![Submission::new(op(), c)]).is_empty());
+        drop(w); // the TLS client left while its op was in flight
+        drained(&e);
+        assert_eq!(counts(&e), [1, 0, 0, 0, 1]);
+        // and a normal op still counts as completed
+        let (c, w) = channel();
+        assert!(e.submit(vec![Submission::new(op(), c)]).is_empty());
+        assert!(w.wait(Duration::from_secs(10)).is_ok());
+        drained(&e);
+        assert_eq!(counts(&e), [2, 1, 0, 0, 1]);
     }
 
     #[test]

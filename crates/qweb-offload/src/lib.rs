@@ -24,9 +24,9 @@ pub mod metrics;
 mod offloader;
 mod op;
 
-pub use completion::{channel, Completer, Completion};
+pub use completion::{channel, Completer, Completion, Delivery};
 pub use engine::{run_blocking, Engine, InlineEngine, PoolConfig, PoolEngine, Submission};
 pub use key::{KeyError, KeyKind, LocalKey};
-pub use metrics::EngineMetrics;
-pub use offloader::{BatchConfig, Offloader};
+pub use metrics::{write_engines, EngineMetrics};
+pub use offloader::{BatchConfig, Offloader, Timed};
 pub use op::{KeyId, KeyRef, Op, OpError, OpOutput, OpResult, SignOp, SignScheme};

@@ -7,8 +7,11 @@
 //! may add its ops), then flushes. An engine thus sees batches, not a trickle of wake-ups.
 
 use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::completion::{channel, Completion};
@@ -107,17 +110,43 @@ impl Offloader {
 
     /// Submits `op` and waits for its result, at most the timeout.
     pub async fn run(self: &Rc<Self>, op: Op) -> OpResult {
-        let completion = self.submit(op);
-        match tokio::time::timeout(self.timeout, completion).await {
-            Ok(r) => r,
-            Err(_) => {
-                self.engine
-                    .metrics()
-                    .failed
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                Err(OpError::Timeout)
-            }
+        self.submit_timed(op).await
+    }
+
+    /// Submits `op`; the future resolves to its result, or to `Err(Timeout)` once the
+    /// timeout passed (the op is then given up and counted once as timed out). Dropping the
+    /// future before either cancels the op (counted as cancelled when the engine ends it).
+    pub fn submit_timed(self: &Rc<Self>, op: Op) -> Timed {
+        Timed {
+            completion: self.submit(op),
+            deadline: Box::pin(tokio::time::sleep(self.timeout)),
+            engine: self.engine.clone(),
         }
+    }
+}
+
+/// An op's result within the offloader's timeout (see [`Offloader::submit_timed`]).
+pub struct Timed {
+    completion: Completion,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    engine: Arc<dyn Engine>,
+}
+
+impl Future for Timed {
+    type Output = OpResult;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<OpResult> {
+        let this = &mut *self;
+        if let Poll::Ready(r) = Pin::new(&mut this.completion).poll(cx) {
+            return Poll::Ready(r);
+        }
+        if this.deadline.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        Poll::Ready(this.completion.give_up().unwrap_or_else(|| {
+            this.engine.metrics().on_waiter_timeout();
+            Err(OpError::Timeout)
+        }))
     }
 }
 
@@ -212,6 +241,57 @@ mod tests {
                 assert_eq!(engine.metrics().batches.load(Relaxed), 4);
             })
             .await;
+    }
+
+    /// Async offload: an op whose timeout passes counts once as timed out (not also as
+    /// failed, nor again when the engine finishes it); an op whose waiter is dropped (the
+    /// TLS client left mid-handshake) counts as cancelled.
+    #[tokio::test]
+    async fn timed_out_and_abandoned_ops_count_once() {
+        let engine = Arc::new(
+            PoolEngine::new(
+                "slow",
+                PoolConfig {
+                    threads: 1,
+                    queue: 16,
+                    added_latency: Duration::from_millis(150),
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
+        );
+        let local = tokio::task::LocalSet::new();
+        let k = key();
+        let e = engine.clone();
+        local
+            .run_until(async move {
+                let off = Offloader::new(
+                    e.clone(),
+                    BatchConfig {
+                        enabled: false,
+                        max: 1,
+                    },
+                    Duration::from_millis(20),
+                );
+                assert_eq!(off.run(op(&k)).await, Err(OpError::Timeout));
+                // the waiter leaves before the result: the future is dropped
+                let gone = off.submit_timed(op(&k));
+                drop(gone);
+                while e.metrics().in_flight.load(Relaxed) != 0 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await;
+        let m = engine.metrics();
+        let got = [
+            m.submitted.load(Relaxed),
+            m.completed.load(Relaxed),
+            m.failed.load(Relaxed),
+            m.timed_out.load(Relaxed),
+            m.cancelled.load(Relaxed),
+        ];
+        // [submitted, completed, failed, timed_out, cancelled]
+        assert_eq!(got, [2, 0, 0, 1, 1]);
     }
 
     #[tokio::test]

@@ -70,9 +70,7 @@ impl Registry {
                 let _ = writeln!(out, "{name}{{worker=\"{i}\"}} {}", get(w));
             }
         }
-        for (i, e) in self.engines.iter().enumerate() {
-            e.metrics().write_prometheus(&mut out, e.name(), i == 0);
-        }
+        qweb_offload::write_engines(&mut out, &self.engines);
         if let Some(c) = &self.compression {
             c.write_prometheus(&mut out);
         }
