@@ -35,12 +35,10 @@ pub(crate) fn decode(raw_path: &str) -> Result<PathBuf, StatusCode> {
 /// `EXDEV` (the path left the root) and `ELOOP` (a symlink the route refuses, or a loop) are
 /// 403; permissions are 403; everything else (missing, not a directory) is 404.
 pub(crate) fn io_status(e: io::Error) -> StatusCode {
-    match e.raw_os_error() {
-        Some(libc::EXDEV | libc::ELOOP) => return StatusCode::FORBIDDEN,
-        _ => {}
-    }
-    match e.kind() {
-        io::ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
+    match (e.raw_os_error(), e.kind()) {
+        (Some(libc::EXDEV | libc::ELOOP), _) | (_, io::ErrorKind::PermissionDenied) => {
+            StatusCode::FORBIDDEN
+        }
         _ => StatusCode::NOT_FOUND,
     }
 }
