@@ -488,16 +488,34 @@ fn second_instance_on_the_same_address_refuses_to_start() {
         dir.path(),
         &dir.path().join("state"),
     );
-    let out = Command::new(BIN)
+    let mut second = Command::new(BIN)
         .args(["serve", "--config"])
         .arg(&cfg)
         .env("QWEB_STATE_DIR", dir.path().join("state"))
-        .output()
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let mut err = String::new();
+    let mut pipe = second.stderr.take().unwrap();
+    // a second instance that starts never exits on its own: give it 10 s, then stop both
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = second.try_wait().unwrap() {
+            break Some(s);
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            let _ = second.kill();
+            let _ = second.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     sigterm(&first);
     assert!(wait_exit(&mut first, Duration::from_secs(15)).success());
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let status = status.expect("the second instance started and shared the port");
+    std::io::Read::read_to_string(&mut pipe, &mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "{status:?}: {err}");
     assert!(
         err.contains(&format!(
             "error: 127.0.0.1:{port} is already in use by another process (listener[1].address)"

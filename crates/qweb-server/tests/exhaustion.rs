@@ -20,6 +20,16 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
+/// Resident memory of this process, KiB.
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
 fn raise_fd_limit() {
     // SAFETY: getrlimit/setrlimit with a valid resource and a pointer to a local struct.
     unsafe {
@@ -287,6 +297,7 @@ async fn h2_zero_window_streams_are_reset_and_connections_closed() {
     big_file(&t.site().join("big"), 10 << 20);
     std::fs::write(t.site().join("small"), "small").unwrap();
     let baseline = open_fds();
+    let rss_before = rss_kib();
     let mut readers = Vec::new();
     let start = Instant::now();
     for _ in 0..8 {
@@ -306,7 +317,12 @@ async fn h2_zero_window_streams_are_reset_and_connections_closed() {
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let stalled_fds = open_fds();
     let bound = baseline + 8 * (128 + 1) + 32;
-    eprintln!("fds: baseline {baseline}, while stalled {stalled_fds} (bound {bound})");
+    let rss_stalled = rss_kib();
+    eprintln!(
+        "fds: baseline {baseline}, while stalled {stalled_fds} (bound {bound}); \
+         RSS {rss_before} KiB -> {rss_stalled} KiB ({} KiB per stalled stream)",
+        rss_stalled.saturating_sub(rss_before) / (8 * 128)
+    );
     assert!(stalled_fds <= bound, "{stalled_fds} fds > {bound}");
     assert!(
         stalled_fds >= baseline + 8 * 64,
@@ -337,7 +353,10 @@ async fn h2_zero_window_streams_are_reset_and_connections_closed() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         now_fds = open_fds();
     }
-    eprintln!("fds after the send timeout: {now_fds}");
+    eprintln!(
+        "fds after the send timeout: {now_fds}; RSS {} KiB",
+        rss_kib()
+    );
     assert!(
         now_fds <= baseline + 16,
         "{now_fds} fds, baseline {baseline}"
