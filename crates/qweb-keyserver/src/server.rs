@@ -512,9 +512,15 @@ async fn accept_tls(
 }
 
 /// `GET /metrics` of the key server.
+/// Longest life of one admin connection: an idle client cannot hold its fd.
+const ADMIN_CONNECTION_LIFETIME: Duration = Duration::from_secs(10);
+/// Admin connections served at once; more are closed at once.
+const ADMIN_MAX_CONNECTIONS: usize = 64;
+
 async fn admin(l: tokio::net::TcpListener, state: Arc<State>, mut shutdown: watch::Receiver<bool>) {
     use std::convert::Infallible;
     let mut errors = AcceptErrors::new("admin");
+    let admin_slots = Arc::new(tokio::sync::Semaphore::new(ADMIN_MAX_CONNECTIONS));
     loop {
         let r = tokio::select! {
             r = l.accept() => r,
@@ -531,8 +537,14 @@ async fn admin(l: tokio::net::TcpListener, state: Arc<State>, mut shutdown: watc
             }
         };
         errors.succeeded();
+        // bounded: at most ADMIN_MAX_CONNECTIONS at once, each for ADMIN_CONNECTION_LIFETIME
+        let Ok(permit) = admin_slots.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
         let state = state.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let svc =
                 hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                     let body = if req.uri().path() == "/metrics" {
@@ -554,9 +566,9 @@ async fn admin(l: tokio::net::TcpListener, state: Arc<State>, mut shutdown: watc
                         Ok::<_, Infallible>(resp.unwrap_or_default())
                     }
                 });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                .await;
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+            let _ = tokio::time::timeout(ADMIN_CONNECTION_LIFETIME, conn).await;
         });
     }
 }

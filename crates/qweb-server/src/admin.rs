@@ -1,5 +1,6 @@
 //! The admin listener: `GET /metrics` in Prometheus text format. Plain HTTP/1.1, on its own
-//! thread; off unless `[admin]` is configured.
+//! thread; off unless `[admin]` is configured. At most [`MAX_CONNECTIONS`] connections, each
+//! living at most [`CONNECTION_LIFETIME`].
 
 use std::convert::Infallible;
 use std::rc::Rc;
@@ -16,6 +17,12 @@ use tokio::sync::watch;
 use crate::body::{full, Body};
 use crate::metrics::Registry;
 use crate::response;
+
+/// Longest life of one admin connection (a scrape takes milliseconds): an idle or slow client
+/// cannot hold the connection's fd.
+pub(crate) const CONNECTION_LIFETIME: Duration = Duration::from_secs(10);
+/// Admin connections served at once; more are closed at once.
+pub(crate) const MAX_CONNECTIONS: usize = 64;
 
 fn handle(req: &Request<Incoming>, registry: &Registry) -> Response<Body> {
     if req.uri().path() != "/metrics" {
@@ -60,6 +67,7 @@ pub(crate) fn run(
 /// Serves the admin listener until shutdown.
 async fn serve(socket: TcpListener, registry: Arc<Registry>, mut shutdown: watch::Receiver<bool>) {
     let registry = Rc::new(registry);
+    let open = Rc::new(std::cell::Cell::new(0usize));
     let errors = crate::log_limit::Every::new(Duration::from_secs(1));
     let addr = socket.local_addr().ok();
     loop {
@@ -81,15 +89,21 @@ async fn serve(socket: TcpListener, registry: Arc<Registry>, mut shutdown: watch
                 }
             }
         };
-        let registry = registry.clone();
+        if open.get() >= MAX_CONNECTIONS {
+            drop(stream);
+            continue;
+        }
+        open.set(open.get() + 1);
+        let (registry, open) = (registry.clone(), open.clone());
         tokio::task::spawn_local(async move {
             let svc = service_fn(move |req| {
                 let r = handle(&req, &registry);
                 async move { Ok::<_, Infallible>(r) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc);
+            let _ = tokio::time::timeout(CONNECTION_LIFETIME, conn).await;
+            open.set(open.get() - 1);
         });
     }
 }

@@ -214,3 +214,43 @@ async fn garbage_never_takes_the_server_down() {
         .unwrap();
     assert_eq!(r.text().await.unwrap(), "alive");
 }
+
+/// Idle clients cannot pin the admin listener: at most 64 connections at once (more are
+/// closed at once), each living at most 10 s; then /metrics answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_admin_connections_are_bounded() {
+    use tokio::io::AsyncReadExt;
+    let t = common::start_with("[admin]\naddress = \"127.0.0.1:0\"\n", |_| {});
+    let admin = t.admin.expect("admin listener");
+    let mut held = Vec::new();
+    for _ in 0..64 {
+        held.push(TcpStream::connect(admin).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // one more: closed at once
+    let mut extra = TcpStream::connect(admin).await.unwrap();
+    let mut b = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(3), extra.read(&mut b))
+        .await
+        .expect("the 65th admin connection is closed at once");
+    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    // the held ones are closed after their lifetime
+    let start = Instant::now();
+    for s in &mut held {
+        let n = tokio::time::timeout(Duration::from_secs(15), s.read(&mut b))
+            .await
+            .expect("an idle admin connection outlived its lifetime");
+        assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    }
+    assert!(
+        start.elapsed() >= Duration::from_secs(8),
+        "{:?}",
+        start.elapsed()
+    );
+    let r = common::plain_client()
+        .get(format!("http://{admin}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
