@@ -219,7 +219,6 @@ async fn garbage_never_takes_the_server_down() {
 /// closed at once), each living at most 10 s; then /metrics answers again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_admin_connections_are_bounded() {
-    use tokio::io::AsyncReadExt;
     let t = common::start_with("[admin]\naddress = \"127.0.0.1:0\"\n", |_| {});
     let admin = t.admin.expect("admin listener");
     let mut held = Vec::new();
