@@ -324,6 +324,13 @@ async fn h2_zero_window_streams_are_reset_and_connections_closed() {
         rss_stalled.saturating_sub(rss_before) / (8 * 128)
     );
     assert!(stalled_fds <= bound, "{stalled_fds} fds > {bound}");
+    // one 16 KiB first chunk per stalled stream (files/body.rs), plus h2 and client state;
+    // 128 KiB chunks (about 135 KiB per stream) fail this
+    let per_stream = rss_stalled.saturating_sub(rss_before) / (8 * 128);
+    assert!(
+        per_stream <= 64,
+        "{per_stream} KiB of RSS per stalled stream"
+    );
     assert!(
         stalled_fds >= baseline + 8 * 64,
         "the streams did not stall ({stalled_fds} fds, baseline {baseline})"
