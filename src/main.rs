@@ -179,6 +179,13 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
         None => Config::default_config(),
     };
     init_logging(&config.log);
+    match qweb_server::fd_limit::raise_fd_limit() {
+        Ok((old, new)) if old != new => {
+            tracing::debug!("open-file limit raised from {old:?} to {new:?}");
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot raise the open-file limit: {e}"),
+    }
     let signals = match Signals::install() {
         Ok(s) => s,
         Err(e) => {

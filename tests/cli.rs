@@ -616,3 +616,54 @@ fn admin_listener_under_emfile_does_not_spin() {
     assert!(share < 0.10, "{:.1}% of a core", share * 100.0);
     assert!(logged <= 8, "{logged} log lines in ~3.5 s");
 }
+
+/// qweb raises its soft open-file limit to the hard limit at start (a soft limit of 1024 is a
+/// lockout a few HTTP/2 clients can cause).
+#[test]
+fn soft_open_file_limit_is_raised_to_the_hard_limit() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        "workers = 1\n[[listener]]\naddress = \"127.0.0.1:0\"\n",
+    );
+    let mut cmd = Command::new(BIN);
+    cmd.args(["serve", "--config"])
+        .arg(&cfg)
+        .env("QWEB_STATE_DIR", dir.path().join("state"))
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: only async-signal-safe setrlimit between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let r = libc::rlimit {
+                rlim_cur: 256,
+                rlim_max: 4096,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    loop {
+        let mut l = String::new();
+        assert!(err.read_line(&mut l).unwrap() > 0, "qweb exited early");
+        if l.contains("worker(s)") {
+            break;
+        }
+    }
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .to_owned();
+    sigterm(&child);
+    let _ = wait_exit(&mut child, Duration::from_secs(15));
+    let f: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(&f[3..5], &["4096", "4096"], "{line}");
+}

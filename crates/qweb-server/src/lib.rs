@@ -13,6 +13,7 @@ mod body;
 mod compress;
 mod conn;
 mod conn_state;
+pub mod fd_limit;
 mod files;
 mod h2_flood;
 mod head_scan;
