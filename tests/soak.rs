@@ -272,13 +272,14 @@ async fn normal_load(clients: &[reqwest::Client], url: &str, len: Duration, rate
                 .await;
                 let took = t0.elapsed();
                 match r {
-                    Ok(b) if b.len() == 1024 => {
-                        out.lat_us.push(took.as_micros().min(u32::MAX as u128) as u32)
-                    }
+                    Ok(b) if b.len() == 1024 => out
+                        .lat_us
+                        .push(took.as_micros().min(u32::MAX as u128) as u32),
                     Ok(b) => {
                         out.errors += 1;
                         if out.first_errors.len() < 5 {
-                            out.first_errors.push(format!("short body: {} bytes", b.len()));
+                            out.first_errors
+                                .push(format!("short body: {} bytes", b.len()));
                         }
                     }
                     Err(e) => {
@@ -596,48 +597,46 @@ async fn abort_mid_response(url: String, c: reqwest::Client, h: &Hostile) {
     }
 }
 
-/// Starts every hostile client; they run until their tasks are aborted.
-fn start_hostile(s: &Server, h: &Arc<Hostile>) -> Vec<tokio::task::JoinHandle<()>> {
+/// Starts every hostile client on a runtime of its own (one thread, so that the hostile
+/// clients' work does not queue up in front of the normal clients' tasks); they run until the
+/// runtime is shut down.
+fn start_hostile(s: &Server, h: &Arc<Hostile>) -> tokio::runtime::Runtime {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
     let h1 = Arc::new(tls_config(&s.cert, Proto::H1));
     let h2 = Arc::new(tls_config(&s.cert, Proto::H2));
-    let mut tasks = Vec::new();
     // 8 non-reading HTTP/1.1 clients: 4 plain, 4 over TLS
     for i in 0..8 {
         let (h, addr) = (h.clone(), if i % 2 == 0 { s.http } else { s.https });
         let tls = (i % 2 == 1).then(|| h1.clone());
-        tasks.push(tokio::spawn(
-            async move { non_reading_h1(addr, tls, &h).await },
-        ));
+        rt.spawn(async move { non_reading_h1(addr, tls, &h).await });
     }
     // 4 zero-window HTTP/2 connections of 64 streams each
     for _ in 0..4 {
         let (h, cfg, addr) = (h.clone(), h2.clone(), s.https);
-        tasks.push(tokio::spawn(async move {
-            zero_window_h2(addr, cfg, &h).await
-        }));
+        rt.spawn(async move { zero_window_h2(addr, cfg, &h).await });
     }
     // 2 flooders
     for _ in 0..2 {
         let (h, cfg, addr) = (h.clone(), h2.clone(), s.https);
-        tasks.push(tokio::spawn(async move { control_flood(addr, cfg, &h).await }));
+        rt.spawn(async move { control_flood(addr, cfg, &h).await });
     }
     // 1 ClientHello-and-vanish loop
     {
         let (h, cfg, https, http) = (h.clone(), h1.clone(), s.https, s.http);
-        tasks.push(tokio::spawn(
-            async move { vanish(https, http, cfg, &h).await },
-        ));
+        rt.spawn(async move { vanish(https, http, cfg, &h).await });
     }
     // 2 mid-response aborters: one HTTP/1.1, one HTTP/2
     for proto in [Proto::H1, Proto::H2] {
         let h = h.clone();
         let c = client(&s.cert, proto);
         let url = format!("https://localhost:{}/big", s.https.port());
-        tasks.push(tokio::spawn(async move {
-            abort_mid_response(url, c, &h).await
-        }));
+        rt.spawn(async move { abort_mid_response(url, c, &h).await });
     }
-    tasks
+    rt
 }
 
 // ---- the soak ----
@@ -718,7 +717,7 @@ async fn soak_hostile_clients_alongside_normal_load() {
 
     // B: the same normal load with hostile clients
     let hostile = Arc::new(Hostile::default());
-    let tasks = start_hostile(&s, &hostile);
+    let hostile_rt = start_hostile(&s, &hostile);
     let sampler = {
         let pid = s.pid();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -745,12 +744,8 @@ async fn soak_hostile_clients_alongside_normal_load() {
     };
     let b = normal_load(&clients, &url, phase_len, rate).await;
     let (rss_b, fds_b) = (s.rss_kib(), s.fds());
-    for t in &tasks {
-        t.abort();
-    }
-    for t in tasks {
-        let _ = t.await;
-    }
+    // drops every hostile task and with it its sockets
+    hostile_rt.shutdown_background();
     sampler.0.store(true, Ordering::Relaxed);
     let (peak_rss, peak_fds) = sampler.1.join().unwrap();
     rows.push(Row {
