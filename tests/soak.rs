@@ -803,6 +803,19 @@ async fn soak_hostile_clients_alongside_normal_load() {
     }
 
     assert!(alive, "qweb exited during the soak");
+    {
+        // floods are logged, at most once per peer address per minute per worker
+        let lines = s.stderr_lines.lock().unwrap();
+        let floods = lines
+            .iter()
+            .filter(|l| l.contains("control-frame flood"))
+            .count();
+        assert!(
+            floods >= 1,
+            "no flood was logged: {:?}",
+            &lines[..lines.len().min(10)]
+        );
+    }
     let n = |i: usize| rows[i].normal.as_ref().unwrap();
     let (a, b, c) = (n(1), n(2), n(4));
     for (name, p) in [("A", a), ("B", b), ("C", c)] {

@@ -330,6 +330,12 @@ async fn drive<T>(
                 .filter(|(_, why)| !closing || !matches!(why, Expiry::Idle | Expiry::Head));
             tokio::select! {
                 r = conn.as_mut() => {
+                    if state.flooded() && cut_at.is_none() {
+                        // the flood ended the connection before the loop saw it
+                        if let Some(n) = worker.peer_log.hit(state.peer.ip()) {
+                            tracing::warn!(peer = %state.peer, suppressed = n, "HTTP/2 control-frame flood: GOAWAY ENHANCE_YOUR_CALM, closing");
+                        }
+                    }
                     if let Err(e) = r {
                         let text = format!("{e:?}");
                         if text.contains("ENHANCE_YOUR_CALM") && !state.flooded() {
