@@ -59,12 +59,16 @@ impl Service {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let start = Instant::now();
         let method = req.method().clone();
-        let log_path = crate::access_log::escape(
-            req.uri()
-                .path_and_query()
-                .map(|p| p.as_str())
-                .unwrap_or_else(|| req.uri().path()),
-        );
+        let log_path = if self.worker.access_log {
+            crate::access_log::escape(
+                req.uri()
+                    .path_and_query()
+                    .map(|p| p.as_str())
+                    .unwrap_or_else(|| req.uri().path()),
+            )
+        } else {
+            String::new()
+        };
         // Compression, part 1: negotiate, and map encoded ETags in If-None-Match.
         let negotiated = crate::compress::begin(self.worker.compression.as_ref(), &mut req);
         let resp = self.route(req).await;
@@ -185,14 +189,11 @@ impl Service {
                 files.serve(req.method(), req.headers(), mount, sub, req.uri().query())
             }
             Handler::Proxy(proxy) => {
-                let raw;
                 let pq = if proxy.pass_raw_path() {
-                    raw = req
-                        .uri()
+                    req.uri()
                         .path_and_query()
                         .map(|p| p.as_str().to_owned())
-                        .unwrap_or_else(|| "/".to_owned());
-                    raw
+                        .unwrap_or_else(|| "/".to_owned())
                 } else {
                     match req.uri().query() {
                         Some(q) => format!("{sub}?{q}"),
