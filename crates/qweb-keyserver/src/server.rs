@@ -268,6 +268,38 @@ impl Drop for RunningKeyserver {
     }
 }
 
+/// The next accepted connection of an accept loop; after a failed accept, pauses as
+/// [`AcceptErrors`] says (so that EMFILE cannot spin the loop). `None`: shutdown.
+async fn next_conn<T, F>(
+    mut accept: impl FnMut() -> F,
+    errors: &mut AcceptErrors,
+    state: &State,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<T>
+where
+    F: std::future::Future<Output = std::io::Result<T>>,
+{
+    loop {
+        let r = tokio::select! {
+            r = accept() => r,
+            _ = stopped(shutdown) => return None,
+        };
+        match r {
+            Ok(conn) => {
+                errors.succeeded();
+                return Some(conn);
+            }
+            Err(e) => {
+                let pause = errors.failed(&e, &state.metrics.accept_errors);
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = stopped(shutdown) => return None,
+                }
+            }
+        }
+    }
+}
+
 /// Resolves once shutdown was requested (the watch guard is not held across awaits).
 pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
@@ -441,21 +473,10 @@ async fn accept_unix(
 ) {
     let mut errors = AcceptErrors::new("unix");
     loop {
-        let r = tokio::select! {
-            r = l.accept() => r,
-            _ = stopped(&mut shutdown) => return,
+        let accepted = next_conn(|| l.accept(), &mut errors, &state, &mut shutdown).await;
+        let Some((stream, _)) = accepted else {
+            return;
         };
-        let (stream, _) = match r {
-            Ok(x) => x,
-            Err(e) => {
-                let pause = errors.failed(&e, &state.metrics.accept_errors);
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => continue,
-                    _ = stopped(&mut shutdown) => return,
-                }
-            }
-        };
-        errors.succeeded();
         let uid = stream.peer_cred().map(|c| c.uid());
         match uid {
             Ok(uid) if uids.contains(&uid) => {
@@ -478,21 +499,10 @@ async fn accept_tls(
     let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
     let mut errors = AcceptErrors::new("tls");
     loop {
-        let r = tokio::select! {
-            r = l.accept() => r,
-            _ = stopped(&mut shutdown) => return,
+        let accepted = next_conn(|| l.accept(), &mut errors, &state, &mut shutdown).await;
+        let Some((tcp, peer)) = accepted else {
+            return;
         };
-        let (tcp, peer) = match r {
-            Ok(x) => x,
-            Err(e) => {
-                let pause = errors.failed(&e, &state.metrics.accept_errors);
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => continue,
-                    _ = stopped(&mut shutdown) => return,
-                }
-            }
-        };
-        errors.succeeded();
         let _ = tcp.set_nodelay(true);
         let (acceptor, state, shutdown) = (acceptor.clone(), state.clone(), shutdown.clone());
         tokio::spawn(async move {
@@ -522,21 +532,10 @@ async fn admin(l: tokio::net::TcpListener, state: Arc<State>, mut shutdown: watc
     let mut errors = AcceptErrors::new("admin");
     let admin_slots = Arc::new(tokio::sync::Semaphore::new(ADMIN_MAX_CONNECTIONS));
     loop {
-        let r = tokio::select! {
-            r = l.accept() => r,
-            _ = stopped(&mut shutdown) => return,
+        let accepted = next_conn(|| l.accept(), &mut errors, &state, &mut shutdown).await;
+        let Some((stream, _)) = accepted else {
+            return;
         };
-        let (stream, _) = match r {
-            Ok(x) => x,
-            Err(e) => {
-                let pause = errors.failed(&e, &state.metrics.accept_errors);
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => continue,
-                    _ = stopped(&mut shutdown) => return,
-                }
-            }
-        };
-        errors.succeeded();
         // bounded: at most ADMIN_MAX_CONNECTIONS at once, each for ADMIN_CONNECTION_LIFETIME
         let Ok(permit) = admin_slots.clone().try_acquire_owned() else {
             drop(stream);
