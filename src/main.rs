@@ -10,6 +10,12 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
 
+/// mimalloc instead of glibc's malloc: after a burst (an attack, a traffic peak) freed pages go
+/// back to the system, and large buffers (file chunks, TLS records) are reused rather than
+/// mmapped and unmapped each time. docs/RELIABILITY.md has the soak figures.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// qweb: an event-driven HTTPS web server and reverse proxy.
 #[derive(Parser)]
 #[command(version, about, long_about = None)]

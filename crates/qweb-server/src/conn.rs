@@ -22,6 +22,7 @@ use crate::conn_state::{ConnState, Expiry, Phase, StreamCancel, Timeouts};
 use crate::h2_flood::FloodMeter;
 use crate::service::Service;
 use crate::worker::{ListenerCtx, WorkerCtx};
+use crate::write_burst::WriteBurst;
 
 /// Marks reads and write progress on the connection state, replays `prefix` (bytes already
 /// read, already marked) before reading on, and on HTTP/2 meters the client's control frames
@@ -32,15 +33,33 @@ struct Tracked<T> {
     prefix: bytes::Bytes,
     /// HTTP/2: the flood meter, and how much of its GOAWAY is still to be written.
     flood: Option<(FloodMeter, usize)>,
+    /// Bytes written in a row; past `[limits] write_burst` the worker turns to the others.
+    burst: WriteBurst,
 }
 
 impl<T> Tracked<T> {
-    fn new(inner: T, state: &Rc<ConnState>) -> Self {
+    fn new(inner: T, state: &Rc<ConnState>, write_burst: usize) -> Self {
         Tracked {
             inner,
             state: state.clone(),
             prefix: bytes::Bytes::new(),
             flood: None,
+            burst: WriteBurst::new(write_burst),
+        }
+    }
+
+    /// Notes a write's outcome: progress for the send timeout and the write burst.
+    fn on_write<R>(&mut self, r: &Poll<io::Result<R>>, n: impl FnOnce(&R) -> usize) {
+        match r {
+            Poll::Ready(Ok(v)) => {
+                self.state.on_write(false);
+                self.burst.wrote(n(v));
+            }
+            Poll::Pending => {
+                self.state.on_write(true);
+                self.burst.pushed_back();
+            }
+            Poll::Ready(Err(_)) => {}
         }
     }
 
@@ -140,6 +159,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let mut buf = buf;
+        if self.burst.poll_turn(cx).is_pending() {
+            return Poll::Pending;
+        }
         if self.state.flooded() {
             if let Some((m, _)) = &self.flood {
                 // Let hyper finish the frame it started, and nothing more.
@@ -154,14 +176,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
             }
         }
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
-        match &r {
-            Poll::Ready(Ok(n)) => {
-                self.state.on_write(false);
-                let n = *n;
-                self.meter_writes(&[io::IoSlice::new(buf)], n);
-            }
-            Poll::Pending => self.state.on_write(true),
-            Poll::Ready(Err(_)) => {}
+        self.on_write(&r, |n| *n);
+        if let Poll::Ready(Ok(n)) = r {
+            self.meter_writes(&[io::IoSlice::new(buf)], n);
         }
         r
     }
@@ -178,12 +195,11 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
                 .map_or(&[][..], |b| &b[..]);
             return self.poll_write(cx, first);
         }
-        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        match &r {
-            Poll::Ready(Ok(_)) => self.state.on_write(false),
-            Poll::Pending => self.state.on_write(true),
-            Poll::Ready(Err(_)) => {}
+        if self.burst.poll_turn(cx).is_pending() {
+            return Poll::Pending;
         }
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.on_write(&r, |n| *n);
         r
     }
     fn is_write_vectored(&self) -> bool {
@@ -191,11 +207,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let r = Pin::new(&mut self.inner).poll_flush(cx);
-        match &r {
-            Poll::Ready(Ok(())) => self.state.on_write(false),
-            Poll::Pending => self.state.on_write(true),
-            Poll::Ready(Err(_)) => {}
-        }
+        self.on_write(&r, |_| 0);
         r
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -229,7 +241,7 @@ pub(crate) async fn serve(
     let limits = &worker.limits;
     match &listener.tls {
         None => {
-            let io = Tracked::new(stream, &state);
+            let io = Tracked::new(stream, &state, limits.write_burst);
             drive(io, false, false, state, &listener, &worker).await;
         }
         Some(tls) => {
@@ -262,7 +274,7 @@ pub(crate) async fn serve(
                 }
             };
             let h2 = tls.connection().alpn_protocol() == Some(qweb_tls::ALPN_H2);
-            let io = Tracked::new(tls, &state);
+            let io = Tracked::new(tls, &state, limits.write_burst);
             drive(io, true, h2, state, &listener, &worker).await;
         }
     }

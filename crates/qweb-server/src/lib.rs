@@ -28,6 +28,7 @@ mod server;
 mod service;
 mod welcome;
 mod worker;
+mod write_burst;
 
 pub use config::{Config, ConfigError};
 pub use server::{RunningServer, Server, ServerError, StartInfo};

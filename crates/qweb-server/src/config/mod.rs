@@ -176,6 +176,10 @@ pub struct Limits {
     /// frames) a client may send per second (and in one burst); more gets GOAWAY
     /// ENHANCE_YOUR_CALM.
     pub h2_control_frames_per_second: u32,
+    /// Bytes one connection may write in a row before its worker turns to its other
+    /// connections (as nginx's `sendfile_max_chunk`): a fast download cannot hold a worker
+    /// for longer than it takes to encrypt and send this much.
+    pub write_burst: usize,
 }
 
 impl Default for Limits {
@@ -189,6 +193,7 @@ impl Default for Limits {
             max_concurrent_streams: 128,
             send_timeout: Duration::from_secs(60),
             h2_control_frames_per_second: 1000,
+            write_burst: 256 << 10,
         }
     }
 }
@@ -534,7 +539,19 @@ impl Validator<'_> {
             h2_control_frames_per_second: l
                 .h2_control_frames_per_second
                 .unwrap_or(defaults.h2_control_frames_per_second),
+            write_burst: l
+                .write_burst
+                .map(|s| s.0 as usize)
+                .unwrap_or(defaults.write_burst),
         };
+        if !(16 << 10..=64 << 20).contains(&limits.write_burst) {
+            let key = "limits.write_burst";
+            return Err(self.err(
+                span_of_key(self.text, key),
+                key,
+                "must be between 16KiB and 64MiB",
+            ));
+        }
         if limits.h2_control_frames_per_second == 0 {
             let key = "limits.h2_control_frames_per_second";
             return Err(self.err(span_of_key(self.text, key), key, "must be greater than 0"));

@@ -116,6 +116,7 @@ pub(crate) struct RawLimits {
     pub max_concurrent_streams: Option<u32>,
     pub send_timeout: Option<Dur>,
     pub h2_control_frames_per_second: Option<u32>,
+    pub write_burst: Option<Size>,
 }
 
 #[derive(Debug, Default, Deserialize)]

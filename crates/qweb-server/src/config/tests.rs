@@ -202,3 +202,14 @@ fn send_timeout_and_h2_flood_budget() {
         "{e}"
     );
 }
+
+#[test]
+fn write_burst_default_and_bounds() {
+    let c = Config::from_str_at("workers = 1\n", None).unwrap();
+    assert_eq!(c.limits.write_burst, 256 << 10);
+    let c = Config::from_str_at("[limits]\nwrite_burst = \"1MiB\"\n", None).unwrap();
+    assert_eq!(c.limits.write_burst, 1 << 20);
+    let e = err("[limits]\nwrite_burst = \"1KiB\"\n");
+    assert!(e.contains(":2:1: key `limits.write_burst`"), "{e}");
+    assert!(e.contains("between 16KiB and 64MiB"), "{e}");
+}
