@@ -42,6 +42,8 @@ pub(crate) struct AccessRecord {
     pub path: String,
     pub status: u16,
     pub log: bool,
+    /// The route's request counters and latency histogram.
+    pub route: std::rc::Rc<crate::metrics::RouteMetrics>,
 }
 
 /// Counts the body bytes sent and tells the connection's watchdog whether the response waits
@@ -107,6 +109,9 @@ impl HttpBody for Logged {
 
 impl Drop for Logged {
     fn drop(&mut self) {
+        self.record
+            .route
+            .observe(self.record.status, self.record.start.elapsed());
         if self.record.log {
             let r = &self.record;
             let ms = r.start.elapsed().as_secs_f64() * 1000.0;

@@ -293,6 +293,8 @@ async fn drive<T>(
     // A connection that completed its handshake after shutdown began (it was paused) still
     // gets its first request served.
     let late = *shutdown.borrow();
+    // A reload retired this connection's configuration: it closes after its current request.
+    let mut retire = worker.retire.subscribe();
     if h2 {
         io.flood = Some((FloodMeter::new(limits.h2_control_frames_per_second), 0));
         let io = TokioIo::new(io);
@@ -386,6 +388,11 @@ async fn drive<T>(
                     conn.as_mut().graceful_shutdown();
                     closing = true;
                 }
+                // GOAWAY: streams in flight finish, the client opens new ones elsewhere
+                _ = retire.wait_for(|r| *r), if !closing => {
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
             }
         }
     } else {
@@ -436,6 +443,9 @@ async fn drive<T>(
         let mut closing = false;
         // Shutdown began while a request head was arriving: close after that request.
         let mut close_after_request = false;
+        // Retired by a reload: the next response says `Connection: close` (an idle
+        // connection is not cut, so a client sending on it at that moment is not failed).
+        let mut retired = false;
         loop {
             if close_after_request && state.phase() == Phase::Serving {
                 conn.as_mut().graceful_shutdown();
@@ -473,6 +483,13 @@ async fn drive<T>(
                         // (bounded by header_read_timeout).
                         Phase::ReadingHead => close_after_request = true,
                         Phase::Serving => conn.as_mut().graceful_shutdown(),
+                    }
+                }
+                _ = retire.wait_for(|r| *r), if !closing && !retired => {
+                    retired = true;
+                    match state.phase() {
+                        Phase::Serving => conn.as_mut().graceful_shutdown(),
+                        Phase::AwaitRequest | Phase::ReadingHead => close_after_request = true,
                     }
                 }
             }
