@@ -1,5 +1,7 @@
 //! The `qweb` command: `serve`, `reload`, `keyserver`, `check-config`.
 
+mod access_sink;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -97,9 +99,9 @@ fn keyserver(path: &std::path::Path, added_latency_ms: u64) -> ExitCode {
     cfg.added_latency = std::time::Duration::from_millis(added_latency_ms);
     let log = qweb_server::config::LogConfig {
         access: false,
-        level: "info".into(),
+        ..Default::default()
     };
-    init_logging(&log);
+    init_logging(&log, None);
     let signals = match Signals::install() {
         Ok(s) => s,
         Err(e) => {
@@ -144,7 +146,9 @@ fn keyserver(path: &std::path::Path, added_latency_ms: u64) -> ExitCode {
     signals.wait(move || server.shutdown())
 }
 
-fn init_logging(config: &qweb_server::config::LogConfig) {
+/// Logs to stderr; access-log lines (target `qweb::access`, already formatted with their
+/// time) to `access` when given.
+fn init_logging(config: &qweb_server::config::LogConfig, access: Option<access_sink::AccessSink>) {
     let filter = std::env::var("RUST_LOG")
         .ok()
         .and_then(|v| EnvFilter::try_new(v).ok())
@@ -163,12 +167,13 @@ fn init_logging(config: &qweb_server::config::LogConfig) {
         .with_ansi(std::io::stderr().is_terminal())
         .with_filter(filter)
         .with_filter(filter_fn(|m| m.target() != "qweb::access"));
-    let access = config.access.then(|| {
+    let access = access.map(|sink| {
         tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stdout)
+            .with_writer(sink)
             .with_ansi(false)
             .with_target(false)
             .with_level(false)
+            .without_time()
             .with_filter(filter_fn(|m| m.target() == "qweb::access"))
     });
     tracing_subscriber::registry()
@@ -188,7 +193,23 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
         },
         None => Config::default_config(),
     };
-    init_logging(&config.log);
+    // always installed: a reload may turn the access log on, or move it
+    let sink = match access_sink::AccessSink::new(config.log.access_file.as_deref()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!(
+                "error: log.access_file {}: {e}",
+                config
+                    .log
+                    .access_file
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new("-"))
+                    .display()
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    init_logging(&config.log, Some(sink.clone()));
     match qweb_server::fd_limit::raise_fd_limit() {
         Ok((old, new)) if old != new => {
             tracing::debug!("open-file limit raised from {old:?} to {new:?}");
@@ -256,7 +277,7 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
     );
     qweb_server::notify::ready();
 
-    let code = signals.serve(server);
+    let code = signals.serve(server, sink);
     drop(pid_file);
     code
 }
@@ -292,6 +313,7 @@ struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -301,38 +323,59 @@ impl Signals {
             .enable_all()
             .build()
             .map_err(|e| format!("cannot start the signal handler: {e}"))?;
-        let (int, term, hup) = rt.block_on(async {
+        let (int, term, hup, usr1) = rt.block_on(async {
             (
                 signal(SignalKind::interrupt()),
                 signal(SignalKind::terminate()),
                 signal(SignalKind::hangup()),
+                signal(SignalKind::user_defined1()),
             )
         });
         let int = int.map_err(|e| format!("cannot install the SIGINT handler: {e}"))?;
         let term = term.map_err(|e| format!("cannot install the SIGTERM handler: {e}"))?;
         let hup = hup.map_err(|e| format!("cannot install the SIGHUP handler: {e}"))?;
-        Ok(Signals { rt, int, term, hup })
+        let usr1 = usr1.map_err(|e| format!("cannot install the SIGUSR1 handler: {e}"))?;
+        Ok(Signals {
+            rt,
+            int,
+            term,
+            hup,
+            usr1,
+        })
     }
 
-    /// Serves until SIGINT/SIGTERM, reloading on SIGHUP, then stops gracefully (a second
-    /// stop signal exits at once).
-    fn serve(self, mut server: qweb_server::RunningServer) -> ExitCode {
+    /// Serves until SIGINT/SIGTERM, reloading on SIGHUP and reopening the access log on
+    /// SIGUSR1, then stops gracefully (a second stop signal exits at once).
+    fn serve(
+        self,
+        mut server: qweb_server::RunningServer,
+        sink: access_sink::AccessSink,
+    ) -> ExitCode {
         let Signals {
             rt,
             mut int,
             mut term,
             mut hup,
+            mut usr1,
         } = self;
         rt.block_on(async {
             loop {
                 tokio::select! {
                     _ = int.recv() => break,
                     _ = term.recv() => break,
+                    _ = usr1.recv() => match sink.reopen() {
+                        Ok(()) => tracing::info!("access log reopened"),
+                        Err(e) => tracing::error!("cannot reopen the access log (the old file stays in use): {e}"),
+                    },
                     _ = hup.recv() => {
                         qweb_server::notify::reloading();
                         // blocks this (signal) thread only: workers serve meanwhile
                         match server.reload_from(None) {
-                            Ok(()) => eprintln!(
+                            Ok(()) => {
+                                if let Err(e) = sink.set_path(server.config().log.access_file.as_deref()) {
+                                    tracing::error!("log.access_file: {e}; the access log stays where it was");
+                                }
+                                eprintln!(
                                 "qweb: configuration reloaded; new connections use it ({} listener(s): {})",
                                 server.local_addrs().len(),
                                 server
@@ -341,7 +384,8 @@ impl Signals {
                                     .map(|a| a.to_string())
                                     .collect::<Vec<_>>()
                                     .join(", ")
-                            ),
+                                )
+                            }
                             Err(e) => eprintln!(
                                 "qweb: reload refused, the running configuration stays: {e}"
                             ),

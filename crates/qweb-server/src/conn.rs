@@ -262,6 +262,13 @@ pub(crate) async fn serve(
                 }
             };
             let h2 = tls.connection().alpn_protocol() == Some(qweb_tls::ALPN_H2);
+            state
+                .tls_version
+                .set(match tls.connection().protocol_version() {
+                    Some(rustls::ProtocolVersion::TLSv1_3) => Some("TLSv1.3"),
+                    Some(rustls::ProtocolVersion::TLSv1_2) => Some("TLSv1.2"),
+                    _ => None,
+                });
             let io = Tracked::new(tls, &state);
             drive(io, true, h2, state, &listener, &worker).await;
         }
@@ -459,7 +466,7 @@ async fn drive<T>(
                         if worker.access_log && (e.is_parse() || e.is_parse_too_large()) {
                             // hyper's parser answered (400, or 431 for a head over its buffer)
                             let status = if e.is_parse_too_large() { 431 } else { 400 };
-                            crate::access_log::refused(state.peer, status);
+                            crate::access_log::refused(worker.log_format, state.peer, status);
                         }
                     }
                     return;

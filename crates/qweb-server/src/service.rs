@@ -70,6 +70,10 @@ impl Service {
             String::new()
         };
         let route_metrics = self.route_metrics(req.uri().path());
+        let fields = self
+            .worker
+            .access_log
+            .then(|| crate::access_log::RequestFields::of(&req));
         // Compression, part 1: negotiate, and map encoded ETags in If-None-Match.
         let negotiated = crate::compress::begin(self.worker.compression.as_ref(), &mut req);
         let resp = self.route(req).await;
@@ -85,6 +89,8 @@ impl Service {
             status: resp.status().as_u16(),
             log: self.worker.access_log,
             route: route_metrics,
+            format: self.worker.log_format,
+            fields,
         };
         resp.map(|b| Logged::new(b, record, guard))
     }

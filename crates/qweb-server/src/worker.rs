@@ -48,6 +48,8 @@ pub(crate) struct WorkerCtx {
     pub limits: Limits,
     pub routes: Vec<Route>,
     pub access_log: bool,
+    /// The access-log line format.
+    pub log_format: crate::config::AccessFormat,
     /// Becomes `true` when the server shuts down.
     pub shutdown: watch::Receiver<bool>,
     /// Becomes `true` when a reload replaced this generation: its connections close after
@@ -205,6 +207,7 @@ impl Worker {
             limits: config.limits.clone(),
             routes,
             access_log: config.log.access,
+            log_format: config.log.format,
             shutdown: self.shutdown.clone(),
             retire: watch::Sender::new(false),
             kill: watch::Sender::new(false),

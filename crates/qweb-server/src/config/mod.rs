@@ -5,6 +5,7 @@
 
 mod compression;
 mod error;
+mod log;
 mod proxy;
 mod raw;
 pub mod units;
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 pub use compression::CompressionConfig;
 pub use error::ConfigError;
+pub use log::AccessFormat;
 use raw::{RawConfig, RawListener, RawRoute, Workers};
 use toml::Spanned;
 
@@ -200,6 +202,10 @@ pub struct LogConfig {
     pub access: bool,
     /// Log filter for everything else (stderr), e.g. `info` or `qweb=debug`.
     pub level: String,
+    /// Access log to this file (appended; reopened on SIGUSR1) instead of stdout.
+    pub access_file: Option<PathBuf>,
+    /// The access-log line format.
+    pub format: AccessFormat,
 }
 
 impl Default for LogConfig {
@@ -207,6 +213,8 @@ impl Default for LogConfig {
         LogConfig {
             access: true,
             level: "info".into(),
+            access_file: None,
+            format: AccessFormat::default(),
         }
     }
 }
@@ -568,6 +576,7 @@ impl Validator<'_> {
             }
             log.level = v.to_owned();
         }
+        self.access_log(&raw.log, &mut log)?;
 
         let offload = self.offload(&raw.offload)?;
         let listeners = match &raw.listeners {

@@ -123,6 +123,8 @@ pub(crate) struct RawLimits {
 pub(crate) struct RawLog {
     pub access: Option<bool>,
     pub level: Option<Spanned<String>>,
+    pub access_file: Option<Spanned<String>>,
+    pub format: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
