@@ -233,6 +233,22 @@ pub(crate) async fn serve(
             drive(io, false, false, state, &listener, &worker).await;
         }
         Some(tls) => {
+            // the first byte and the handshake share one deadline
+            let deadline = tokio::time::Instant::now() + limits.tls_handshake_timeout;
+            let plain = crate::plain_on_tls::starts_with_plain_http(&stream);
+            match tokio::time::timeout_at(deadline, plain).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    tracing::debug!(%peer, "plain HTTP on a TLS port: 400");
+                    crate::plain_on_tls::answer(stream).await;
+                    return;
+                }
+                Err(_) => {
+                    worker.metrics.handshakes_failed.fetch_add(1, Relaxed);
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            }
             let driver = match &tls.offloader {
                 Some(offloader) => qweb_tls::handshake::Driver::Job {
                     offloader,
@@ -243,7 +259,7 @@ pub(crate) async fn serve(
             // A handshake in progress (perhaps paused on an offloaded signature) is not cut by
             // a shutdown: it may finish within its own timeout, bounded by the drain deadline.
             let accept = qweb_tls::handshake::accept(stream, tls.config.clone(), driver);
-            let hs = tokio::time::timeout(limits.tls_handshake_timeout, accept).await;
+            let hs = tokio::time::timeout_at(deadline, accept).await;
             let m = &worker.metrics;
             let tls = match hs {
                 Ok(Ok(tls)) => {

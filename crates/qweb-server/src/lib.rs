@@ -23,6 +23,7 @@ mod log_limit;
 mod metrics;
 pub mod notify;
 mod path;
+mod plain_on_tls;
 mod proxy;
 mod request_rules;
 mod response;

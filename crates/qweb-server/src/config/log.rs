@@ -92,7 +92,10 @@ mod tests {
         assert!(e.contains("q.toml:2:10") && e.contains("log.format"), "{e}");
         assert!(e.contains("qweb, combined, json"), "{e}");
         let e = load("access_file = \"\"").unwrap_err().to_string();
-        assert!(e.contains("q.toml:2:15") && e.contains("log.access_file"), "{e}");
+        assert!(
+            e.contains("q.toml:2:15") && e.contains("log.access_file"),
+            "{e}"
+        );
         let e = load("access_file = \"/\"").unwrap_err().to_string();
         assert!(e.contains("is a folder"), "{e}");
     }
