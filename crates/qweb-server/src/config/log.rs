@@ -100,3 +100,25 @@ mod tests {
         assert!(e.contains("is a folder"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod plain_http2 {
+    use crate::Config;
+    use std::path::Path;
+
+    #[test]
+    fn http2_on_a_plain_listener_is_refused_with_its_place() {
+        let text = "[[listener]]\naddress = \"127.0.0.1:0\"\nhttp2 = true\n";
+        let e = Config::from_str_at(text, Some(Path::new("q.toml")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("q.toml:3:9") && e.contains("listener[0].http2"),
+            "{e}"
+        );
+        assert!(e.contains("h2c is not served"), "{e}");
+        // said false, or left out: fine
+        let text = "[[listener]]\naddress = \"127.0.0.1:0\"\nhttp2 = false\n";
+        assert!(Config::from_str_at(text, None).is_ok());
+    }
+}

@@ -937,7 +937,17 @@ impl Validator<'_> {
                 }
             }
         };
-        let http2 = l.http2.unwrap_or(true);
+        // h2c is not served: an explicit `http2 = true` on a plain listener is a mistake
+        if let (Some(h), None) = (&l.http2, &tls) {
+            if *h.get_ref() {
+                return Err(self.err(
+                    Some(h.span()),
+                    format!("listener[{i}].http2"),
+                    "HTTP/2 needs TLS here (h2c is not served): add [listener.tls] or remove http2",
+                ));
+            }
+        }
+        let http2 = l.http2.as_ref().map_or(true, |h| *h.get_ref());
         Ok(ListenerConfig {
             address: *l.address.get_ref(),
             http2: http2 && tls.is_some(),

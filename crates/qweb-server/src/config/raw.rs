@@ -131,7 +131,7 @@ pub(crate) struct RawLog {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawListener {
     pub address: Spanned<SocketAddr>,
-    pub http2: Option<bool>,
+    pub http2: Option<Spanned<bool>>,
     pub tls: Option<Spanned<RawTls>>,
     pub offload: Option<Spanned<RawListenerOffload>>,
 }
