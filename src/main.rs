@@ -1,4 +1,6 @@
-//! The `qweb` command: `serve`, `check-config`.
+//! The `qweb` command: `serve`, `reload`, `keyserver`, `check-config`.
+
+mod access_sink;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -46,6 +48,15 @@ enum Command {
         #[arg(long, value_name = "MS", default_value_t = 0)]
         added_latency_ms: u64,
     },
+    /// Reload the running `qweb serve` (as SIGHUP does): it reads and validates its
+    /// configuration file again; on an error it keeps serving the old one and logs where the
+    /// error is. The instance is found through its pid file in the state folder (of --config's
+    /// `state_dir`, else the default one). Exits 1 when no instance runs.
+    Reload {
+        /// The configuration file the instance runs with (to find its state folder).
+        #[arg(short, long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
     /// Validate a configuration file and exit: 0 when valid, 1 with the file, line and key of
     /// the first error otherwise. Certificates and keys are loaded to check them.
     CheckConfig {
@@ -75,6 +86,7 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve { config } => serve(config),
+        Command::Reload { config } => reload(config),
         Command::Keyserver {
             config,
             added_latency_ms,
@@ -93,9 +105,9 @@ fn keyserver(path: &std::path::Path, added_latency_ms: u64) -> ExitCode {
     cfg.added_latency = std::time::Duration::from_millis(added_latency_ms);
     let log = qweb_server::config::LogConfig {
         access: false,
-        level: "info".into(),
+        ..Default::default()
     };
-    init_logging(&log);
+    init_logging(&log, None);
     let signals = match Signals::install() {
         Ok(s) => s,
         Err(e) => {
@@ -140,7 +152,9 @@ fn keyserver(path: &std::path::Path, added_latency_ms: u64) -> ExitCode {
     signals.wait(move || server.shutdown())
 }
 
-fn init_logging(config: &qweb_server::config::LogConfig) {
+/// Logs to stderr; access-log lines (target `qweb::access`, already formatted with their
+/// time) to `access` when given.
+fn init_logging(config: &qweb_server::config::LogConfig, access: Option<access_sink::AccessSink>) {
     let filter = std::env::var("RUST_LOG")
         .ok()
         .and_then(|v| EnvFilter::try_new(v).ok())
@@ -159,12 +173,13 @@ fn init_logging(config: &qweb_server::config::LogConfig) {
         .with_ansi(std::io::stderr().is_terminal())
         .with_filter(filter)
         .with_filter(filter_fn(|m| m.target() != "qweb::access"));
-    let access = config.access.then(|| {
+    let access = access.map(|sink| {
         tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stdout)
+            .with_writer(sink)
             .with_ansi(false)
             .with_target(false)
             .with_level(false)
+            .without_time()
             .with_filter(filter_fn(|m| m.target() == "qweb::access"))
     });
     tracing_subscriber::registry()
@@ -184,7 +199,23 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
         },
         None => Config::default_config(),
     };
-    init_logging(&config.log);
+    // always installed: a reload may turn the access log on, or move it
+    let sink = match access_sink::AccessSink::new(config.log.access_file.as_deref()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!(
+                "error: log.access_file {}: {e}",
+                config
+                    .log
+                    .access_file
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new("-"))
+                    .display()
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    init_logging(&config.log, Some(sink.clone()));
     match qweb_server::fd_limit::raise_fd_limit() {
         Ok((old, new)) if old != new => {
             tracing::debug!("open-file limit raised from {old:?} to {new:?}");
@@ -235,17 +266,60 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
             w.display()
         );
     }
-    eprintln!("qweb: {workers} worker(s); Ctrl-C or SIGTERM stops");
+    if let Some(a) = server.admin_addr() {
+        eprintln!("qweb: metrics on http://{a}/metrics");
+    }
+    let pid_file = match qweb_server::control::PidFile::write(&server.config().state_dir) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            tracing::warn!(
+                "cannot write the pid file (`qweb reload` will not find this instance): {e}"
+            );
+            None
+        }
+    };
+    eprintln!(
+        "qweb: {workers} worker(s); Ctrl-C or SIGTERM stops, SIGHUP or `qweb reload` reloads"
+    );
+    qweb_server::notify::ready();
 
-    signals.wait(move || server.shutdown())
+    let code = signals.serve(server, sink);
+    drop(pid_file);
+    code
 }
 
-/// SIGINT and SIGTERM handlers, installed before the process says it is ready (so that a
-/// signal sent right after the ready line is never the default, fatal one).
+/// `qweb reload`: signals the running instance through its pid file.
+fn reload(config: Option<PathBuf>) -> ExitCode {
+    let state_dir = match &config {
+        Some(p) => match Config::from_file(p) {
+            Ok(c) => c.state_dir,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => Config::default_config().state_dir,
+    };
+    match qweb_server::control::signal_instance(&state_dir, qweb_server::control::RELOAD) {
+        Ok(pid) => {
+            eprintln!("qweb: asked process {pid} to reload (SIGHUP); it logs the result");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// SIGINT, SIGTERM and SIGHUP handlers, installed before the process says it is ready (so
+/// that a signal sent right after the ready line is never the default, fatal one).
 struct Signals {
     rt: tokio::runtime::Runtime,
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -255,15 +329,80 @@ impl Signals {
             .enable_all()
             .build()
             .map_err(|e| format!("cannot start the signal handler: {e}"))?;
-        let (int, term) = rt.block_on(async {
+        let (int, term, hup, usr1) = rt.block_on(async {
             (
                 signal(SignalKind::interrupt()),
                 signal(SignalKind::terminate()),
+                signal(SignalKind::hangup()),
+                signal(SignalKind::user_defined1()),
             )
         });
         let int = int.map_err(|e| format!("cannot install the SIGINT handler: {e}"))?;
         let term = term.map_err(|e| format!("cannot install the SIGTERM handler: {e}"))?;
-        Ok(Signals { rt, int, term })
+        let hup = hup.map_err(|e| format!("cannot install the SIGHUP handler: {e}"))?;
+        let usr1 = usr1.map_err(|e| format!("cannot install the SIGUSR1 handler: {e}"))?;
+        Ok(Signals {
+            rt,
+            int,
+            term,
+            hup,
+            usr1,
+        })
+    }
+
+    /// Serves until SIGINT/SIGTERM, reloading on SIGHUP and reopening the access log on
+    /// SIGUSR1, then stops gracefully (a second stop signal exits at once).
+    fn serve(
+        self,
+        mut server: qweb_server::RunningServer,
+        sink: access_sink::AccessSink,
+    ) -> ExitCode {
+        let Signals {
+            rt,
+            mut int,
+            mut term,
+            mut hup,
+            mut usr1,
+        } = self;
+        rt.block_on(async {
+            loop {
+                tokio::select! {
+                    _ = int.recv() => break,
+                    _ = term.recv() => break,
+                    _ = usr1.recv() => match sink.reopen() {
+                        Ok(()) => tracing::info!("access log reopened"),
+                        Err(e) => tracing::error!("cannot reopen the access log (the old file stays in use): {e}"),
+                    },
+                    _ = hup.recv() => {
+                        qweb_server::notify::reloading();
+                        // blocks this (signal) thread only: workers serve meanwhile
+                        match server.reload_from(None) {
+                            Ok(()) => {
+                                if let Err(e) = sink.set_path(server.config().log.access_file.as_deref()) {
+                                    tracing::error!("log.access_file: {e}; the access log stays where it was");
+                                }
+                                eprintln!(
+                                "qweb: configuration reloaded; new connections use it ({} listener(s): {})",
+                                server.local_addrs().len(),
+                                server
+                                    .local_addrs()
+                                    .iter()
+                                    .map(|a| a.to_string())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                                )
+                            }
+                            Err(e) => eprintln!(
+                                "qweb: reload refused, the running configuration stays: {e}"
+                            ),
+                        }
+                        qweb_server::notify::ready();
+                    }
+                }
+            }
+        });
+        qweb_server::notify::stopping();
+        Signals::stop_gracefully(rt, int, term, move || server.shutdown())
     }
 
     /// Waits for SIGINT/SIGTERM, then runs `stop` (a graceful shutdown); a second signal
@@ -273,12 +412,25 @@ impl Signals {
             rt,
             mut int,
             mut term,
+            ..
         } = self;
-        rt.block_on(async move {
+        rt.block_on(async {
             tokio::select! {
                 _ = int.recv() => {}
                 _ = term.recv() => {}
             }
+        });
+        Signals::stop_gracefully(rt, int, term, stop)
+    }
+
+    /// Runs `stop` (a graceful shutdown); a second SIGINT/SIGTERM exits at once.
+    fn stop_gracefully(
+        rt: tokio::runtime::Runtime,
+        mut int: tokio::signal::unix::Signal,
+        mut term: tokio::signal::unix::Signal,
+        stop: impl FnOnce() + Send + 'static,
+    ) -> ExitCode {
+        rt.block_on(async move {
             tracing::info!("shutting down: no new connections; waiting for in-flight requests");
             let mut stopping = tokio::task::spawn_blocking(stop);
             let code = tokio::select! {

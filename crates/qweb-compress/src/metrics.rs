@@ -1,8 +1,15 @@
-//! Compression counters, shared by every worker (relaxed atomics), rendered for `/metrics`.
+//! Compression counters, shared by every worker (relaxed atomics), registered in the
+//! server's `/metrics` registry.
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 use qweb_offload::compress::Codec;
 
 /// Counters and gauges of the compression layer.
@@ -35,97 +42,97 @@ pub struct CompressMetrics {
 }
 
 impl CompressMetrics {
-    /// Appends the Prometheus text exposition of these metrics.
-    pub fn write_prometheus(&self, out: &mut String) {
+    /// Registers the compression families (`qweb_compression_*`) in `registry`; a scrape
+    /// reads these counters as they are then.
+    pub fn register(self: &Arc<Self>, registry: &mut Registry) {
+        registry.register_collector(Box::new(self.clone()));
+    }
+}
+
+impl Collector for CompressMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         let per_codec: [(&str, &str, &[AtomicU64; 3]); 3] = [
             (
-                "qweb_compression_bytes_in_total",
+                "qweb_compression_bytes_in",
                 "Identity bytes encoded, per codec.",
                 &self.bytes_in,
             ),
             (
-                "qweb_compression_bytes_out_total",
+                "qweb_compression_bytes_out",
                 "Encoded bytes sent, per codec.",
                 &self.bytes_out,
             ),
             (
-                "qweb_compression_responses_total",
+                "qweb_compression_responses",
                 "Responses encoded, per codec.",
                 &self.responses,
             ),
         ];
         for (name, help, values) in per_codec {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             for c in Codec::ALL {
-                let _ = writeln!(
-                    out,
-                    "{name}{{codec=\"{}\"}} {}",
-                    c.token(),
-                    values[c.index()].load(Relaxed)
-                );
+                let labels = [("codec", c.token())];
+                ConstCounter::new(values[c.index()].load(Relaxed))
+                    .encode(family.encode_family(&labels)?)?;
             }
         }
-        let singles: [(&str, &str, &str, i64); 9] = [
+        let counters: [(&str, &str, &AtomicU64); 7] = [
             (
-                "qweb_compression_chunks_total",
-                "counter",
+                "qweb_compression_chunks",
                 "Chunk ops submitted to engines.",
-                self.chunks.load(Relaxed) as i64,
+                &self.chunks,
             ),
+            (
+                "qweb_compression_fallbacks",
+                "Chunks compressed in software after an engine failure, timeout or saturation.",
+                &self.fallbacks,
+            ),
+            (
+                "qweb_compression_cache_hits",
+                "Compressed-variant cache hits.",
+                &self.cache_hits,
+            ),
+            (
+                "qweb_compression_cache_misses",
+                "Compressed-variant cache misses.",
+                &self.cache_misses,
+            ),
+            (
+                "qweb_compression_cache_evictions",
+                "Variants evicted to stay within the cache budget.",
+                &self.cache_evictions,
+            ),
+            (
+                "qweb_compression_cache_invalidations",
+                "Variants dropped because their file changed.",
+                &self.cache_invalidations,
+            ),
+            (
+                "qweb_compression_sidecar_hits",
+                "Responses served from a precompressed sidecar file.",
+                &self.sidecar_hits,
+            ),
+        ];
+        for (name, help, v) in counters {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(v.load(Relaxed)).encode(family)?;
+        }
+        let gauges: [(&str, &str, &AtomicI64); 2] = [
             (
                 "qweb_compression_chunks_in_flight",
-                "gauge",
                 "Chunk ops submitted and not yet written out.",
-                self.chunks_in_flight.load(Relaxed),
-            ),
-            (
-                "qweb_compression_fallbacks_total",
-                "counter",
-                "Chunks compressed in software after an engine failure, timeout or saturation.",
-                self.fallbacks.load(Relaxed) as i64,
-            ),
-            (
-                "qweb_compression_cache_hits_total",
-                "counter",
-                "Compressed-variant cache hits.",
-                self.cache_hits.load(Relaxed) as i64,
-            ),
-            (
-                "qweb_compression_cache_misses_total",
-                "counter",
-                "Compressed-variant cache misses.",
-                self.cache_misses.load(Relaxed) as i64,
-            ),
-            (
-                "qweb_compression_cache_evictions_total",
-                "counter",
-                "Variants evicted to stay within the cache budget.",
-                self.cache_evictions.load(Relaxed) as i64,
-            ),
-            (
-                "qweb_compression_cache_invalidations_total",
-                "counter",
-                "Variants dropped because their file changed.",
-                self.cache_invalidations.load(Relaxed) as i64,
+                &self.chunks_in_flight,
             ),
             (
                 "qweb_compression_cache_bytes",
-                "gauge",
                 "Bytes held in the compressed-variant caches.",
-                self.cache_bytes.load(Relaxed),
-            ),
-            (
-                "qweb_compression_sidecar_hits_total",
-                "counter",
-                "Responses served from a precompressed sidecar file.",
-                self.sidecar_hits.load(Relaxed) as i64,
+                &self.cache_bytes,
             ),
         ];
-        for (name, kind, help, v) in singles {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-            );
+        for (name, help, v) in gauges {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(v.load(Relaxed)).encode(family)?;
         }
+        Ok(())
     }
 }

@@ -13,5 +13,6 @@
 pub mod accept;
 pub mod client;
 pub mod conn;
+mod metrics;
 pub mod protocol;
 pub mod server;

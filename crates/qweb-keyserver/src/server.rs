@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use qweb_offload::{Engine, KeyId, LocalKey, PoolConfig, PoolEngine};
+use qweb_offload::{KeyId, LocalKey, PoolConfig, PoolEngine};
 use serde::Deserialize;
 use tokio::sync::watch;
 
@@ -547,14 +547,17 @@ async fn admin(l: tokio::net::TcpListener, state: Arc<State>, mut shutdown: watc
             let svc =
                 hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                     let body = if req.uri().path() == "/metrics" {
-                        Ok(render(&state))
+                        Ok(crate::metrics::render(&state))
                     } else {
                         Err(())
                     };
                     async move {
                         let resp = match body {
                             Ok(b) => http::Response::builder()
-                                .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+                                .header(
+                                    "content-type",
+                                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                                )
                                 .body(http_body_util::Full::new(bytes::Bytes::from(b))),
                             Err(()) => http::Response::builder().status(404).body(
                                 http_body_util::Full::new(bytes::Bytes::from_static(
@@ -570,57 +573,6 @@ async fn admin(l: tokio::net::TcpListener, state: Arc<State>, mut shutdown: watc
             let _ = tokio::time::timeout(ADMIN_CONNECTION_LIFETIME, conn).await;
         });
     }
-}
-
-fn render(state: &State) -> String {
-    use std::fmt::Write;
-    let m = &state.metrics;
-    let mut out = String::new();
-    for (name, kind, help, v) in [
-        (
-            "qweb_keyserver_requests_total",
-            "counter",
-            "Requests received.",
-            m.requests.load(Relaxed) as i64,
-        ),
-        (
-            "qweb_keyserver_errors_total",
-            "counter",
-            "Error answers sent.",
-            m.errors.load(Relaxed) as i64,
-        ),
-        (
-            "qweb_keyserver_rejected_connections_total",
-            "counter",
-            "Connections refused or dropped.",
-            m.rejected_connections.load(Relaxed) as i64,
-        ),
-        (
-            "qweb_keyserver_timed_out_connections_total",
-            "counter",
-            "Connections closed because a frame or an answer stalled past frame_timeout.",
-            m.timed_out_connections.load(Relaxed) as i64,
-        ),
-        (
-            "qweb_keyserver_accept_errors_total",
-            "counter",
-            "Failed accepts (e.g. out of file descriptors).",
-            m.accept_errors.load(Relaxed) as i64,
-        ),
-        (
-            "qweb_keyserver_connections",
-            "gauge",
-            "Open client connections.",
-            m.connections.load(Relaxed),
-        ),
-    ] {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-        );
-    }
-    state.pool.metrics().write_prometheus(&mut out, "keyserver");
-    out
 }
 
 #[cfg(test)]

@@ -224,9 +224,11 @@ fn keyserver_up_gauge_and_timeouts_in_the_metrics() {
         )
         .unwrap(),
     );
+    let mut registry = prometheus_client::registry::Registry::default();
+    qweb_offload::EngineSet::new(vec![engine.clone()]).register(&mut registry);
     let render = || {
         let mut out = String::new();
-        qweb_offload::write_engines(&mut out, std::slice::from_ref(&engine));
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
         out
     };
     // the label value is escaped (the path has a quote)

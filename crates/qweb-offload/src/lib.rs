@@ -27,6 +27,6 @@ mod op;
 pub use completion::{channel, Completer, Completion, Delivery};
 pub use engine::{run_blocking, Engine, InlineEngine, PoolConfig, PoolEngine, Submission};
 pub use key::{KeyError, KeyKind, LocalKey};
-pub use metrics::{write_engines, EngineMetrics};
+pub use metrics::{EngineMetrics, EngineSet};
 pub use offloader::{BatchConfig, Offloader, Timed};
 pub use op::{KeyId, KeyRef, Op, OpError, OpOutput, OpResult, SignOp, SignScheme};

@@ -14,10 +14,16 @@
 //! `submitted = completed + failed + timed_out + cancelled + in flight`, where an op given
 //! up by its waiter stays in flight until the engine is done with it.
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 
 use crate::completion::{Completer, Delivery};
 use crate::engine::Engine;
@@ -113,171 +119,199 @@ impl EngineMetrics {
         self.latency_sum_ns
             .fetch_add(latency.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
     }
+}
 
-    /// Writes the metrics of this one engine in Prometheus text format, label
-    /// `engine="<name>"`, each family with its `# HELP`/`# TYPE` lines. For several engines
-    /// use [`write_engines`] (a family's samples must not be split).
-    pub fn write_prometheus(&self, out: &mut String, engine: &str) {
-        write_families(out, &[(engine, self)], &[]);
+/// The engines `/metrics` reports: the whole set is replaced when a reload changes it, so a
+/// scrape always sees the engines in use now.
+#[derive(Clone, Default)]
+pub struct EngineSet(Arc<Mutex<Vec<Arc<dyn Engine>>>>);
+
+impl std::fmt::Debug for EngineSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self
+            .snapshot()
+            .iter()
+            .map(|e| e.name().to_owned())
+            .collect();
+        f.debug_tuple("EngineSet").field(&names).finish()
     }
 }
 
-/// Writes the metrics of `engines` in Prometheus text format: each family once, with its
-/// `# HELP`/`# TYPE` lines, then one sample per engine (label `engine`); and
-/// `qweb_keyserver_up{engine, server}` for the servers engines talk to ([`Engine::servers_up`]).
-pub fn write_engines(out: &mut String, engines: &[Arc<dyn Engine>]) {
-    let named: Vec<(&str, &EngineMetrics)> =
-        engines.iter().map(|e| (e.name(), e.metrics())).collect();
-    let mut up = Vec::new();
-    for e in engines {
-        for (server, is_up) in e.servers_up() {
-            up.push((e.name().to_owned(), server, is_up));
+impl EngineSet {
+    /// A set of these engines.
+    pub fn new(engines: Vec<Arc<dyn Engine>>) -> Self {
+        EngineSet(Arc::new(Mutex::new(engines)))
+    }
+
+    /// Replaces the engines reported.
+    pub fn set(&self, engines: Vec<Arc<dyn Engine>>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = engines;
+    }
+
+    /// The engines reported now.
+    pub fn snapshot(&self) -> Vec<Arc<dyn Engine>> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Registers the engine families (`qweb_offload_*`, `qweb_keyserver_up`) in `registry`:
+    /// each family once, one sample per engine of the set at scrape time.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register_collector(Box::new(self.clone()));
+    }
+}
+
+impl Collector for EngineSet {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let engines = self.snapshot();
+        let named: Vec<(&str, &EngineMetrics)> =
+            engines.iter().map(|e| (e.name(), e.metrics())).collect();
+        let mut up = Vec::new();
+        for e in &engines {
+            for (server, is_up) in e.servers_up() {
+                up.push((e.name(), server, is_up));
+            }
         }
+        encode_engines(&mut encoder, &named, &up)
     }
-    write_families(out, &named, &up);
 }
 
-/// A Prometheus label value: `\`, `"` and line feeds escaped.
-pub fn escape_label(v: &str) -> String {
-    let mut s = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => s.push_str("\\\\"),
-            '"' => s.push_str("\\\""),
-            '\n' => s.push_str("\\n"),
-            c => s.push(c),
-        }
-    }
-    s
-}
+type CounterOf = fn(&EngineMetrics) -> &AtomicU64;
+type GaugeOf = fn(&EngineMetrics) -> &AtomicI64;
 
-fn write_families(
-    out: &mut String,
+/// The counter families: name (without `_total`), help, field.
+const COUNTERS: [(&str, &str, CounterOf); 8] = [
+    (
+        "qweb_offload_ops_submitted",
+        "Ops handed to the engine.",
+        |m| &m.submitted,
+    ),
+    (
+        "qweb_offload_ops_completed",
+        "Ops completed with a result.",
+        |m| &m.completed,
+    ),
+    (
+        "qweb_offload_ops_failed",
+        "Ops that failed with an engine error (not counting timeouts and cancellations).",
+        |m| &m.failed,
+    ),
+    (
+        "qweb_offload_ops_timed_out",
+        "Ops not done within the timeout (each counted once).",
+        |m| &m.timed_out,
+    ),
+    (
+        "qweb_offload_ops_cancelled",
+        "Ops whose waiter went away before the result (e.g. the TLS client left).",
+        |m| &m.cancelled,
+    ),
+    (
+        "qweb_offload_ops_fallback",
+        "Ops run in software instead of on the engine.",
+        |m| &m.fallen_back,
+    ),
+    (
+        "qweb_offload_ops_saturated",
+        "Ops refused because the engine queue was full.",
+        |m| &m.saturated,
+    ),
+    (
+        "qweb_offload_batches",
+        "Submission batches (engine wake-ups).",
+        |m| &m.batches,
+    ),
+];
+
+/// The gauge families.
+const GAUGES: [(&str, &str, GaugeOf); 3] = [
+    (
+        "qweb_offload_in_flight",
+        "Ops submitted and not completed.",
+        |m| &m.in_flight,
+    ),
+    (
+        "qweb_offload_in_flight_peak",
+        "Highest number of ops in flight.",
+        |m| &m.in_flight_peak,
+    ),
+    (
+        "qweb_offload_queue_depth",
+        "Ops waiting for an engine thread.",
+        |m| &m.queue_depth,
+    ),
+];
+
+/// Encodes the engine families for `engines` (name, metrics): each family once, one sample
+/// per engine (label `engine`), and `qweb_keyserver_up{engine, server}` for `servers_up`
+/// (engine, server, up). For collectors that own their engines differently (the key server's
+/// own signing pool); [`EngineSet`] uses it.
+pub fn encode_engines(
+    encoder: &mut DescriptorEncoder,
     engines: &[(&str, &EngineMetrics)],
-    up: &[(String, String, bool)],
-) {
-    type Counter = fn(&EngineMetrics) -> &AtomicU64;
-    let counters: [(&str, &str, Counter); 8] = [
-        (
-            "qweb_offload_ops_submitted_total",
-            "Ops handed to the engine.",
-            |m| &m.submitted,
-        ),
-        (
-            "qweb_offload_ops_completed_total",
-            "Ops completed with a result.",
-            |m| &m.completed,
-        ),
-        (
-            "qweb_offload_ops_failed_total",
-            "Ops that failed with an engine error (not counting timeouts and cancellations).",
-            |m| &m.failed,
-        ),
-        (
-            "qweb_offload_ops_timed_out_total",
-            "Ops not done within the timeout (each counted once).",
-            |m| &m.timed_out,
-        ),
-        (
-            "qweb_offload_ops_cancelled_total",
-            "Ops whose waiter went away before the result (e.g. the TLS client left).",
-            |m| &m.cancelled,
-        ),
-        (
-            "qweb_offload_ops_fallback_total",
-            "Ops run in software instead of on the engine.",
-            |m| &m.fallen_back,
-        ),
-        (
-            "qweb_offload_ops_saturated_total",
-            "Ops refused because the engine queue was full.",
-            |m| &m.saturated,
-        ),
-        (
-            "qweb_offload_batches_total",
-            "Submission batches (engine wake-ups).",
-            |m| &m.batches,
-        ),
-    ];
-    let labels: Vec<String> = engines.iter().map(|(n, _)| escape_label(n)).collect();
-    for (name, help, get) in counters {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-        for ((_, m), engine) in engines.iter().zip(&labels) {
-            let _ = writeln!(
-                out,
-                "{name}{{engine=\"{engine}\"}} {}",
-                get(m).load(Relaxed)
-            );
+    servers_up: &[(&str, String, bool)],
+) -> std::fmt::Result {
+    for (name, help, get) in COUNTERS {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for (engine, m) in engines {
+            let labels = [("engine", *engine)];
+            ConstCounter::new(get(m).load(Relaxed)).encode(family.encode_family(&labels)?)?;
         }
     }
-    type Gauge = fn(&EngineMetrics) -> &AtomicI64;
-    let gauges: [(&str, &str, Gauge); 3] = [
-        (
-            "qweb_offload_in_flight",
-            "Ops submitted and not completed.",
-            |m| &m.in_flight,
-        ),
-        (
-            "qweb_offload_in_flight_peak",
-            "Highest number of ops in flight.",
-            |m| &m.in_flight_peak,
-        ),
-        (
-            "qweb_offload_queue_depth",
-            "Ops waiting for an engine thread.",
-            |m| &m.queue_depth,
-        ),
-    ];
-    for (name, help, get) in gauges {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-        for ((_, m), engine) in engines.iter().zip(&labels) {
-            let _ = writeln!(
-                out,
-                "{name}{{engine=\"{engine}\"}} {}",
-                get(m).load(Relaxed)
-            );
+    for (name, help, get) in GAUGES {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for (engine, m) in engines {
+            let labels = [("engine", *engine)];
+            ConstGauge::new(get(m).load(Relaxed)).encode(family.encode_family(&labels)?)?;
         }
     }
-    let name = "qweb_offload_op_latency_seconds";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Op latency from submission to completion.\n# TYPE {name} histogram"
-    );
-    for ((_, m), engine) in engines.iter().zip(&labels) {
+    let mut family = encoder.encode_descriptor(
+        "qweb_offload_op_latency_seconds",
+        "Op latency from submission to completion.",
+        None,
+        MetricType::Histogram,
+    )?;
+    for (engine, m) in engines {
+        let labels = [("engine", *engine)];
+        let (sum, count, buckets) = m.latency_snapshot();
+        family
+            .encode_family(&labels)?
+            .encode_histogram::<NoLabelSet>(sum, count, &buckets, None)?;
+    }
+    if !servers_up.is_empty() {
+        let mut family = encoder.encode_descriptor(
+            "qweb_keyserver_up",
+            "1 when at least one connection to the key server is established.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (engine, server, is_up) in servers_up {
+            let labels = [("engine", *engine), ("server", server.as_str())];
+            ConstGauge::new(i64::from(*is_up)).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
+impl EngineMetrics {
+    /// The latency histogram as (sum in seconds, count, per-bucket counts with their upper
+    /// bounds, `+Inf` last). Read while ops complete: the count is the buckets' total, so
+    /// the histogram is consistent even when a completion lands mid-read.
+    fn latency_snapshot(&self) -> (f64, u64, Vec<(f64, u64)>) {
+        let mut buckets = Vec::with_capacity(LATENCY_BUCKETS.len() + 1);
+        let mut below = 0u64;
         for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{engine=\"{engine}\",le=\"{le}\"}} {}",
-                m.latency_buckets[i].load(Relaxed)
-            );
+            // stored cumulatively; read in order, a later bucket is never below an earlier one
+            let cumulative = self.latency_buckets[i].load(Relaxed).max(below);
+            buckets.push((*le, cumulative - below));
+            below = cumulative;
         }
-        let count = m.latency_count.load(Relaxed);
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{engine=\"{engine}\",le=\"+Inf\"}} {count}"
-        );
-        let _ = writeln!(
-            out,
-            "{name}_sum{{engine=\"{engine}\"}} {}",
-            m.latency_sum_ns.load(Relaxed) as f64 / 1e9
-        );
-        let _ = writeln!(out, "{name}_count{{engine=\"{engine}\"}} {count}");
-    }
-    if !up.is_empty() {
-        let name = "qweb_keyserver_up";
-        let _ = writeln!(
-            out,
-            "# HELP {name} 1 when at least one connection to the key server is established.\n# TYPE {name} gauge"
-        );
-        for (engine, server, is_up) in up {
-            let _ = writeln!(
-                out,
-                "{name}{{engine=\"{}\",server=\"{}\"}} {}",
-                escape_label(engine),
-                escape_label(server),
-                u8::from(*is_up)
-            );
-        }
+        let count = self.latency_count.load(Relaxed).max(below);
+        buckets.push((f64::INFINITY, count - below));
+        let sum = self.latency_sum_ns.load(Relaxed) as f64 / 1e9;
+        (sum, count, buckets)
     }
 }
 
@@ -302,14 +336,21 @@ mod tests {
         }
     }
 
+    fn render(set: &EngineSet) -> String {
+        let mut registry = Registry::default();
+        set.register(&mut registry);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        out
+    }
+
     #[test]
     fn every_family_once_with_all_engines_and_escaped_labels() {
-        let engines: Vec<Arc<dyn Engine>> = vec![
+        let set = EngineSet::new(vec![
             Arc::new(InlineEngine::new("a")),
             Arc::new(Remote(InlineEngine::new("x"))),
-        ];
-        let mut out = String::new();
-        write_engines(&mut out, &engines);
+        ]);
+        let out = render(&set);
         let mut seen = Vec::new();
         let mut last = "";
         for l in out.lines() {
@@ -323,14 +364,31 @@ mod tests {
                 assert!(l.starts_with(last), "{l} outside its family {last}:\n{out}");
             }
         }
-        assert_eq!(
-            out.matches("# HELP qweb_offload_ops_cancelled_total")
-                .count(),
-            1
-        );
+        assert!(out.ends_with("# EOF\n"), "{out}");
+        assert_eq!(out.matches("# HELP qweb_offload_ops_cancelled ").count(), 1);
         assert!(out.contains("qweb_offload_ops_failed_total{engine=\"a\"} 0"));
         assert!(out.contains("qweb_offload_ops_failed_total{engine=\"r\\\"1\"} 0"));
         assert!(out.contains("qweb_keyserver_up{engine=\"r\\\"1\",server=\"unix:/a\\\\b\"} 1"));
         assert!(out.contains("qweb_keyserver_up{engine=\"r\\\"1\",server=\"tls://k:1\"} 0"));
+    }
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_end_at_the_count() {
+        let m = EngineMetrics::default();
+        m.on_submit(3);
+        m.record_latency(Duration::from_micros(50));
+        m.record_latency(Duration::from_millis(3));
+        m.record_latency(Duration::from_secs(5));
+        let (_, count, buckets) = m.latency_snapshot();
+        assert_eq!(count, 3);
+        assert_eq!(buckets.iter().map(|b| b.1).sum::<u64>(), 3);
+        assert_eq!(buckets[0], (0.0001, 1));
+        assert_eq!(buckets.last().copied(), Some((f64::INFINITY, 1)));
+        let set = EngineSet::new(vec![Arc::new(InlineEngine::new("a"))]);
+        set.set(Vec::new());
+        assert!(
+            !render(&set).contains("engine=\"a\""),
+            "a replaced set is what a scrape shows"
+        );
     }
 }

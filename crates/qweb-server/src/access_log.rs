@@ -1,20 +1,228 @@
-//! The access log: one line per request on stdout (target `qweb::access`), written when the
-//! response is finished or abandoned:
+//! The access log: one line per request (target `qweb::access`; stdout, or `[log]
+//! access_file`), written when the response is finished or abandoned, in one of three
+//! formats (`[log] format`):
 //!
-//! `<client> "<method> <target> <protocol>" <status> <body bytes> <ms to last byte>[ aborted]`
+//! - `qweb` (default): `<time> <client> "<method> <target> <protocol>" <status> <body bytes>
+//!   <ms to last byte>ms[ aborted]`;
+//! - `combined`: nginx's, plus the request time in seconds and the TLS version:
+//!   `<ip> - - [<time>] "<method> <target> <protocol>" <status> <bytes> "<referer>"
+//!   "<user agent>" <seconds> <tls|->[ aborted]`;
+//! - `json`: one object per line with the same fields, `host` too.
 //!
 //! `aborted` marks a response whose body did not go out whole (the client went away, the send
 //! timeout or an upstream error cut it); its byte count is what was handed to the connection.
-//! Requests that hyper's HTTP/1 parser refused before qweb saw them are logged as
-//! `<client> "-" <status> 0 0.000ms refused`. Fields are escaped as nginx does
-//! (`escape=default`): `"`, `\`, control bytes, DEL and non-ASCII bytes become `\xHH`, so a
-//! request cannot forge log fields or lines.
+//! Requests that hyper's HTTP/1 parser refused before qweb saw them are logged with `-` as
+//! the request (`refused`). Fields are escaped as nginx does (`escape=default`): `"`, `\`,
+//! control bytes, DEL and non-ASCII bytes become `\xHH`, so a request cannot forge log fields
+//! or lines (JSON: the same bytes as `\u00HH`).
 
+use std::fmt::Write;
 use std::net::SocketAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::header;
+
+use crate::config::AccessFormat;
+
+/// The request header fields the access log shows, taken before the request is consumed.
+#[derive(Debug, Default)]
+pub(crate) struct RequestFields {
+    pub host: Option<String>,
+    pub user_agent: Option<String>,
+    pub referer: Option<String>,
+}
+
+impl RequestFields {
+    /// `Host` (or the target's authority), `User-Agent` and `Referer` of `req`, lossily
+    /// decoded (escaped when written).
+    pub(crate) fn of<B>(req: &http::Request<B>) -> RequestFields {
+        let get = |name: header::HeaderName| {
+            req.headers()
+                .get(name)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        };
+        RequestFields {
+            host: req
+                .uri()
+                .authority()
+                .map(|a| a.as_str().to_owned())
+                .or_else(|| get(header::HOST)),
+            user_agent: get(header::USER_AGENT),
+            referer: get(header::REFERER),
+        }
+    }
+}
+
+/// One finished (or abandoned) request.
+pub(crate) struct Entry<'a> {
+    pub peer: SocketAddr,
+    pub method: &'a str,
+    /// The request target, already escaped.
+    pub target: &'a str,
+    pub protocol: &'a str,
+    pub status: u16,
+    pub bytes: u64,
+    pub elapsed: Duration,
+    pub aborted: bool,
+    /// `TLSv1.3`, `TLSv1.2`, or `None` on plain HTTP.
+    pub tls: Option<&'a str>,
+    pub fields: Option<&'a RequestFields>,
+}
+
+/// Writes `e` in `format`.
+pub(crate) fn write(format: AccessFormat, e: &Entry<'_>) {
+    let line = format_entry(format, e, SystemTime::now());
+    tracing::info!(target: "qweb::access", "{line}");
+}
 
 /// Logs a request refused by the parser (its head never reached the service).
-pub(crate) fn refused(peer: SocketAddr, status: u16) {
-    tracing::info!(target: "qweb::access", "{peer} \"-\" {status} 0 0.000ms refused");
+pub(crate) fn refused(format: AccessFormat, peer: SocketAddr, status: u16) {
+    let line = match format {
+        AccessFormat::Qweb => format!(
+            "{} {peer} \"-\" {status} 0 0.000ms refused",
+            iso_time(SystemTime::now())
+        ),
+        _ => {
+            format_entry(
+                format,
+                &Entry {
+                    peer,
+                    method: "-",
+                    target: "",
+                    protocol: "",
+                    status,
+                    bytes: 0,
+                    elapsed: Duration::ZERO,
+                    aborted: false,
+                    tls: None,
+                    fields: None,
+                },
+                SystemTime::now(),
+            ) + " refused"
+        }
+    };
+    tracing::info!(target: "qweb::access", "{line}");
+}
+
+fn format_entry(format: AccessFormat, e: &Entry<'_>, now: SystemTime) -> String {
+    let field = |f: fn(&RequestFields) -> &Option<String>| e.fields.and_then(|r| f(r).as_deref());
+    let request = if e.method == "-" {
+        "-".to_owned()
+    } else {
+        format!("{} {} {}", e.method, e.target, e.protocol)
+    };
+    let aborted = if e.aborted { " aborted" } else { "" };
+    match format {
+        AccessFormat::Qweb => format!(
+            "{} {} \"{request}\" {} {} {:.3}ms{aborted}",
+            iso_time(now),
+            e.peer,
+            e.status,
+            e.bytes,
+            e.elapsed.as_secs_f64() * 1000.0
+        ),
+        AccessFormat::Combined => {
+            let quoted = |v: Option<&str>| v.map_or_else(|| "-".to_owned(), escape);
+            format!(
+                "{} - - [{}] \"{request}\" {} {} \"{}\" \"{}\" {:.3} {}{aborted}",
+                e.peer.ip(),
+                clf_time(now),
+                e.status,
+                e.bytes,
+                quoted(field(|r| &r.referer)),
+                quoted(field(|r| &r.user_agent)),
+                e.elapsed.as_secs_f64(),
+                e.tls.unwrap_or("-"),
+            )
+        }
+        AccessFormat::Json => {
+            let mut o = String::from("{");
+            let mut put = |k: &str, v: Option<&str>| {
+                let _ = write!(o, "\"{k}\":");
+                match v {
+                    Some(v) => json_str(&mut o, v),
+                    None => o.push_str("null"),
+                }
+                o.push(',');
+            };
+            put("time", Some(&iso_time(now)));
+            put("client", Some(&e.peer.to_string()));
+            put("method", Some(e.method));
+            put("target", Some(e.target));
+            put("protocol", Some(e.protocol));
+            put("host", field(|r| &r.host));
+            put("user_agent", field(|r| &r.user_agent));
+            put("referer", field(|r| &r.referer));
+            put("tls", e.tls);
+            let _ = write!(
+                o,
+                "\"status\":{},\"bytes\":{},\"request_time\":{:.6},\"aborted\":{}}}",
+                e.status,
+                e.bytes,
+                e.elapsed.as_secs_f64(),
+                e.aborted
+            );
+            o
+        }
+    }
+}
+
+/// `v` as a JSON string: `"`, `\\`, control bytes and DEL as escapes, the rest as is.
+fn json_str(out: &mut String, v: &str) {
+    out.push('"');
+    for c in v.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// Civil date and time (UTC) of `t`: (year, month, day, hour, minute, second, microsecond).
+fn civil(t: SystemTime) -> (i64, u32, u32, u32, u32, u32, u32) {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's days-to-civil
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (
+        year,
+        month,
+        day,
+        (rem / 3600) as u32,
+        (rem % 3600 / 60) as u32,
+        (rem % 60) as u32,
+        d.subsec_micros(),
+    )
+}
+
+/// `2026-11-30T07:00:00.123456Z`.
+fn iso_time(t: SystemTime) -> String {
+    let (y, mo, d, h, mi, s, us) = civil(t);
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{us:06}Z")
+}
+
+/// nginx's `$time_local` in UTC: `30/Nov/2026:07:00:00 +0000`.
+fn clf_time(t: SystemTime) -> String {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let (y, mo, d, h, mi, s, _) = civil(t);
+    let month = MONTHS[(mo as usize).clamp(1, 12) - 1];
+    format!("{d:02}/{month}/{y:04}:{h:02}:{mi:02}:{s:02} +0000")
 }
 
 /// `s` with every byte outside printable ASCII, and `"` and `\`, written as `\xHH`.
@@ -32,6 +240,70 @@ pub(crate) fn escape(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn entry<'a>(fields: &'a RequestFields) -> Entry<'a> {
+        Entry {
+            peer: "192.0.2.7:5555".parse().unwrap(),
+            method: "GET",
+            target: "/a?b",
+            protocol: "HTTP/1.1",
+            status: 200,
+            bytes: 11,
+            elapsed: Duration::from_micros(1500),
+            aborted: false,
+            tls: Some("TLSv1.3"),
+            fields: Some(fields),
+        }
+    }
+
+    #[test]
+    fn times_are_civil_utc() {
+        // 2026-11-30T07:08:09.000123Z
+        let t = UNIX_EPOCH + Duration::new(1_796_022_489, 123_000);
+        assert_eq!(iso_time(t), "2026-11-30T07:08:09.000123Z");
+        assert_eq!(clf_time(t), "30/Nov/2026:07:08:09 +0000");
+        assert_eq!(
+            iso_time(UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            "2000-02-29T00:00:00.000000Z"
+        );
+    }
+
+    #[test]
+    fn combined_is_nginx_with_request_time_and_tls() {
+        let f = RequestFields {
+            host: Some("example.com".into()),
+            user_agent: Some("curl/8 \"evil\"\n".into()),
+            referer: None,
+        };
+        let t = UNIX_EPOCH + Duration::from_secs(1_796_022_489);
+        let line = format_entry(AccessFormat::Combined, &entry(&f), t);
+        assert_eq!(
+            line,
+            "192.0.2.7 - - [30/Nov/2026:07:08:09 +0000] \"GET /a?b HTTP/1.1\" 200 11 \"-\" \"curl/8 \\x22evil\\x22\\x0A\" 0.002 TLSv1.3"
+        );
+    }
+
+    #[test]
+    fn json_is_one_object_per_line_with_escapes() {
+        let f = RequestFields {
+            host: Some("h\"x".into()),
+            user_agent: Some("a\nb\\".into()),
+            referer: Some("https://r/".into()),
+        };
+        let t = UNIX_EPOCH + Duration::from_secs(1_796_022_489);
+        let line = format_entry(AccessFormat::Json, &entry(&f), t);
+        assert!(!line.contains('\n'));
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["host"], "h\"x");
+        assert_eq!(v["user_agent"], "a\nb\\");
+        assert_eq!(v["referer"], "https://r/");
+        assert_eq!(v["tls"], "TLSv1.3");
+        assert_eq!(v["status"], 200);
+        assert_eq!(v["aborted"], false);
+        assert_eq!(v["time"], "2026-11-30T07:08:09.000000Z");
+    }
+
     #[test]
     fn escapes_quotes_backslashes_and_controls() {
         assert_eq!(super::escape("/a b?c=d"), "/a b?c=d");

@@ -1,4 +1,4 @@
-//! The admin listener: `GET /metrics` in Prometheus text format. Plain HTTP/1.1, on its own
+//! The admin listener: `GET /metrics` in the OpenMetrics text format. Plain HTTP/1.1, on its own
 //! thread; off unless `[admin]` is configured. At most [`MAX_CONNECTIONS`] connections, each
 //! living at most [`CONNECTION_LIFETIME`].
 
@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::body::{full, Body};
-use crate::metrics::Registry;
+use crate::metrics::Metrics;
 use crate::response;
 
 /// Longest life of one admin connection (a scrape takes milliseconds): an idle or slow client
@@ -24,7 +24,7 @@ pub(crate) const CONNECTION_LIFETIME: Duration = Duration::from_secs(10);
 /// Admin connections served at once; more are closed at once.
 pub(crate) const MAX_CONNECTIONS: usize = 64;
 
-fn handle(req: &Request<Incoming>, registry: &Registry) -> Response<Body> {
+fn handle(req: &Request<Incoming>, registry: &Metrics) -> Response<Body> {
     if req.uri().path() != "/metrics" {
         return response::status(StatusCode::NOT_FOUND);
     }
@@ -34,7 +34,7 @@ fn handle(req: &Request<Incoming>, registry: &Registry) -> Response<Body> {
     let mut r = Response::new(full(registry.render()));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
     );
     r
 }
@@ -42,7 +42,7 @@ fn handle(req: &Request<Incoming>, registry: &Registry) -> Response<Body> {
 /// Runs the admin listener on the calling thread until shutdown.
 pub(crate) fn run(
     socket: std::net::TcpListener,
-    registry: Arc<Registry>,
+    registry: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
 ) {
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -65,7 +65,7 @@ pub(crate) fn run(
 }
 
 /// Serves the admin listener until shutdown.
-async fn serve(socket: TcpListener, registry: Arc<Registry>, mut shutdown: watch::Receiver<bool>) {
+async fn serve(socket: TcpListener, registry: Arc<Metrics>, mut shutdown: watch::Receiver<bool>) {
     let registry = Rc::new(registry);
     let open = Rc::new(std::cell::Cell::new(0usize));
     let errors = crate::log_limit::Every::new(Duration::from_secs(1));

@@ -42,6 +42,12 @@ pub(crate) struct AccessRecord {
     pub path: String,
     pub status: u16,
     pub log: bool,
+    /// The route's request counters and latency histogram.
+    pub route: std::rc::Rc<crate::metrics::RouteMetrics>,
+    /// The access-log line format.
+    pub format: crate::config::AccessFormat,
+    /// Host, User-Agent, Referer (when the log is on).
+    pub fields: Option<crate::access_log::RequestFields>,
 }
 
 /// Counts the body bytes sent and tells the connection's watchdog whether the response waits
@@ -107,22 +113,28 @@ impl HttpBody for Logged {
 
 impl Drop for Logged {
     fn drop(&mut self) {
+        self.record
+            .route
+            .observe(self.record.status, self.record.start.elapsed());
         if self.record.log {
             let r = &self.record;
-            let ms = r.start.elapsed().as_secs_f64() * 1000.0;
             // HEAD responses and empty bodies are never polled: they went out whole
             let whole = self.ended || self.inner.is_end_stream() || r.method == http::Method::HEAD;
-            tracing::info!(
-                target: "qweb::access",
-                "{} \"{} {} {}\" {} {} {:.3}ms{}",
-                self.guard.conn().peer,
-                r.method,
-                r.path,
-                self.guard.conn().protocol.get(),
-                r.status,
-                self.bytes,
-                ms,
-                if whole { "" } else { " aborted" }
+            let conn = self.guard.conn();
+            crate::access_log::write(
+                r.format,
+                &crate::access_log::Entry {
+                    peer: conn.peer,
+                    method: r.method.as_str(),
+                    target: &r.path,
+                    protocol: conn.protocol.get(),
+                    status: r.status,
+                    bytes: self.bytes,
+                    elapsed: r.start.elapsed(),
+                    aborted: !whole,
+                    tls: conn.tls_version.get(),
+                    fields: r.fields.as_ref(),
+                },
             );
         }
     }

@@ -69,6 +69,7 @@ pub(crate) struct Shared {
 pub(crate) fn shared(
     config: &Config,
     engine: impl Fn(&str) -> Option<Arc<dyn Engine>>,
+    metrics: &Arc<CompressMetrics>,
 ) -> Option<Arc<Shared>> {
     let cfg = &config.compression;
     if !cfg.enabled || cfg.codecs.is_empty() {
@@ -82,7 +83,7 @@ pub(crate) fn shared(
             enabled: config.offload.batch,
             max: config.offload.batch_max,
         },
-        metrics: Arc::new(CompressMetrics::default()),
+        metrics: metrics.clone(),
     }))
 }
 

@@ -245,6 +245,22 @@ pub(crate) async fn serve(
             drive(io, false, false, state, &listener, &worker).await;
         }
         Some(tls) => {
+            // the first byte and the handshake share one deadline
+            let deadline = tokio::time::Instant::now() + limits.tls_handshake_timeout;
+            let plain = crate::plain_on_tls::starts_with_plain_http(&stream);
+            match tokio::time::timeout_at(deadline, plain).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    tracing::debug!(%peer, "plain HTTP on a TLS port: 400");
+                    crate::plain_on_tls::answer(stream).await;
+                    return;
+                }
+                Err(_) => {
+                    worker.metrics.handshakes_failed.fetch_add(1, Relaxed);
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            }
             let driver = match &tls.offloader {
                 Some(offloader) => qweb_tls::handshake::Driver::Job {
                     offloader,
@@ -255,7 +271,7 @@ pub(crate) async fn serve(
             // A handshake in progress (perhaps paused on an offloaded signature) is not cut by
             // a shutdown: it may finish within its own timeout, bounded by the drain deadline.
             let accept = qweb_tls::handshake::accept(stream, tls.config.clone(), driver);
-            let hs = tokio::time::timeout(limits.tls_handshake_timeout, accept).await;
+            let hs = tokio::time::timeout_at(deadline, accept).await;
             let m = &worker.metrics;
             let tls = match hs {
                 Ok(Ok(tls)) => {
@@ -274,6 +290,13 @@ pub(crate) async fn serve(
                 }
             };
             let h2 = tls.connection().alpn_protocol() == Some(qweb_tls::ALPN_H2);
+            state
+                .tls_version
+                .set(match tls.connection().protocol_version() {
+                    Some(rustls::ProtocolVersion::TLSv1_3) => Some("TLSv1.3"),
+                    Some(rustls::ProtocolVersion::TLSv1_2) => Some("TLSv1.2"),
+                    _ => None,
+                });
             let io = Tracked::new(tls, &state, limits.write_burst);
             drive(io, true, h2, state, &listener, &worker).await;
         }
@@ -305,6 +328,8 @@ async fn drive<T>(
     // A connection that completed its handshake after shutdown began (it was paused) still
     // gets its first request served.
     let late = *shutdown.borrow();
+    // A reload retired this connection's configuration: it closes after its current request.
+    let mut retire = worker.retire.subscribe();
     if h2 {
         io.flood = Some((FloodMeter::new(limits.h2_control_frames_per_second), 0));
         let io = TokioIo::new(io);
@@ -398,6 +423,11 @@ async fn drive<T>(
                     conn.as_mut().graceful_shutdown();
                     closing = true;
                 }
+                // GOAWAY: streams in flight finish, the client opens new ones elsewhere
+                _ = retire.wait_for(|r| *r), if !closing => {
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
             }
         }
     } else {
@@ -448,6 +478,9 @@ async fn drive<T>(
         let mut closing = false;
         // Shutdown began while a request head was arriving: close after that request.
         let mut close_after_request = false;
+        // Retired by a reload: the next response says `Connection: close` (an idle
+        // connection is not cut, so a client sending on it at that moment is not failed).
+        let mut retired = false;
         loop {
             if close_after_request && state.phase() == Phase::Serving {
                 conn.as_mut().graceful_shutdown();
@@ -461,7 +494,7 @@ async fn drive<T>(
                         if worker.access_log && (e.is_parse() || e.is_parse_too_large()) {
                             // hyper's parser answered (400, or 431 for a head over its buffer)
                             let status = if e.is_parse_too_large() { 431 } else { 400 };
-                            crate::access_log::refused(state.peer, status);
+                            crate::access_log::refused(worker.log_format, state.peer, status);
                         }
                     }
                     return;
@@ -485,6 +518,13 @@ async fn drive<T>(
                         // (bounded by header_read_timeout).
                         Phase::ReadingHead => close_after_request = true,
                         Phase::Serving => conn.as_mut().graceful_shutdown(),
+                    }
+                }
+                _ = retire.wait_for(|r| *r), if !closing && !retired => {
+                    retired = true;
+                    match state.phase() {
+                        Phase::Serving => conn.as_mut().graceful_shutdown(),
+                        Phase::AwaitRequest | Phase::ReadingHead => close_after_request = true,
                     }
                 }
             }

@@ -110,6 +110,8 @@ pub(crate) struct ConnState {
     pub peer: SocketAddr,
     /// "HTTP/1.1" or "HTTP/2" (set once the protocol is known).
     pub protocol: Cell<&'static str>,
+    /// "TLSv1.3" or "TLSv1.2" once the handshake is done; `None` on plain HTTP.
+    pub tls_version: Cell<Option<&'static str>>,
     phase: Cell<Phase>,
     in_flight: Cell<u32>,
     last_activity: Cell<Instant>,
@@ -131,6 +133,7 @@ impl ConnState {
         ConnState {
             peer,
             protocol: Cell::new("HTTP/1.1"),
+            tls_version: Cell::new(None),
             phase: Cell::new(Phase::AwaitRequest),
             in_flight: Cell::new(0),
             last_activity: Cell::new(Instant::now()),

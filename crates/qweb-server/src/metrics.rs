@@ -1,12 +1,36 @@
-//! Server metrics in Prometheus text format: per worker (handshakes, paused jobs,
-//! connections, requests) and per offload engine.
+//! `/metrics`: one `prometheus-client` registry for the whole server, built at start. Each
+//! crate registers its own families into it (engines: `qweb-offload`; compression:
+//! `qweb-compress`); this module adds the worker, route, reload and build families. The text
+//! is OpenMetrics (`application/openmetrics-text`), which Prometheus scrapes natively: each
+//! family once, label values escaped by the encoder, `# EOF` at the end.
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
-use qweb_offload::Engine;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use qweb_offload::metrics::EngineSet;
 use qweb_tls::handshake::HandshakeGauges;
+
+/// The content type of [`Metrics::render`]'s text.
+pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Upper bounds (seconds) of the request latency buckets.
+const REQUEST_BUCKETS: [f64; 13] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// The `route` label of requests no route matched (refused before routing, or no prefix
+/// covers the path).
+pub(crate) const NO_ROUTE: &str = "-";
 
 /// Counters of one worker, written by the worker, read by the admin endpoint.
 #[derive(Debug, Default)]
@@ -19,61 +43,273 @@ pub(crate) struct WorkerMetrics {
     pub requests: AtomicU64,
 }
 
-/// Everything `/metrics` reports.
-pub(crate) struct Registry {
-    pub workers: Vec<Arc<WorkerMetrics>>,
-    pub engines: Vec<Arc<dyn Engine>>,
-    /// Response compression counters, when compression is on.
-    pub compression: Option<Arc<qweb_compress::CompressMetrics>>,
+type RouteLabels = [(&'static str, String); 1];
+type RouteClassLabels = [(&'static str, String); 2];
+type ResultLabels = [(&'static str, &'static str); 1];
+
+/// What `/metrics` reports, and the handles the server writes through.
+pub(crate) struct Metrics {
+    registry: Registry,
+    /// The engines reported (replaced on reload).
+    pub engines: EngineSet,
+    /// Response compression counters (one set for the server's life, across reloads).
+    pub compression: Arc<qweb_compress::CompressMetrics>,
+    requests: Family<RouteClassLabels, Counter>,
+    durations: Family<RouteLabels, Histogram>,
+    reloads: Family<ResultLabels, Counter>,
+    config: Arc<ConfigInfo>,
 }
 
-impl Registry {
-    /// The Prometheus text exposition.
-    pub(crate) fn render(&self) -> String {
-        let mut out = String::new();
+/// A route's counters, resolved once when a worker builds its routes: a request only bumps
+/// atomics (no label lookup on the request path).
+#[derive(Clone)]
+pub(crate) struct RouteMetrics {
+    /// Requests by status class, `1xx` to `5xx`.
+    by_class: [Counter; 5],
+    duration: Histogram,
+}
+
+impl RouteMetrics {
+    /// A request on this route ended with `status` after `elapsed` (to the last body byte).
+    pub(crate) fn observe(&self, status: u16, elapsed: Duration) {
+        let class = usize::from(status / 100).clamp(1, 5) - 1;
+        self.by_class[class].inc();
+        self.duration.observe(elapsed.as_secs_f64());
+    }
+}
+
+/// The loaded configuration's hash, replaced on reload.
+#[derive(Debug, Default)]
+struct ConfigInfo(Mutex<String>);
+
+impl Collector for ConfigInfo {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let hash = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let mut family = encoder.encode_descriptor(
+            "qweb_config",
+            "The configuration in use: hash of its file (of the built-in default without one).",
+            None,
+            MetricType::Info,
+        )?;
+        family.encode_info(&[("hash", hash)])
+    }
+}
+
+/// Reads the workers' counters at each scrape.
+struct WorkersCollector(Vec<Arc<WorkerMetrics>>);
+
+impl std::fmt::Debug for WorkersCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WorkersCollector({} workers)", self.0.len())
+    }
+}
+
+impl Collector for WorkersCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         type Get = fn(&WorkerMetrics) -> i64;
-        let families: [(&str, &str, &str, Get); 5] = [
+        let families: [(&str, MetricType, &str, Get); 5] = [
             (
-                "qweb_tls_handshakes_total",
-                "counter",
+                "qweb_tls_handshakes",
+                MetricType::Counter,
                 "TLS handshakes completed.",
                 |w| w.handshakes_ok.load(Relaxed) as i64,
             ),
             (
-                "qweb_tls_handshakes_failed_total",
-                "counter",
+                "qweb_tls_handshakes_failed",
+                MetricType::Counter,
                 "TLS handshakes that failed or timed out.",
                 |w| w.handshakes_failed.load(Relaxed) as i64,
             ),
             (
                 "qweb_jobs_paused",
-                "gauge",
+                MetricType::Gauge,
                 "Handshake jobs paused on an offloaded op.",
                 |w| w.handshake.paused.load(Relaxed),
             ),
             (
                 "qweb_connections_open",
-                "gauge",
+                MetricType::Gauge,
                 "Open client connections.",
                 |w| w.connections.load(Relaxed),
             ),
             (
-                "qweb_http_requests_total",
-                "counter",
+                "qweb_http_requests",
+                MetricType::Counter,
                 "HTTP requests handled.",
                 |w| w.requests.load(Relaxed) as i64,
             ),
         ];
         for (name, kind, help, get) in families {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-            for (i, w) in self.workers.iter().enumerate() {
-                let _ = writeln!(out, "{name}{{worker=\"{i}\"}} {}", get(w));
+            let counter = matches!(kind, MetricType::Counter);
+            let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+            for (i, w) in self.0.iter().enumerate() {
+                let labels = [("worker", i.to_string())];
+                let sample = family.encode_family(&labels)?;
+                if counter {
+                    ConstCounter::new(get(w).max(0) as u64).encode(sample)?;
+                } else {
+                    ConstGauge::new(get(w)).encode(sample)?;
+                }
             }
         }
-        qweb_offload::write_engines(&mut out, &self.engines);
-        if let Some(c) = &self.compression {
-            c.write_prometheus(&mut out);
+        Ok(())
+    }
+}
+
+impl Metrics {
+    /// The registry for `workers`, the engines of `engines` and the compression counters;
+    /// `config_hash` names the configuration loaded at start.
+    pub(crate) fn new(
+        workers: Vec<Arc<WorkerMetrics>>,
+        engines: EngineSet,
+        compression: Arc<qweb_compress::CompressMetrics>,
+        config_hash: String,
+    ) -> Metrics {
+        let mut registry = Registry::default();
+        registry.register(
+            "qweb_build",
+            "The running qweb's version.",
+            Info::new([("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        let config = Arc::new(ConfigInfo(Mutex::new(config_hash)));
+        registry.register_collector(Box::new(config.clone()));
+        let reloads = Family::<ResultLabels, Counter>::default();
+        for result in ["ok", "failed"] {
+            let _ = reloads.get_or_create_owned(&[("result", result)]);
+        }
+        registry.register(
+            "qweb_config_reloads",
+            "Configuration reloads (SIGHUP, `qweb reload`) by result; a failed one left the running configuration in place.",
+            reloads.clone(),
+        );
+        registry.register_collector(Box::new(WorkersCollector(workers)));
+        let requests = Family::<RouteClassLabels, Counter>::default();
+        registry.register(
+            "qweb_http_route_requests",
+            "HTTP requests by route (prefix; `-`: none matched) and status class.",
+            requests.clone(),
+        );
+        let durations = Family::<RouteLabels, Histogram>::new_with_constructor(
+            (|| Histogram::new(REQUEST_BUCKETS)) as fn() -> Histogram,
+        );
+        registry.register(
+            "qweb_http_request_duration_seconds",
+            "Time from the request head to the last body byte handed to the connection, by route.",
+            durations.clone(),
+        );
+        engines.register(&mut registry);
+        compression.register(&mut registry);
+        Metrics {
+            registry,
+            engines,
+            compression,
+            requests,
+            durations,
+            reloads,
+            config,
+        }
+    }
+
+    /// The handles of route `prefix` (created with zero counts when new).
+    pub(crate) fn route(&self, prefix: &str) -> RouteMetrics {
+        let class = |c: &str| {
+            self.requests
+                .get_or_create_owned(&[("route", prefix.to_owned()), ("class", c.to_owned())])
+        };
+        RouteMetrics {
+            by_class: [
+                class("1xx"),
+                class("2xx"),
+                class("3xx"),
+                class("4xx"),
+                class("5xx"),
+            ],
+            duration: self
+                .durations
+                .get_or_create_owned(&[("route", prefix.to_owned())]),
+        }
+    }
+
+    /// A reload ended: `ok` with the new configuration's hash, or failed.
+    pub(crate) fn reloaded(&self, new_hash: Option<String>) {
+        let result = if new_hash.is_some() { "ok" } else { "failed" };
+        self.reloads.get_or_create(&[("result", result)]).inc();
+        if let Some(h) = new_hash {
+            *self.config.0.lock().unwrap_or_else(PoisonError::into_inner) = h;
+        }
+    }
+
+    /// The OpenMetrics text of everything registered.
+    pub(crate) fn render(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            // writing to a String cannot fail; a collector error leaves a partial text
+            tracing::error!("metrics: {e}");
         }
         out
+    }
+}
+
+/// A short, stable hash of a configuration file's bytes (FNV-1a, 64 bits, hex): changes when
+/// the file does, so dashboards can tell which configuration each instance runs.
+pub(crate) fn config_hash(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_labels_are_escaped_and_each_family_is_written_once() {
+        let m = Metrics::new(
+            vec![Arc::new(WorkerMetrics::default()); 2],
+            EngineSet::default(),
+            Default::default(),
+            config_hash(b"x"),
+        );
+        let r = m.route("/a\"b\\c\nd");
+        r.observe(204, Duration::from_millis(3));
+        m.route("/").observe(503, Duration::from_secs(20));
+        m.reloaded(None);
+        m.reloaded(Some("abc".into()));
+        let text = m.render();
+        assert!(
+            text.contains(
+                "qweb_http_route_requests_total{route=\"/a\\\"b\\\\c\\nd\",class=\"2xx\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("qweb_http_route_requests_total{route=\"/\",class=\"5xx\"} 1"));
+        assert!(
+            text.contains("qweb_http_request_duration_seconds_bucket{le=\"+Inf\",route=\"/\"} 1")
+                || text.contains(
+                    "qweb_http_request_duration_seconds_bucket{route=\"/\",le=\"+Inf\"} 1"
+                ),
+            "{text}"
+        );
+        assert!(text.contains("qweb_config_reloads_total{result=\"failed\"} 1"));
+        assert!(text.contains("qweb_config_info{hash=\"abc\"} 1"), "{text}");
+        assert!(text.contains("qweb_http_requests_total{worker=\"1\"} 0"));
+        for l in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            assert_eq!(text.matches(&format!("{l}\n")).count(), 1, "{l} twice");
+        }
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn config_hash_follows_the_bytes() {
+        assert_eq!(config_hash(b"a"), config_hash(b"a"));
+        assert_ne!(config_hash(b"a"), config_hash(b"b"));
+        assert_eq!(config_hash(b"").len(), 16);
     }
 }

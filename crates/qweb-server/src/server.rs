@@ -1,20 +1,30 @@
-//! Starting and stopping the server.
-
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::thread::JoinHandle;
-
-use tokio::sync::watch;
+//! Starting, reloading and stopping the server.
+//!
+//! The server's life is a [`Phase`]: `Running`, `Reloading` while a new configuration is
+//! being built (the old one serves meanwhile), `Draining` once a stop was asked (until its
+//! deadline). Start and reload run the same named steps: engines (unchanged ones are kept),
+//! each listener's TLS and offload setup, the in-use check and binding of *new* addresses,
+//! compression; a reload then hands every worker the new [`Generation`] (see
+//! [`crate::worker`]).
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
+use qweb_offload::metrics::EngineSet;
 use qweb_offload::{Engine, InlineEngine, PoolConfig, PoolEngine};
+use tokio::sync::{mpsc, watch};
 
-use crate::config::{Config, EngineKind, FallbackPolicy, OffloadMode, RouteAction, TlsConfig};
+use crate::config::{
+    Config, EngineConfig, EngineKind, FallbackPolicy, ListenerConfig, OffloadMode, RouteAction,
+    TlsConfig,
+};
 use crate::listen::bind_reuseport;
-use crate::metrics::{Registry, WorkerMetrics};
-use crate::worker::{self, WorkerExtras, WorkerListener};
+use crate::metrics::{Metrics, WorkerMetrics};
+use crate::worker::{self, GenListener, Generation, WorkerExtras};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +69,18 @@ pub enum ServerError {
     },
 }
 
+/// Why a reload was refused (the running configuration stays).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The new configuration is invalid (file, line, column and key named).
+    #[error(transparent)]
+    Config(#[from] crate::ConfigError),
+    /// The new configuration is valid but cannot be put in place (a certificate, a new
+    /// address, an engine).
+    #[error(transparent)]
+    Server(#[from] ServerError),
+}
+
 /// The server.
 pub struct Server;
 
@@ -71,13 +93,65 @@ pub struct StartInfo {
     pub welcome: Option<PathBuf>,
 }
 
+/// Where the server is in its life; each phase that waits owns its deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Serving the current configuration.
+    Running,
+    /// Building a new configuration; the current one serves meanwhile.
+    Reloading {
+        /// When the reload began.
+        since: Instant,
+    },
+    /// No new connections; in-flight requests and paused handshakes finish until `deadline`.
+    Draining {
+        /// When the remaining connections are closed.
+        deadline: Instant,
+    },
+}
+
+/// An engine with the configuration it was built from (kept across a reload when that is
+/// unchanged, so that its in-flight ops are not disturbed).
+struct BuiltEngine {
+    config: String,
+    engine: Arc<dyn Engine>,
+}
+
+/// A listener as the server tracks it across reloads.
+#[derive(Debug, Clone, Copy)]
+struct BoundListener {
+    /// The address in the configuration (port 0: a fresh port each time).
+    configured: SocketAddr,
+    /// The address its sockets are bound to.
+    bound: SocketAddr,
+}
+
 /// A started server.
 pub struct RunningServer {
+    listeners: Vec<BoundListener>,
     addrs: Vec<SocketAddr>,
     admin: Option<SocketAddr>,
     info: StartInfo,
     shutdown: watch::Sender<bool>,
     workers: Vec<JoinHandle<()>>,
+    generations: Vec<mpsc::UnboundedSender<Generation>>,
+    engines: HashMap<String, BuiltEngine>,
+    config: Config,
+    metrics: Arc<Metrics>,
+    phase: Phase,
+}
+
+/// Everything a configuration needs that the workers share, built on the calling thread.
+struct Built {
+    engines: HashMap<String, BuiltEngine>,
+    listeners: Vec<ListenerSetup>,
+    compression: Option<Arc<crate::compress::Shared>>,
+}
+
+/// One listener's TLS configuration and async-offload engine.
+struct ListenerSetup {
+    tls: Option<Arc<rustls::ServerConfig>>,
+    async_engine: Option<(Arc<dyn Engine>, Duration)>,
 }
 
 impl Server {
@@ -85,228 +159,375 @@ impl Server {
     /// backlog) from the moment this returns.
     pub fn start(config: Config) -> Result<RunningServer, ServerError> {
         let mut info = StartInfo::default();
-        let welcome = config.welcome_root();
-        if config
-            .routes
-            .iter()
-            .any(|r| matches!(&r.action, RouteAction::Static(s) if s.root == welcome))
-        {
-            crate::welcome::install(&welcome).map_err(|source| ServerError::State {
-                path: welcome.clone(),
-                source,
-            })?;
-            info.welcome = Some(welcome);
-        }
-
-        let mut engines: HashMap<String, Arc<dyn Engine>> = HashMap::new();
-        let mut engine_list: Vec<Arc<dyn Engine>> = Vec::new();
-        for e in &config.offload.engines {
-            let engine: Arc<dyn Engine> = match &e.kind {
-                EngineKind::Inline => Arc::new(InlineEngine::new(e.name.clone())),
-                EngineKind::Keyserver(k) => Arc::new(
-                    qweb_keyserver::client::KeyserverEngine::new(
-                        e.name.clone(),
-                        qweb_keyserver::client::ClientConfig {
-                            servers: k.servers.clone(),
-                            connections: k.connections,
-                            max_in_flight: k.queue,
-                            timeout: k.timeout,
-                            tls: keyserver_client_tls(k)?,
-                        },
-                    )
-                    .map_err(|source| ServerError::Engine {
-                        name: e.name.clone(),
-                        source,
-                    })?,
-                ),
-                EngineKind::Pool {
-                    threads,
-                    queue,
-                    added_latency,
-                    inject_failures,
-                } => Arc::new(
-                    PoolEngine::new(
-                        e.name.clone(),
-                        PoolConfig {
-                            threads: *threads,
-                            queue: *queue,
-                            added_latency: *added_latency,
-                            inject_failures: *inject_failures,
-                        },
-                    )
-                    .map_err(|source| ServerError::Engine {
-                        name: e.name.clone(),
-                        source,
-                    })?,
-                ),
-            };
-            engines.insert(e.name.clone(), engine.clone());
-            engine_list.push(engine);
-        }
-
-        let provider = qweb_tls::provider();
-        let mut tls_configs = Vec::new();
-        let mut async_engines = Vec::new();
-        for l in &config.listeners {
-            let offload = l
-                .offload
-                .as_ref()
-                .filter(|o| o.mode != OffloadMode::None)
-                .and_then(|o| engines.get(&o.engine).map(|e| (o, e.clone())));
-            let policy = offload.as_ref().map(|(o, e)| qweb_tls::OffloadPolicy {
-                engine: e.clone(),
-                timeout: o.timeout,
-                fallback: match o.fallback {
-                    FallbackPolicy::Software => qweb_tls::Fallback::Software,
-                    FallbackPolicy::Fail => qweb_tls::Fallback::Fail,
-                },
-            });
-            async_engines.push(
-                offload
-                    .as_ref()
-                    .filter(|(o, _)| o.mode == OffloadMode::Async)
-                    .map(|(o, e)| (e.clone(), o.timeout)),
-            );
-            let load = |cert: &std::path::Path, key: Option<&std::path::Path>| match (&policy, key)
-            {
-                (Some(p), key) => qweb_tls::load_offloaded(cert, key, &provider, p),
-                (None, Some(key)) => qweb_tls::load_certified_key(cert, key, &provider),
-                (None, None) => Err(qweb_tls::TlsError::Pem {
-                    path: cert.to_owned(),
-                    message: "no private key, and no key server engine for this listener".into(),
-                }),
-            };
-            let tls = match &l.tls {
-                None => None,
-                Some(t) => {
-                    let certs = match t {
-                        TlsConfig::SelfSigned => {
-                            let ss = qweb_tls::ensure_self_signed(&config.state_dir)?;
-                            let c = load(&ss.cert, Some(&ss.key))?;
-                            info.self_signed = Some(ss);
-                            vec![c]
-                        }
-                        TlsConfig::Certificates(list) => list
-                            .iter()
-                            .map(|c| load(&c.cert, c.key.as_deref()))
-                            .collect::<Result<Vec<_>, _>>()?,
-                    };
-                    let resolver = qweb_tls::SniResolver::new(&certs).ok_or_else(|| {
-                        qweb_tls::TlsError::Generate("no certificate for a TLS listener".into())
-                    })?;
-                    Some(Arc::new(qweb_tls::server_config(
-                        Arc::new(resolver),
-                        l.http2,
-                    )?))
-                }
-            };
-            tls_configs.push(tls);
-        }
-
-        // Refuse to share a port with another process before binding anything.
-        let mut to_bind: Vec<(SocketAddr, String)> = config
-            .listeners
-            .iter()
-            .enumerate()
-            .map(|(i, l)| (l.address, format!("listener[{i}].address")))
-            .collect();
-        if let Some(addr) = config.admin {
-            to_bind.push((addr, "admin.address".into()));
-        }
-        for (addr, key) in to_bind {
-            match crate::listen::in_use(addr) {
-                Ok(false) => {}
-                Ok(true) => return Err(ServerError::InUse { addr, key }),
-                Err(source) => return Err(ServerError::Bind { addr, source }),
-            }
-        }
-
+        info.welcome = install_welcome(&config)?;
+        let compression_metrics = Arc::new(qweb_compress::CompressMetrics::default());
+        let built = build(&config, &HashMap::new(), &compression_metrics, &mut info)?;
+        refuse_addresses_in_use(&config, &[], true)?;
         let n = config.workers.max(1);
-        let mut per_worker: Vec<Vec<WorkerListener>> = (0..n).map(|_| Vec::new()).collect();
-        let mut addrs = Vec::new();
-        for ((l, tls), async_engine) in config
-            .listeners
-            .iter()
-            .zip(&tls_configs)
-            .zip(&async_engines)
-        {
-            let sockets = bind_reuseport(l.address, n).map_err(|source| ServerError::Bind {
-                addr: l.address,
-                source,
-            })?;
-            addrs.push(
-                sockets[0]
-                    .local_addr()
-                    .map_err(|source| ServerError::Bind {
-                        addr: l.address,
-                        source,
-                    })?,
-            );
-            for (w, socket) in sockets.into_iter().enumerate() {
-                per_worker[w].push(WorkerListener {
-                    socket,
-                    tls: tls.clone(),
-                    async_engine: async_engine.clone(),
-                });
-            }
-        }
+        let (listeners, mut sockets) = bind_new_listeners(&config, &[], n)?;
 
-        let compression = crate::compress::shared(&config, |name| engines.get(name).cloned());
         let worker_metrics: Vec<Arc<WorkerMetrics>> =
             (0..n).map(|_| Arc::new(WorkerMetrics::default())).collect();
-        let registry = Arc::new(Registry {
-            workers: worker_metrics.clone(),
-            engines: engine_list,
-            compression: compression.as_ref().map(|c| c.metrics.clone()),
-        });
+        let metrics = Arc::new(Metrics::new(
+            worker_metrics.clone(),
+            EngineSet::new(engine_list(&built.engines)),
+            compression_metrics,
+            config_hash(&config),
+        ));
         let admin = match config.admin {
-            Some(addr) => {
-                let socket = bind_reuseport(addr, 1)
-                    .map_err(|source| ServerError::Bind { addr, source })?
-                    .pop();
-                socket.map(|s| (s, registry.clone()))
-            }
+            Some(addr) => bind_reuseport(addr, 1)
+                .map_err(|source| ServerError::Bind { addr, source })?
+                .pop(),
             None => None,
         };
-        let admin_addr = admin.as_ref().and_then(|(s, _)| s.local_addr().ok());
+        let admin_addr = admin.as_ref().and_then(|s| s.local_addr().ok());
 
         let (tx, rx) = watch::channel(false);
-        let config = Arc::new(config);
+        let shared = Arc::new(config.clone());
         let mut workers = Vec::new();
-        for (id, listeners) in per_worker.into_iter().enumerate() {
-            let (config, rx) = (config.clone(), rx.clone());
+        let mut generations = Vec::new();
+        for (id, m) in worker_metrics.iter().enumerate() {
+            let generation = generation_for_worker(&shared, &built, &listeners, &mut sockets, None);
+            let (gen_tx, gen_rx) = mpsc::unbounded_channel();
+            generations.push(gen_tx);
             let extras = WorkerExtras {
-                metrics: worker_metrics[id].clone(),
-                compression: compression.clone(),
+                metrics: m.clone(),
+                registry: metrics.clone(),
             };
+            let rx = rx.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("qweb-worker-{id}"))
                 .spawn(move || {
-                    if let Err(e) = worker::run(id, config, listeners, extras, rx) {
+                    if let Err(e) = worker::run(id, generation, extras, gen_rx, rx) {
                         tracing::error!(worker = id, "worker failed: {e}");
                     }
                 })
                 .map_err(ServerError::Thread)?;
             workers.push(handle);
         }
-        if let Some((socket, registry)) = admin {
+        if let Some(socket) = admin {
             // Its own thread: metrics stay readable when workers are busy or blocked
             // (sync offload).
-            let rx = rx.clone();
+            let (rx, metrics) = (rx.clone(), metrics.clone());
             let handle = std::thread::Builder::new()
                 .name("qweb-admin".into())
-                .spawn(move || crate::admin::run(socket, registry, rx))
+                .spawn(move || crate::admin::run(socket, metrics, rx))
                 .map_err(ServerError::Thread)?;
             workers.push(handle);
         }
         Ok(RunningServer {
-            addrs,
+            addrs: listeners.iter().map(|l| l.bound).collect(),
+            listeners,
             admin: admin_addr,
             info,
             shutdown: tx,
             workers,
+            generations,
+            engines: built.engines,
+            config,
+            metrics,
+            phase: Phase::Running,
         })
     }
+}
+
+/// Writes the built-in welcome site when a route serves it; returns its folder then.
+fn install_welcome(config: &Config) -> Result<Option<PathBuf>, ServerError> {
+    let welcome = config.welcome_root();
+    if !config
+        .routes
+        .iter()
+        .any(|r| matches!(&r.action, RouteAction::Static(s) if s.root == welcome))
+    {
+        return Ok(None);
+    }
+    crate::welcome::install(&welcome).map_err(|source| ServerError::State {
+        path: welcome.clone(),
+        source,
+    })?;
+    Ok(Some(welcome))
+}
+
+/// Engines, listener TLS setups and compression for `config`; engines of `previous` whose
+/// configuration is unchanged are reused.
+fn build(
+    config: &Config,
+    previous: &HashMap<String, BuiltEngine>,
+    compression_metrics: &Arc<qweb_compress::CompressMetrics>,
+    info: &mut StartInfo,
+) -> Result<Built, ServerError> {
+    let engines = build_engines(config, previous)?;
+    let by_name: HashMap<&str, Arc<dyn Engine>> = engines
+        .iter()
+        .map(|(n, b)| (n.as_str(), b.engine.clone()))
+        .collect();
+    let listeners = config
+        .listeners
+        .iter()
+        .map(|l| listener_setup(config, l, &by_name, info))
+        .collect::<Result<Vec<_>, _>>()?;
+    let compression = crate::compress::shared(
+        config,
+        |name| by_name.get(name).cloned(),
+        compression_metrics,
+    );
+    Ok(Built {
+        engines,
+        listeners,
+        compression,
+    })
+}
+
+fn build_engines(
+    config: &Config,
+    previous: &HashMap<String, BuiltEngine>,
+) -> Result<HashMap<String, BuiltEngine>, ServerError> {
+    let mut engines = HashMap::new();
+    for e in &config.offload.engines {
+        let fingerprint = format!("{:?}", e.kind);
+        let engine = match previous.get(&e.name) {
+            Some(p) if p.config == fingerprint => p.engine.clone(),
+            _ => new_engine(e)?,
+        };
+        engines.insert(
+            e.name.clone(),
+            BuiltEngine {
+                config: fingerprint,
+                engine,
+            },
+        );
+    }
+    Ok(engines)
+}
+
+fn new_engine(e: &EngineConfig) -> Result<Arc<dyn Engine>, ServerError> {
+    let failed = |source| ServerError::Engine {
+        name: e.name.clone(),
+        source,
+    };
+    Ok(match &e.kind {
+        EngineKind::Inline => Arc::new(InlineEngine::new(e.name.clone())),
+        EngineKind::Keyserver(k) => Arc::new(
+            qweb_keyserver::client::KeyserverEngine::new(
+                e.name.clone(),
+                qweb_keyserver::client::ClientConfig {
+                    servers: k.servers.clone(),
+                    connections: k.connections,
+                    max_in_flight: k.queue,
+                    timeout: k.timeout,
+                    tls: keyserver_client_tls(k)?,
+                },
+            )
+            .map_err(failed)?,
+        ),
+        EngineKind::Pool {
+            threads,
+            queue,
+            added_latency,
+            inject_failures,
+        } => Arc::new(
+            PoolEngine::new(
+                e.name.clone(),
+                PoolConfig {
+                    threads: *threads,
+                    queue: *queue,
+                    added_latency: *added_latency,
+                    inject_failures: *inject_failures,
+                },
+            )
+            .map_err(failed)?,
+        ),
+    })
+}
+
+fn engine_list(engines: &HashMap<String, BuiltEngine>) -> Vec<Arc<dyn Engine>> {
+    let mut list: Vec<&BuiltEngine> = engines.values().collect();
+    list.sort_by(|a, b| a.engine.name().cmp(b.engine.name()));
+    list.into_iter().map(|b| b.engine.clone()).collect()
+}
+
+/// A listener's rustls configuration (certificates loaded, signing offloaded as configured)
+/// and its async-offload engine.
+fn listener_setup(
+    config: &Config,
+    l: &ListenerConfig,
+    engines: &HashMap<&str, Arc<dyn Engine>>,
+    info: &mut StartInfo,
+) -> Result<ListenerSetup, ServerError> {
+    let provider = qweb_tls::provider();
+    let offload = l
+        .offload
+        .as_ref()
+        .filter(|o| o.mode != OffloadMode::None)
+        .and_then(|o| engines.get(o.engine.as_str()).map(|e| (o, e.clone())));
+    let policy = offload.as_ref().map(|(o, e)| qweb_tls::OffloadPolicy {
+        engine: e.clone(),
+        timeout: o.timeout,
+        fallback: match o.fallback {
+            FallbackPolicy::Software => qweb_tls::Fallback::Software,
+            FallbackPolicy::Fail => qweb_tls::Fallback::Fail,
+        },
+    });
+    let async_engine = offload
+        .as_ref()
+        .filter(|(o, _)| o.mode == OffloadMode::Async)
+        .map(|(o, e)| (e.clone(), o.timeout));
+    let load = |cert: &Path, key: Option<&Path>| match (&policy, key) {
+        (Some(p), key) => qweb_tls::load_offloaded(cert, key, &provider, p),
+        (None, Some(key)) => qweb_tls::load_certified_key(cert, key, &provider),
+        (None, None) => Err(qweb_tls::TlsError::Pem {
+            path: cert.to_owned(),
+            message: "no private key, and no key server engine for this listener".into(),
+        }),
+    };
+    let tls = match &l.tls {
+        None => None,
+        Some(t) => {
+            let certs = match t {
+                TlsConfig::SelfSigned => {
+                    let ss = qweb_tls::ensure_self_signed(&config.state_dir)?;
+                    let c = load(&ss.cert, Some(&ss.key))?;
+                    info.self_signed = Some(ss);
+                    vec![c]
+                }
+                TlsConfig::Certificates(list) => list
+                    .iter()
+                    .map(|c| load(&c.cert, c.key.as_deref()))
+                    .collect::<Result<Vec<_>, _>>()?,
+            };
+            let resolver = qweb_tls::SniResolver::new(&certs).ok_or_else(|| {
+                qweb_tls::TlsError::Generate("no certificate for a TLS listener".into())
+            })?;
+            Some(Arc::new(qweb_tls::server_config(
+                Arc::new(resolver),
+                l.http2,
+            )?))
+        }
+    };
+    Ok(ListenerSetup { tls, async_engine })
+}
+
+/// The running listener that `l` keeps (same configured address, not port 0), if any.
+fn kept<'a>(l: &ListenerConfig, running: &'a [BoundListener]) -> Option<&'a BoundListener> {
+    (l.address.port() != 0)
+        .then(|| running.iter().find(|r| r.configured == l.address))
+        .flatten()
+}
+
+/// Refuses to share a port with another process, before binding anything. Addresses that
+/// `running` listeners keep are ours; `admin` checks the admin address too.
+fn refuse_addresses_in_use(
+    config: &Config,
+    running: &[BoundListener],
+    admin: bool,
+) -> Result<(), ServerError> {
+    let mut to_check: Vec<(SocketAddr, String)> = config
+        .listeners
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| kept(l, running).is_none())
+        .map(|(i, l)| (l.address, format!("listener[{i}].address")))
+        .collect();
+    if let (true, Some(addr)) = (admin, config.admin) {
+        to_check.push((addr, "admin.address".into()));
+    }
+    for (addr, key) in to_check {
+        match crate::listen::in_use(addr) {
+            Ok(false) => {}
+            Ok(true) => return Err(ServerError::InUse { addr, key }),
+            Err(source) => return Err(ServerError::Bind { addr, source }),
+        }
+    }
+    Ok(())
+}
+
+/// Binds `workers` sockets for each listener of `config` that `running` does not keep.
+/// Returns every listener of `config` (kept or new) and the new sockets by listener index.
+#[allow(clippy::type_complexity)]
+fn bind_new_listeners(
+    config: &Config,
+    running: &[BoundListener],
+    workers: usize,
+) -> Result<
+    (
+        Vec<BoundListener>,
+        HashMap<usize, Vec<std::net::TcpListener>>,
+    ),
+    ServerError,
+> {
+    let mut listeners = Vec::new();
+    let mut sockets = HashMap::new();
+    for (i, l) in config.listeners.iter().enumerate() {
+        if let Some(k) = kept(l, running) {
+            listeners.push(*k);
+            continue;
+        }
+        let addr = l.address;
+        let bound =
+            bind_reuseport(addr, workers).map_err(|source| ServerError::Bind { addr, source })?;
+        let local = bound[0]
+            .local_addr()
+            .map_err(|source| ServerError::Bind { addr, source })?;
+        listeners.push(BoundListener {
+            configured: addr,
+            bound: local,
+        });
+        sockets.insert(i, bound);
+    }
+    Ok((listeners, sockets))
+}
+
+/// Worker `id`'s share of a generation: every listener, with a socket where it is new.
+fn generation_for_worker(
+    config: &Arc<Config>,
+    built: &Built,
+    listeners: &[BoundListener],
+    sockets: &mut HashMap<usize, Vec<std::net::TcpListener>>,
+    applied: Option<std::sync::mpsc::Sender<()>>,
+) -> Generation {
+    let listeners = listeners
+        .iter()
+        .zip(&built.listeners)
+        .enumerate()
+        .map(|(i, (l, setup))| GenListener {
+            bound: l.bound,
+            // each worker takes the next socket of a new listener
+            socket: sockets.get_mut(&i).and_then(|s| s.pop()),
+            tls: setup.tls.clone(),
+            async_engine: setup.async_engine.clone(),
+        })
+        .collect();
+    Generation {
+        config: config.clone(),
+        listeners,
+        compression: built.compression.clone(),
+        applied,
+    }
+}
+
+/// The hash `/metrics` shows for `config` (of its file's bytes; of nothing for the built-in
+/// default).
+fn config_hash(config: &Config) -> String {
+    let bytes = config
+        .source
+        .as_ref()
+        .and_then(|p| std::fs::read(p).ok())
+        .unwrap_or_default();
+    crate::metrics::config_hash(&bytes)
+}
+
+/// Checks what a worker would open for `config` (static roots), so that a reload fails here,
+/// whole, rather than on some workers.
+fn check_worker_setup(config: &Config) -> Result<(), ServerError> {
+    for r in &config.routes {
+        if let RouteAction::Static(s) = &r.action {
+            crate::files::StaticFiles::new(s).map_err(|source| ServerError::State {
+                path: s.root.clone(),
+                source,
+            })?;
+        }
+    }
+    Ok(())
 }
 
 /// The mutual-TLS client configuration for `tls://` key servers.
@@ -348,6 +569,110 @@ impl RunningServer {
         &self.info
     }
 
+    /// Where the server is in its life.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Reads the configuration file the server was started with (or `path`) and reloads it;
+    /// see [`RunningServer::reload`]. An invalid file changes nothing.
+    pub fn reload_from(&mut self, path: Option<&Path>) -> Result<(), ReloadError> {
+        let path = path
+            .or(self.config.source.as_deref())
+            .map(Path::to_path_buf);
+        let config = match path {
+            Some(p) => Config::from_file(&p),
+            None => Ok(Config::default_config()),
+        };
+        match config {
+            Ok(c) => Ok(self.reload(c)?),
+            Err(e) => {
+                self.metrics.reloaded(None);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Puts `config` in place for new connections: new listeners open, removed ones close,
+    /// kept ones (same address) keep their sockets, so no connection is refused meanwhile;
+    /// routes, certificates, engines and limits are the new ones. Engines whose
+    /// configuration is unchanged are kept. Connections already open, their requests and
+    /// their paused handshakes finish on the old configuration, within its
+    /// `shutdown_timeout`. On error nothing changes. `workers` and `[admin]` need a restart
+    /// (or a binary upgrade): their changes are logged and ignored.
+    pub fn reload(&mut self, mut config: Config) -> Result<(), ServerError> {
+        self.phase = Phase::Reloading {
+            since: Instant::now(),
+        };
+        let r = self.try_reload(&mut config);
+        self.phase = Phase::Running;
+        match r {
+            Ok(()) => {
+                self.metrics.reloaded(Some(config_hash(&config)));
+                self.config = config;
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics.reloaded(None);
+                Err(e)
+            }
+        }
+    }
+
+    fn try_reload(&mut self, config: &mut Config) -> Result<(), ServerError> {
+        if config.workers != self.config.workers {
+            tracing::warn!(
+                "reload: `workers` changed from {} to {}: needs a restart or a binary upgrade; keeping {}",
+                self.config.workers,
+                config.workers,
+                self.config.workers
+            );
+            config.workers = self.config.workers;
+        }
+        if config.admin != self.config.admin {
+            tracing::warn!("reload: `[admin]` changed: needs a restart or a binary upgrade; keeping the running admin listener");
+            config.admin = self.config.admin;
+        }
+        check_worker_setup(config)?;
+        let mut info = self.info.clone();
+        info.welcome = install_welcome(config)?;
+        let built = build(config, &self.engines, &self.metrics.compression, &mut info)?;
+        refuse_addresses_in_use(config, &self.listeners, false)?;
+        let n = self.generations.len();
+        let (listeners, mut sockets) = bind_new_listeners(config, &self.listeners, n)?;
+        let shared = Arc::new(config.clone());
+        let (ack, acks) = std::sync::mpsc::channel();
+        let mut sent = 0;
+        for (id, tx) in self.generations.iter().enumerate() {
+            let generation =
+                generation_for_worker(&shared, &built, &listeners, &mut sockets, Some(ack.clone()));
+            match tx.send(generation) {
+                Ok(()) => sent += 1,
+                Err(_) => tracing::error!(worker = id, "reload: the worker is gone"),
+            }
+        }
+        // when this returns, every new connection gets the new configuration
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for _ in 0..sent {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if acks.recv_timeout(left).is_err() {
+                tracing::warn!("reload: a worker did not confirm within 10 s");
+                break;
+            }
+        }
+        self.metrics.engines.set(engine_list(&built.engines));
+        self.engines = built.engines;
+        self.addrs = listeners.iter().map(|l| l.bound).collect();
+        self.listeners = listeners;
+        self.info = info;
+        Ok(())
+    }
+
     /// Stops accepting, lets in-flight requests finish (up to the configured
     /// `shutdown_timeout`), then returns.
     pub fn shutdown(mut self) {
@@ -355,6 +680,9 @@ impl RunningServer {
     }
 
     fn stop(&mut self) {
+        self.phase = Phase::Draining {
+            deadline: Instant::now() + self.config.shutdown_timeout,
+        };
         let _ = self.shutdown.send(true);
         for w in self.workers.drain(..) {
             let _ = w.join();

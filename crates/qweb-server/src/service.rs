@@ -69,6 +69,11 @@ impl Service {
         } else {
             String::new()
         };
+        let route_metrics = self.route_metrics(req.uri().path());
+        let fields = self
+            .worker
+            .access_log
+            .then(|| crate::access_log::RequestFields::of(&req));
         // Compression, part 1: negotiate, and map encoded ETags in If-None-Match.
         let negotiated = crate::compress::begin(self.worker.compression.as_ref(), &mut req);
         let resp = self.route(req).await;
@@ -83,6 +88,9 @@ impl Service {
             path: log_path,
             status: resp.status().as_u16(),
             log: self.worker.access_log,
+            route: route_metrics,
+            format: self.worker.log_format,
+            fields,
         };
         resp.map(|b| Logged::new(b, record, guard))
     }
@@ -101,6 +109,14 @@ impl Service {
             });
         }
         Ok(())
+    }
+
+    /// The `/metrics` handles of the route that serves `raw` (the unmatched ones when none).
+    fn route_metrics(&self, raw: &str) -> std::rc::Rc<crate::metrics::RouteMetrics> {
+        self.normalize(raw)
+            .ok()
+            .and_then(|p| self.find_route(&p))
+            .map_or_else(|| self.worker.unmatched.clone(), |r| r.metrics.clone())
     }
 
     fn find_route(&self, path: &str) -> Option<&Route> {

@@ -2,8 +2,16 @@
 //! runtime + `LocalSet`), accepting on its own `SO_REUSEPORT` sockets. Everything a request
 //! touches (routes, upstream pools, connection counters) is owned by the worker: no locks and
 //! no cross-thread hops on the request path.
+//!
+//! A worker serves *generations* of the configuration. A reload hands it a new
+//! [`Generation`]: it builds a new [`WorkerCtx`] (routes, limits, compression) and points its
+//! accept loops at it; listeners that stay keep their sockets and accept loops (no accept
+//! gap), removed ones close, new ones start. The old context is *retired*: its connections
+//! close once their current request is done (HTTP/1.1 `Connection: close`, HTTP/2 GOAWAY),
+//! its paused handshakes finish, and whatever is left at its `shutdown_timeout` is closed.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -11,11 +19,12 @@ use std::time::Duration;
 
 use qweb_offload::{BatchConfig, Engine, Offloader};
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Notify};
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::task::JoinHandle;
 
 use crate::config::{Config, Limits, RouteAction};
 use crate::files::StaticFiles;
-use crate::metrics::WorkerMetrics;
+use crate::metrics::{Metrics, RouteMetrics, WorkerMetrics, NO_ROUTE};
 use crate::proxy::Proxy;
 
 /// What serves a route on this worker.
@@ -29,17 +38,30 @@ pub(crate) struct Route {
     pub prefix: String,
     pub strip_prefix: bool,
     pub handler: Handler,
+    /// Requests by status class and latency of this route (`/metrics`).
+    pub metrics: Rc<RouteMetrics>,
 }
 
-/// Worker-wide state, shared by its connections through `Rc`.
+/// Worker-wide state of one configuration generation, shared by its connections through
+/// `Rc`.
 pub(crate) struct WorkerCtx {
     pub limits: Limits,
     pub routes: Vec<Route>,
     pub access_log: bool,
+    /// The access-log line format.
+    pub log_format: crate::config::AccessFormat,
     /// Becomes `true` when the server shuts down.
     pub shutdown: watch::Receiver<bool>,
+    /// Becomes `true` when a reload replaced this generation: its connections close after
+    /// their current request.
+    pub retire: watch::Sender<bool>,
+    /// Becomes `true` when the retired generation's deadline passed: its connections are
+    /// closed whatever they do.
+    kill: watch::Sender<bool>,
     /// This worker's counters (also read by `/metrics`).
     pub metrics: Arc<WorkerMetrics>,
+    /// The metrics of requests no route matched.
+    pub unmatched: Rc<RouteMetrics>,
     /// Response compression on this worker (`None`: off).
     pub compression: Option<Rc<crate::compress::Compressor>>,
     /// Log lines about misbehaving peers: one per peer per minute.
@@ -61,92 +83,223 @@ pub(crate) struct ListenerCtx {
     pub local_addr: SocketAddr,
 }
 
-/// A listener handed to a worker: its socket, TLS configuration, and (async offload) engine
-/// and per-op timeout.
-pub(crate) struct WorkerListener {
-    pub socket: StdListener,
+/// One listener of a generation, as handed to a worker.
+pub(crate) struct GenListener {
+    /// The address it is bound to (its identity across reloads).
+    pub bound: SocketAddr,
+    /// This worker's socket when the listener is new; `None`: keep the one it has.
+    pub socket: Option<StdListener>,
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Async offload: the engine and the per-op timeout.
     pub async_engine: Option<(Arc<dyn Engine>, Duration)>,
 }
 
-/// What a worker gets besides its listeners.
-pub(crate) struct WorkerExtras {
-    pub metrics: Arc<WorkerMetrics>,
+/// A configuration generation for one worker.
+pub(crate) struct Generation {
+    pub config: Arc<Config>,
+    pub listeners: Vec<GenListener>,
     pub compression: Option<Arc<crate::compress::Shared>>,
+    /// Told when the worker serves new connections with this generation (a reload waits for
+    /// every worker).
+    pub applied: Option<std::sync::mpsc::Sender<()>>,
 }
 
-/// Runs a worker until shutdown; returns when its connections are done or `deadline` passed.
-pub(crate) fn run(
+/// What a worker gets besides its generations.
+pub(crate) struct WorkerExtras {
+    pub metrics: Arc<WorkerMetrics>,
+    /// The server's registry (route metrics handles).
+    pub registry: Arc<Metrics>,
+}
+
+/// What an accept loop serves new connections with; replaced by a reload.
+struct Current {
+    listener: Rc<ListenerCtx>,
+    ctx: Rc<WorkerCtx>,
+}
+
+/// A running accept loop.
+struct Accepting {
+    current: Rc<RefCell<Current>>,
+    task: JoinHandle<()>,
+}
+
+/// The worker's state across generations.
+struct Worker {
     id: usize,
-    config: Arc<Config>,
-    listeners: Vec<WorkerListener>,
     extras: WorkerExtras,
     shutdown: watch::Receiver<bool>,
+    ctx: Option<(Rc<WorkerCtx>, Duration)>,
+    accepting: HashMap<SocketAddr, Accepting>,
+    retiring: Vec<JoinHandle<()>>,
+}
+
+/// Runs a worker until shutdown; returns when its connections are done or the deadline
+/// passed.
+pub(crate) fn run(
+    id: usize,
+    first: Generation,
+    extras: WorkerExtras,
+    mut generations: mpsc::UnboundedReceiver<Generation>,
+    shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    qweb_offload::job::set_max_live(config.offload.max_jobs_per_worker);
-    let batch = BatchConfig {
-        enabled: config.offload.batch,
-        max: config.offload.batch_max,
-    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let local = tokio::task::LocalSet::new();
-    let mut routes = Vec::new();
-    for r in &config.routes {
-        let handler = match &r.action {
-            RouteAction::Static(s) => Handler::Static(StaticFiles::new(s)?),
-            RouteAction::Proxy(p) => Handler::Proxy(Proxy::new(p)),
-        };
-        routes.push(Route {
-            prefix: r.prefix.clone(),
-            strip_prefix: r.strip_prefix,
-            handler,
-        });
-    }
-    let ctx = Rc::new(WorkerCtx {
-        limits: config.limits.clone(),
-        routes,
-        access_log: config.log.access,
-        shutdown: shutdown.clone(),
-        metrics: extras.metrics,
-        compression: extras
-            .compression
-            .as_ref()
-            .map(crate::compress::Compressor::new),
-        peer_log: crate::log_limit::PerPeer::new(Duration::from_secs(60)),
-        connections: Cell::new(0),
-        connection_closed: Notify::new(),
-    });
-    let deadline = config.shutdown_timeout;
     local.block_on(&rt, async move {
-        let mut accepting = Vec::new();
-        for l in listeners {
-            let local_addr = l.socket.local_addr()?;
-            let socket = TcpListener::from_std(l.socket)?;
+        let mut w = Worker {
+            id,
+            extras,
+            shutdown: shutdown.clone(),
+            ctx: None,
+            accepting: HashMap::new(),
+            retiring: Vec::new(),
+        };
+        w.apply(first)?;
+        tracing::debug!(worker = id, "worker started");
+        let mut sd = shutdown.clone();
+        loop {
+            tokio::select! {
+                g = generations.recv() => match g {
+                    Some(mut g) => {
+                        let applied = g.applied.take();
+                        if let Err(e) = w.apply(g) {
+                            tracing::error!(worker = id, "reload: this worker keeps the old configuration: {e}");
+                        }
+                        if let Some(a) = applied {
+                            let _ = a.send(());
+                        }
+                    }
+                    None => break,
+                },
+                _ = sd.wait_for(|s| *s) => break,
+            }
+        }
+        w.stop().await;
+        tracing::debug!(worker = id, "worker stopped");
+        Ok::<(), std::io::Error>(())
+    })
+}
+
+impl Worker {
+    /// Puts a generation in place: new connections get it; the previous one retires.
+    fn apply(&mut self, g: Generation) -> std::io::Result<()> {
+        let config = &g.config;
+        qweb_offload::job::set_max_live(config.offload.max_jobs_per_worker);
+        let batch = BatchConfig {
+            enabled: config.offload.batch,
+            max: config.offload.batch_max,
+        };
+        let mut routes = Vec::new();
+        for r in &config.routes {
+            let handler = match &r.action {
+                RouteAction::Static(s) => Handler::Static(StaticFiles::new(s)?),
+                RouteAction::Proxy(p) => Handler::Proxy(Proxy::new(p)),
+            };
+            routes.push(Route {
+                prefix: r.prefix.clone(),
+                strip_prefix: r.strip_prefix,
+                handler,
+                metrics: Rc::new(self.extras.registry.route(&r.prefix)),
+            });
+        }
+        let ctx = Rc::new(WorkerCtx {
+            limits: config.limits.clone(),
+            routes,
+            access_log: config.log.access,
+            log_format: config.log.format,
+            shutdown: self.shutdown.clone(),
+            retire: watch::Sender::new(false),
+            kill: watch::Sender::new(false),
+            metrics: self.extras.metrics.clone(),
+            unmatched: Rc::new(self.extras.registry.route(NO_ROUTE)),
+            compression: g.compression.as_ref().map(crate::compress::Compressor::new),
+            peer_log: crate::log_limit::PerPeer::new(Duration::from_secs(60)),
+            connections: Cell::new(0),
+            connection_closed: Notify::new(),
+        });
+        let mut next = HashMap::new();
+        for l in g.listeners {
             let tls = l.tls.map(|config| TlsListener {
                 config,
                 offloader: l
                     .async_engine
                     .map(|(engine, timeout)| Offloader::new(engine, batch, timeout)),
             });
-            let lctx = Rc::new(ListenerCtx { tls, local_addr });
-            accepting.push(tokio::task::spawn_local(accept_loop(
-                socket,
-                lctx,
-                ctx.clone(),
-            )));
+            let lctx = Rc::new(ListenerCtx {
+                tls,
+                local_addr: l.bound,
+            });
+            let current = Current {
+                listener: lctx,
+                ctx: ctx.clone(),
+            };
+            let accepting = match (self.accepting.remove(&l.bound), l.socket) {
+                (Some(a), _) => {
+                    // kept: the same socket and accept loop, the new configuration
+                    *a.current.borrow_mut() = current;
+                    a
+                }
+                (None, Some(socket)) => {
+                    let socket = match TcpListener::from_std(socket) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            tracing::error!(worker = self.id, listener = %l.bound, "cannot accept on this listener: {e}");
+                            continue;
+                        }
+                    };
+                    let current = Rc::new(RefCell::new(current));
+                    let task = tokio::task::spawn_local(accept_loop(
+                        socket,
+                        current.clone(),
+                        self.shutdown.clone(),
+                    ));
+                    Accepting { current, task }
+                }
+                (None, None) => {
+                    tracing::error!(worker = self.id, listener = %l.bound, "reload: no socket for this listener on this worker");
+                    continue;
+                }
+            };
+            next.insert(l.bound, accepting);
         }
-        tracing::debug!(worker = id, "worker started");
-        let mut sd = shutdown.clone();
-        let _ = sd.wait_for(|s| *s).await;
-        for a in accepting {
-            let _ = a.await;
+        // listeners the generation does not have: their sockets close now
+        for (addr, a) in self.accepting.drain() {
+            tracing::debug!(worker = self.id, listener = %addr, "listener closed by reload");
+            a.task.abort();
         }
-        drain(&ctx, deadline).await;
-        tracing::debug!(worker = id, "worker stopped");
-        Ok::<(), std::io::Error>(())
-    })
+        self.accepting = next;
+        let previous = self.ctx.replace((ctx, config.shutdown_timeout));
+        if let Some((old, deadline)) = previous {
+            self.retiring.retain(|t| !t.is_finished());
+            self.retiring
+                .push(tokio::task::spawn_local(retire(old, deadline)));
+        }
+        Ok(())
+    }
+
+    /// Shutdown: stops accepting, then waits for the connections of every generation (each
+    /// within its deadline).
+    async fn stop(&mut self) {
+        for (_, a) in self.accepting.drain() {
+            a.task.abort();
+            let _ = a.task.await;
+        }
+        if let Some((ctx, deadline)) = self.ctx.take() {
+            drain(&ctx, deadline).await;
+        }
+        for t in self.retiring.drain(..) {
+            let _ = t.await;
+        }
+    }
+}
+
+/// A replaced generation: its connections close after their current request; what is left
+/// at `deadline` is closed.
+async fn retire(ctx: Rc<WorkerCtx>, deadline: Duration) {
+    ctx.retire.send_replace(true);
+    drain(&ctx, deadline).await;
+    ctx.kill.send_replace(true);
 }
 
 /// Waits until every connection has finished, or the deadline passed.
@@ -177,21 +330,33 @@ impl Drop for ConnCount {
     }
 }
 
-async fn accept_loop(socket: TcpListener, listener: Rc<ListenerCtx>, ctx: Rc<WorkerCtx>) {
-    let mut shutdown = ctx.shutdown.clone();
-    let max = ctx.limits.max_connections_per_worker;
+async fn accept_loop(
+    socket: TcpListener,
+    current: Rc<RefCell<Current>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let errors = crate::log_limit::Every::new(Duration::from_secs(1));
     loop {
+        let ctx = current.borrow().ctx.clone();
         // At the limit, stop accepting: new connections wait in the backlog.
-        while ctx.connections.get() >= max {
+        if ctx.connections.get() >= ctx.limits.max_connections_per_worker {
             tokio::select! {
                 _ = ctx.connection_closed.notified() => {}
+                // a reload may have brought a new generation (and limit)
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
                 _ = shutdown.wait_for(|s| *s) => return,
             }
+            continue;
         }
+        drop(ctx);
         let accepted = tokio::select! {
             r = socket.accept() => r,
             _ = shutdown.wait_for(|s| *s) => return,
+        };
+        // the generation current when the connection was accepted serves it to its end
+        let (listener, ctx) = {
+            let c = current.borrow();
+            (c.listener.clone(), c.ctx.clone())
         };
         match accepted {
             Ok((stream, peer)) => {
@@ -201,9 +366,12 @@ async fn accept_loop(socket: TcpListener, listener: Rc<ListenerCtx>, ctx: Rc<Wor
                     .connections
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let count = ConnCount(ctx.clone());
-                let (l, c) = (listener.clone(), ctx.clone());
+                let mut kill = ctx.kill.subscribe();
                 tokio::task::spawn_local(async move {
-                    crate::conn::serve(stream, peer, l, c).await;
+                    tokio::select! {
+                        _ = crate::conn::serve(stream, peer, listener, ctx) => {}
+                        _ = kill.wait_for(|k| *k) => {}
+                    }
                     drop(count);
                 });
             }

@@ -420,15 +420,15 @@ async fn metrics_endpoint_speaks_prometheus() {
     assert!(r.headers()["content-type"]
         .to_str()
         .unwrap()
-        .starts_with("text/plain; version=0.0.4"));
+        .starts_with("application/openmetrics-text; version=1.0.0"));
     let m = r.text().await.unwrap();
     for family in [
-        "# TYPE qweb_tls_handshakes_total counter",
+        "# TYPE qweb_tls_handshakes counter",
         "# TYPE qweb_jobs_paused gauge",
-        "# TYPE qweb_offload_ops_submitted_total counter",
+        "# TYPE qweb_offload_ops_submitted counter",
         "# TYPE qweb_offload_op_latency_seconds histogram",
         "qweb_offload_queue_depth{engine=\"pool\"}",
-        "qweb_offload_op_latency_seconds_bucket{engine=\"inline\",le=\"+Inf\"}",
+        "qweb_offload_op_latency_seconds_bucket{le=\"+Inf\",engine=\"inline\"}",
         "qweb_connections_open{worker=\"1\"}",
     ] {
         assert!(m.contains(family), "missing {family}:\n{m}");

@@ -5,6 +5,7 @@
 
 mod compression;
 mod error;
+mod log;
 mod proxy;
 mod raw;
 pub mod units;
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 pub use compression::CompressionConfig;
 pub use error::ConfigError;
+pub use log::AccessFormat;
 use raw::{RawConfig, RawListener, RawRoute, Workers};
 use toml::Spanned;
 
@@ -205,6 +207,10 @@ pub struct LogConfig {
     pub access: bool,
     /// Log filter for everything else (stderr), e.g. `info` or `qweb=debug`.
     pub level: String,
+    /// Access log to this file (appended; reopened on SIGUSR1) instead of stdout.
+    pub access_file: Option<PathBuf>,
+    /// The access-log line format.
+    pub format: AccessFormat,
 }
 
 impl Default for LogConfig {
@@ -212,6 +218,8 @@ impl Default for LogConfig {
         LogConfig {
             access: true,
             level: "info".into(),
+            access_file: None,
+            format: AccessFormat::default(),
         }
     }
 }
@@ -585,6 +593,7 @@ impl Validator<'_> {
             }
             log.level = v.to_owned();
         }
+        self.access_log(&raw.log, &mut log)?;
 
         let offload = self.offload(&raw.offload)?;
         let listeners = match &raw.listeners {
@@ -945,7 +954,17 @@ impl Validator<'_> {
                 }
             }
         };
-        let http2 = l.http2.unwrap_or(true);
+        // h2c is not served: an explicit `http2 = true` on a plain listener is a mistake
+        if let (Some(h), None) = (&l.http2, &tls) {
+            if *h.get_ref() {
+                return Err(self.err(
+                    Some(h.span()),
+                    format!("listener[{i}].http2"),
+                    "HTTP/2 needs TLS here (h2c is not served): add [listener.tls] or remove http2",
+                ));
+            }
+        }
+        let http2 = l.http2.as_ref().map_or(true, |h| *h.get_ref());
         Ok(ListenerConfig {
             address: *l.address.get_ref(),
             http2: http2 && tls.is_some(),

@@ -124,13 +124,15 @@ pub(crate) struct RawLimits {
 pub(crate) struct RawLog {
     pub access: Option<bool>,
     pub level: Option<Spanned<String>>,
+    pub access_file: Option<Spanned<String>>,
+    pub format: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawListener {
     pub address: Spanned<SocketAddr>,
-    pub http2: Option<bool>,
+    pub http2: Option<Spanned<bool>>,
     pub tls: Option<Spanned<RawTls>>,
     pub offload: Option<Spanned<RawListenerOffload>>,
 }

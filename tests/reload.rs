@@ -1,0 +1,422 @@
+//! Reload under load, through the real binary: `qweb serve` in a child process, SIGHUP and
+//! `qweb reload`, real TLS clients (HTTP/1.1 and h2, keep-alive and a new handshake per
+//! request) while every handshake pauses on a 200 ms engine.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_qweb");
+
+/// A certificate for `localhost` and 127.0.0.1 with its key, as PEM files `<name>.crt/.key`.
+fn write_cert(dir: &Path, name: &str) -> Vec<u8> {
+    let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()])
+        .unwrap()
+        .self_signed(&kp)
+        .unwrap();
+    std::fs::write(dir.join(format!("{name}.crt")), cert.pem()).unwrap();
+    std::fs::write(dir.join(format!("{name}.key")), kp.serialize_pem()).unwrap();
+    cert.der().to_vec()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Generation `g` ("a" or "b"): its own certificate, `/gen` from its own folder, and a route
+/// only it has (`/only-a`, `/only-b`). The listeners, the engine and `/` are the same.
+fn config(dir: &Path, tls_port: u16, plain_port: u16, g: &str) -> String {
+    let d = dir.display();
+    format!(
+        "workers = 2\nstate_dir = \"{d}/state\"\nshutdown_timeout = \"10s\"\n\
+         [offload.engines.slow]\nkind = \"pool\"\nthreads = 2\nadded_latency = \"200ms\"\n\
+         [[listener]]\naddress = \"127.0.0.1:{tls_port}\"\nhttp2 = true\n[listener.tls]\n\
+         certificates = [{{ cert = \"{d}/{g}.crt\", key = \"{d}/{g}.key\" }}]\n\
+         [listener.offload]\nengine = \"slow\"\n\
+         [[listener]]\naddress = \"127.0.0.1:{plain_port}\"\n\
+         [[route]]\nprefix = \"/gen\"\nroot = \"{d}/site-{g}\"\nstrip_prefix = true\n\
+         [[route]]\nprefix = \"/only-{g}\"\nroot = \"{d}/site-{g}\"\nstrip_prefix = true\n\
+         [[route]]\nprefix = \"/\"\nroot = \"{d}/site\"\n"
+    )
+}
+
+struct Qweb {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Qweb {
+    fn start(config: &Path) -> Qweb {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(config)
+            .env_remove("RUST_LOG")
+            .env_remove("NOTIFY_SOCKET")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut reader = BufReader::new(child.stderr.take().unwrap());
+        let mut started = Vec::new();
+        loop {
+            let mut l = String::new();
+            if reader.read_line(&mut l).unwrap() == 0 {
+                panic!("qweb exited early: {started:?}");
+            }
+            let done = l.contains("worker(s)");
+            started.push(l.trim_end().to_owned());
+            if done {
+                break;
+            }
+        }
+        let lines = Arc::new(Mutex::new(started));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for l in reader.lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(l);
+            }
+        });
+        Qweb { child, lines }
+    }
+
+    fn count(&self, needle: &str) -> usize {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    /// Waits until `needle` was printed `n` times; returns the last such line.
+    fn wait_for(&self, needle: &str, n: usize) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            {
+                let lines = self.lines.lock().unwrap();
+                let hits: Vec<&String> = lines.iter().filter(|l| l.contains(needle)).collect();
+                if hits.len() >= n {
+                    return hits[n - 1].clone();
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} #{n} in {:#?}",
+                self.lines.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        // SAFETY: kill(2) with the pid of our own child and a valid signal number.
+        assert_eq!(
+            unsafe { libc::kill(self.child.id() as libc::pid_t, sig) },
+            0
+        );
+    }
+}
+
+impl Drop for Qweb {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tls_config(roots: &[PathBuf], h2: bool) -> rustls::ClientConfig {
+    let mut store = rustls::RootCertStore::empty();
+    for r in roots {
+        for c in qweb_tls::load_certs(r).unwrap() {
+            store.add(c).unwrap();
+        }
+    }
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    cfg.alpn_protocols = if h2 {
+        vec![b"h2".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
+    cfg
+}
+
+/// A client trusting both generations' certificates. `fresh`: a new connection (and TLS
+/// handshake) for every request.
+fn client(roots: &[PathBuf], h2: bool, fresh: bool) -> reqwest::Client {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let b = reqwest::Client::builder()
+        .use_preconfigured_tls(tls_config(roots, h2))
+        .timeout(Duration::from_secs(20));
+    let b = if h2 {
+        b.http2_prior_knowledge()
+    } else {
+        b.http1_only()
+    };
+    let b = if fresh {
+        b.pool_max_idle_per_host(0)
+    } else {
+        b
+    };
+    b.build().unwrap()
+}
+
+/// The certificate a new TLS connection to `port` is served.
+async fn served_cert(roots: &[PathBuf], port: u16) -> Vec<u8> {
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls_config(roots, false)));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls = connector.connect(name, tcp).await.unwrap();
+    tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+}
+
+#[derive(Default)]
+struct Tally {
+    ok: AtomicU64,
+    failed: AtomicU64,
+    refused: AtomicU64,
+    errors: Mutex<Vec<String>>,
+}
+
+impl Tally {
+    fn record(&self, what: &str, r: Result<reqwest::Response, reqwest::Error>) {
+        match r {
+            Ok(r) if r.status() == 200 => {
+                self.ok.fetch_add(1, Relaxed);
+            }
+            Ok(r) => {
+                self.failed.fetch_add(1, Relaxed);
+                self.errors
+                    .lock()
+                    .unwrap()
+                    .push(format!("{what}: status {}", r.status()));
+            }
+            Err(e) => {
+                let refused = format!("{e:?}").contains("ConnectionRefused");
+                if refused {
+                    self.refused.fetch_add(1, Relaxed);
+                } else {
+                    self.failed.fetch_add(1, Relaxed);
+                }
+                self.errors.lock().unwrap().push(format!("{what}: {e:?}"));
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_reloads_under_load_lose_nothing_and_switch_certificates_and_routes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let der_a = write_cert(d, "a");
+    let der_b = write_cert(d, "b");
+    for (site, body) in [("site", "home"), ("site-a", "A"), ("site-b", "B")] {
+        std::fs::create_dir_all(d.join(site)).unwrap();
+        std::fs::write(d.join(site).join("gen.txt"), body).unwrap();
+    }
+    std::fs::write(d.join("site/index.html"), "home").unwrap();
+    let (tls_port, plain_port) = (free_port(), free_port());
+    let file = d.join("qweb.toml");
+    std::fs::write(&file, config(d, tls_port, plain_port, "a")).unwrap();
+    let qweb = Qweb::start(&file);
+    let roots = vec![d.join("a.crt"), d.join("b.crt")];
+    let https = format!("https://127.0.0.1:{tls_port}");
+    let plain = format!("http://127.0.0.1:{plain_port}");
+
+    // continuous load: keep-alive and new-handshake clients, h1 and h2, TLS and plain
+    let stop = Arc::new(AtomicBool::new(false));
+    let tally = Arc::new(Tally::default());
+    let mut load = Vec::new();
+    for (h2, fresh, what) in [
+        (false, false, "h1 keep-alive"),
+        (true, false, "h2 keep-alive"),
+        (false, true, "h1 new handshakes"),
+        (true, true, "h2 new handshakes"),
+        (false, true, "h1 new handshakes 2"),
+        (true, true, "h2 new handshakes 2"),
+    ] {
+        let (stop, tally, url) = (stop.clone(), tally.clone(), format!("{https}/"));
+        let c = client(&roots, h2, fresh);
+        load.push(tokio::spawn(async move {
+            while !stop.load(Relaxed) {
+                tally.record(what, c.get(&url).send().await);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }));
+    }
+    {
+        let (stop, tally, url) = (stop.clone(), tally.clone(), format!("{plain}/gen.txt"));
+        let c = reqwest::Client::builder().http1_only().build().unwrap();
+        load.push(tokio::spawn(async move {
+            while !stop.load(Relaxed) {
+                tally.record("plain keep-alive", c.get(&url).send().await);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }));
+    }
+
+    let probe = client(&roots, false, true);
+    let get = |path: &str| {
+        let (probe, url) = (probe.clone(), format!("{https}{path}"));
+        async move {
+            let r = probe.get(url).send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.text().await.unwrap())
+        }
+    };
+    assert_eq!(served_cert(&roots, tls_port).await, der_a);
+    assert_eq!(get("/gen/gen.txt").await, (200, "A".to_owned()));
+
+    let mut reloads = 0;
+    for i in 1..=20 {
+        let g = if i % 2 == 1 { "b" } else { "a" };
+        std::fs::write(&file, config(d, tls_port, plain_port, g)).unwrap();
+        if i % 4 == 0 {
+            // `qweb reload` finds the instance through its pid file
+            let out = Command::new(BIN)
+                .args(["reload", "--config"])
+                .arg(&file)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+        } else {
+            qweb.signal(libc::SIGHUP);
+        }
+        reloads += 1;
+        qweb.wait_for("configuration reloaded", reloads);
+        // new connections see the new certificate and routes
+        let (want, other) = if g == "b" {
+            (&der_b, &der_a)
+        } else {
+            (&der_a, &der_b)
+        };
+        let got = served_cert(&roots, tls_port).await;
+        assert!(&got == want && &got != other, "reload {i}: old certificate");
+        assert_eq!(
+            get("/gen/gen.txt").await,
+            (200, g.to_uppercase()),
+            "reload {i}"
+        );
+        assert_eq!(
+            get(&format!("/only-{g}/gen.txt")).await.0,
+            200,
+            "reload {i}"
+        );
+        let gone = if g == "b" {
+            "/only-a/gen.txt"
+        } else {
+            "/only-b/gen.txt"
+        };
+        assert_eq!(
+            get(gone).await.0,
+            404,
+            "reload {i}: the old route still serves"
+        );
+        // some load between reloads
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    // a broken configuration is refused with its location; the old one keeps serving
+    let before = qweb.count("reload refused");
+    std::fs::write(
+        &file,
+        config(d, tls_port, plain_port, "b").replace(
+            "shutdown_timeout = \"10s\"",
+            "shutdown_timeout = \"10 parsecs\"",
+        ),
+    )
+    .unwrap();
+    qweb.signal(libc::SIGHUP);
+    let refused = qweb.wait_for("reload refused", before + 1);
+    assert!(
+        refused.contains("qweb.toml:3:") && refused.contains("shutdown_timeout"),
+        "{refused}"
+    );
+    assert_eq!(served_cert(&roots, tls_port).await, der_a);
+    assert_eq!(get("/gen/gen.txt").await, (200, "A".to_owned()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    stop.store(true, Relaxed);
+    for l in load {
+        l.await.unwrap();
+    }
+    let (ok, failed, refused) = (
+        tally.ok.load(Relaxed),
+        tally.failed.load(Relaxed),
+        tally.refused.load(Relaxed),
+    );
+    eprintln!("load: {ok} ok, {failed} failed, {refused} refused over {reloads} reloads");
+    assert_eq!(
+        (failed, refused),
+        (0, 0),
+        "{:#?}",
+        tally.errors.lock().unwrap()
+    );
+    assert!(ok > 200, "too little load to mean anything: {ok}");
+
+    // SIGTERM: drains and exits 0
+    let mut qweb = qweb;
+    qweb.signal(libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = qweb.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "qweb did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(
+        !d.join("state/qweb.pid").exists(),
+        "the pid file outlived the process"
+    );
+}
+
+#[test]
+fn reload_without_a_running_instance_exits_1_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("qweb.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "state_dir = \"{}/state\"\n[[listener]]\naddress = \"127.0.0.1:0\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["reload", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no running qweb") && err.contains("qweb.pid"),
+        "{err}"
+    );
+    // a stale pid file (the process is gone) is no running instance either
+    std::fs::create_dir_all(dir.path().join("state")).unwrap();
+    std::fs::write(dir.path().join("state/qweb.pid"), "2147483000\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["reload", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("not running"), "{err}");
+}
