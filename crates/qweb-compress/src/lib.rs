@@ -15,6 +15,8 @@
 //! Nothing here knows about the server's configuration or routes; `qweb-server` decides
 //! *whether* a response is compressed, this crate does the compressing.
 
+#![forbid(unsafe_code)]
+
 pub mod body;
 pub mod cache;
 pub mod kernel;

@@ -523,7 +523,11 @@ async fn drive<T>(
                 _ = retire.wait_for(|r| *r), if !closing && !retired => {
                     retired = true;
                     match state.phase() {
-                        Phase::Serving => conn.as_mut().graceful_shutdown(),
+                        // The response in flight may have its head out already: closing
+                        // after it would race the client's next request. Responses built
+                        // from now on say `Connection: close` (see `Service::handle`), so
+                        // this one or the next ends the connection.
+                        Phase::Serving => {}
                         Phase::AwaitRequest | Phase::ReadingHead => close_after_request = true,
                     }
                 }

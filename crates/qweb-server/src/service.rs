@@ -69,6 +69,7 @@ impl Service {
         } else {
             String::new()
         };
+        let h1 = req.version() < Version::HTTP_2;
         let route_metrics = self.route_metrics(req.uri().path());
         let fields = self
             .worker
@@ -82,6 +83,12 @@ impl Service {
         resp.headers_mut()
             .entry(header::SERVER)
             .or_insert(HeaderValue::from_static("qweb"));
+        if h1 && *self.worker.retire.borrow() {
+            // A reload retired this connection's configuration: say so in the response, so
+            // that the client does not send its next request on a connection about to close.
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         let record = AccessRecord {
             start,
             method,
