@@ -720,7 +720,7 @@ async fn measure_requests_per_second_cached_vs_per_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn encoded_variants_have_weak_etags_and_always_decode() {
     let t = common::start_with(&config("pipelined", "zpool", "cache_size = 0"), |dir| {
-        let text: String = (0..40_000)
+        let text: String = (0..10_000)
             .map(|i| format!("line {i} of a text file\n"))
             .collect();
         std::fs::write(dir.join("site/big.txt"), text).unwrap();
