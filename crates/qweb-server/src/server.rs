@@ -163,8 +163,10 @@ impl Server {
     /// Binds every listener and starts the workers. Connections are accepted (queued in the
     /// backlog) from the moment this returns.
     pub fn start(config: Config) -> Result<RunningServer, ServerError> {
-        let mut info = StartInfo::default();
-        info.welcome = install_welcome(&config)?;
+        let mut info = StartInfo {
+            welcome: install_welcome(&config)?,
+            ..StartInfo::default()
+        };
         let compression_metrics = Arc::new(qweb_compress::CompressMetrics::default());
         let built = build(&config, &HashMap::new(), &compression_metrics, &mut info)?;
         refuse_addresses_in_use(&config, &[], true)?;
