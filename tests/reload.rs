@@ -420,3 +420,59 @@ fn reload_without_a_running_instance_exits_1_and_says_why() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("not running"), "{err}");
 }
+
+/// `Type=notify-reload`: READY=1 (with MAINPID) once serving, RELOADING=1 with
+/// MONOTONIC_USEC then READY=1 around a reload, STOPPING=1 on SIGTERM.
+#[test]
+fn sd_notify_ready_reloading_ready_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock_path = dir.path().join("notify.sock");
+    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let file = dir.path().join("qweb.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "state_dir = \"{}/state\"\n[[listener]]\naddress = \"127.0.0.1:{}\"\n",
+            dir.path().display(),
+            free_port()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&file)
+        .env_remove("RUST_LOG")
+        .env("NOTIFY_SOCKET", &sock_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let recv = || {
+        let mut buf = [0u8; 256];
+        let n = sock.recv(&mut buf).expect("a notification");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    assert_eq!(recv(), format!("READY=1\nMAINPID={}", child.id()));
+    // SAFETY: kill(2) with our child's pid and a valid signal number.
+    assert_eq!(
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) },
+        0
+    );
+    let reloading = recv();
+    let usec: u64 = reloading
+        .strip_prefix("RELOADING=1\nMONOTONIC_USEC=")
+        .unwrap_or_else(|| panic!("{reloading:?}"))
+        .parse()
+        .unwrap();
+    assert!(usec > 0);
+    assert!(recv().starts_with("READY=1\n"));
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) },
+        0
+    );
+    assert_eq!(recv(), "STOPPING=1");
+    assert!(child.wait().unwrap().success());
+}

@@ -219,3 +219,70 @@ async fn sigusr2_hands_the_sockets_to_a_new_process_without_losing_a_request() {
         "no load after the upgrade: {ok} vs {before}"
     );
 }
+
+/// A lying or broken hand-over environment (fds that are stdio or closed, wrong addresses,
+/// garbage) is ignored: the process binds as usual, keeps its stdio, and serves.
+#[test]
+fn bogus_inherited_fds_are_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("site")).unwrap();
+    std::fs::write(d.join("site/index.html"), "home").unwrap();
+    let port = free_port();
+    let file = d.join("qweb.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "workers = 1\nstate_dir = \"{0}/state\"\n[[listener]]\naddress = \"127.0.0.1:{port}\"\n\
+             [[route]]\nprefix = \"/\"\nroot = \"{0}/site\"\n",
+            d.display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&file)
+        .env_remove("RUST_LOG")
+        .env(
+            "QWEB_UPGRADE_FDS",
+            format!("127.0.0.1:{port}=0,1,2,999;nonsense;1.2.3.4:5=x,7"),
+        )
+        .env("QWEB_UPGRADE_READY_FD", "998")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = BufReader::new(child.stderr.take().unwrap());
+    let mut lines = Vec::new();
+    loop {
+        let mut l = String::new();
+        assert!(reader.read_line(&mut l).unwrap() > 0, "exited: {lines:?}");
+        let done = l.contains("worker(s)");
+        lines.push(l);
+        if done {
+            break;
+        }
+    }
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    std::io::Write::write_all(
+        &mut s,
+        b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut s, &mut out).unwrap();
+    assert!(
+        out.starts_with("HTTP/1.1 200") && out.ends_with("home"),
+        "{out}"
+    );
+    // stderr (fd 2) is still ours: the stop is logged there
+    // SAFETY: kill(2) with our child's pid and a valid signal number.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut reader, &mut rest);
+    assert!(child.wait().unwrap().success());
+    assert!(
+        rest.contains("stopped") || rest.contains("shutting down"),
+        "{rest}"
+    );
+}

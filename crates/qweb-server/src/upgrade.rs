@@ -88,7 +88,11 @@ fn parse_inherited() -> HashMap<SocketAddr, Vec<TcpListener>> {
                     let _ = socket.set_nonblocking(true);
                     out.entry(addr).or_insert_with(Vec::new).push(socket);
                 }
-                _ => tracing::warn!("upgrade: fd {fd} is not a socket on {addr}"),
+                _ => {
+                    // not ours to close (it may be stdin or anything the caller passed)
+                    let _ = std::os::fd::IntoRawFd::into_raw_fd(socket);
+                    tracing::warn!("upgrade: fd {fd} is not a socket on {addr}: ignored");
+                }
             }
         }
     }
