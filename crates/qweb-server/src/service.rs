@@ -70,6 +70,7 @@ impl Service {
             String::new()
         };
         let route_metrics = self.route_metrics(req.uri().path());
+        let version = req.version();
         let fields = self
             .worker
             .access_log
@@ -82,6 +83,12 @@ impl Service {
         resp.headers_mut()
             .entry(header::SERVER)
             .or_insert(HeaderValue::from_static("qweb"));
+        // A reload retired this connection's configuration: the client's next request goes
+        // on a new connection (an idle one is not cut, so no request races a close).
+        if version <= Version::HTTP_11 && *self.worker.retire.borrow() {
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         let record = AccessRecord {
             start,
             method,
