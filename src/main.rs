@@ -57,6 +57,15 @@ enum Command {
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
     },
+    /// Upgrade the running `qweb serve` to the binary now installed (as SIGUSR2 does): it
+    /// starts that binary with its listening sockets, and once the new process serves, stops
+    /// accepting, drains and exits. No connection is refused meanwhile. Exits 1 when no
+    /// instance runs.
+    Upgrade {
+        /// The configuration file the instance runs with (to find its state folder).
+        #[arg(short, long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
     /// Validate a configuration file and exit: 0 when valid, 1 with the file, line and key of
     /// the first error otherwise. Certificates and keys are loaded to check them.
     CheckConfig {
@@ -86,7 +95,8 @@ fn main() -> ExitCode {
             }
         },
         Command::Serve { config } => serve(config),
-        Command::Reload { config } => reload(config),
+        Command::Reload { config } => signal_instance(config, qweb_server::control::RELOAD),
+        Command::Upgrade { config } => signal_instance(config, qweb_server::control::UPGRADE),
         Command::Keyserver {
             config,
             added_latency_ms,
@@ -278,18 +288,24 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
             None
         }
     };
-    eprintln!(
-        "qweb: {workers} worker(s); Ctrl-C or SIGTERM stops, SIGHUP or `qweb reload` reloads"
-    );
+    let unadopted = qweb_server::upgrade::close_unadopted();
+    if unadopted > 0 {
+        tracing::info!(
+            "upgrade: closed {unadopted} inherited socket(s) the configuration does not use"
+        );
+    }
+    eprintln!("qweb: {workers} worker(s); Ctrl-C or SIGTERM stops, SIGHUP or `qweb reload` reloads, SIGUSR2 or `qweb upgrade` upgrades");
     qweb_server::notify::ready();
+    // started by a binary upgrade: the old process may now drain
+    qweb_server::upgrade::signal_ready();
 
     let code = signals.serve(server, sink);
     drop(pid_file);
     code
 }
 
-/// `qweb reload`: signals the running instance through its pid file.
-fn reload(config: Option<PathBuf>) -> ExitCode {
+/// `qweb reload`, `qweb upgrade`: signals the running instance through its pid file.
+fn signal_instance(config: Option<PathBuf>, signal: qweb_server::control::Signal) -> ExitCode {
     let state_dir = match &config {
         Some(p) => match Config::from_file(p) {
             Ok(c) => c.state_dir,
@@ -300,9 +316,9 @@ fn reload(config: Option<PathBuf>) -> ExitCode {
         },
         None => Config::default_config().state_dir,
     };
-    match qweb_server::control::signal_instance(&state_dir, qweb_server::control::RELOAD) {
+    match qweb_server::control::signal_instance(&state_dir, signal) {
         Ok(pid) => {
-            eprintln!("qweb: asked process {pid} to reload (SIGHUP); it logs the result");
+            eprintln!("qweb: signalled process {pid}; it logs the result");
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -320,6 +336,7 @@ struct Signals {
     term: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
     usr1: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -329,24 +346,27 @@ impl Signals {
             .enable_all()
             .build()
             .map_err(|e| format!("cannot start the signal handler: {e}"))?;
-        let (int, term, hup, usr1) = rt.block_on(async {
+        let (int, term, hup, usr1, usr2) = rt.block_on(async {
             (
                 signal(SignalKind::interrupt()),
                 signal(SignalKind::terminate()),
                 signal(SignalKind::hangup()),
                 signal(SignalKind::user_defined1()),
+                signal(SignalKind::user_defined2()),
             )
         });
         let int = int.map_err(|e| format!("cannot install the SIGINT handler: {e}"))?;
         let term = term.map_err(|e| format!("cannot install the SIGTERM handler: {e}"))?;
         let hup = hup.map_err(|e| format!("cannot install the SIGHUP handler: {e}"))?;
         let usr1 = usr1.map_err(|e| format!("cannot install the SIGUSR1 handler: {e}"))?;
+        let usr2 = usr2.map_err(|e| format!("cannot install the SIGUSR2 handler: {e}"))?;
         Ok(Signals {
             rt,
             int,
             term,
             hup,
             usr1,
+            usr2,
         })
     }
 
@@ -363,12 +383,32 @@ impl Signals {
             mut term,
             mut hup,
             mut usr1,
+            mut usr2,
         } = self;
+        let mut upgraded = false;
         rt.block_on(async {
             loop {
                 tokio::select! {
                     _ = int.recv() => break,
                     _ = term.recv() => break,
+                    _ = usr2.recv() => {
+                        // argv[0], not /proc/self/exe: the binary at that path may be new
+                        let mut args = std::env::args_os();
+                        let exe = PathBuf::from(args.next().unwrap_or_else(|| "qweb".into()));
+                        let args: Vec<std::ffi::OsString> = args.collect();
+                        eprintln!("qweb: upgrade: starting {} with the listening sockets", exe.display());
+                        match server.upgrade(&exe, &args, std::time::Duration::from_secs(30)) {
+                            Ok(pid) => {
+                                eprintln!(
+                                    "qweb: upgrade: process {pid} serves; this one ({}) stops accepting, drains and exits",
+                                    std::process::id()
+                                );
+                                upgraded = true;
+                                break;
+                            }
+                            Err(e) => eprintln!("qweb: upgrade failed, this process serves on: {e}"),
+                        }
+                    }
                     _ = usr1.recv() => match sink.reopen() {
                         Ok(()) => tracing::info!("access log reopened"),
                         Err(e) => tracing::error!("cannot reopen the access log (the old file stays in use): {e}"),
@@ -401,6 +441,10 @@ impl Signals {
                 }
             }
         });
+        if upgraded {
+            // no STOPPING=1: the service goes on, in the new process
+            return Signals::stop_gracefully(rt, int, term, move || server.hand_over());
+        }
         qweb_server::notify::stopping();
         Signals::stop_gracefully(rt, int, term, move || server.shutdown())
     }

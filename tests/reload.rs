@@ -35,8 +35,10 @@ fn free_port() -> u16 {
 /// only it has (`/only-a`, `/only-b`). The listeners, the engine and `/` are the same.
 fn config(dir: &Path, tls_port: u16, plain_port: u16, g: &str) -> String {
     let d = dir.display();
+    let admin = ADMIN_PORT.with(|p| *p);
     format!(
         "workers = 2\nstate_dir = \"{d}/state\"\nshutdown_timeout = \"10s\"\n\
+         [admin]\naddress = \"127.0.0.1:{admin}\"\n\
          [offload.engines.slow]\nkind = \"pool\"\nthreads = 2\nadded_latency = \"200ms\"\n\
          [[listener]]\naddress = \"127.0.0.1:{tls_port}\"\nhttp2 = true\n[listener.tls]\n\
          certificates = [{{ cert = \"{d}/{g}.crt\", key = \"{d}/{g}.key\" }}]\n\
@@ -46,6 +48,24 @@ fn config(dir: &Path, tls_port: u16, plain_port: u16, g: &str) -> String {
          [[route]]\nprefix = \"/only-{g}\"\nroot = \"{d}/site-{g}\"\nstrip_prefix = true\n\
          [[route]]\nprefix = \"/\"\nroot = \"{d}/site\"\n"
     )
+}
+
+thread_local! {
+    static ADMIN_PORT: u16 = free_port();
+}
+
+/// The value of the sample `name{labels}` in the admin listener's `/metrics`.
+async fn metric(sample: &str) -> f64 {
+    let port = ADMIN_PORT.with(|p| *p);
+    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {sample} in\n{text}"))
 }
 
 struct Qweb {
@@ -279,6 +299,12 @@ async fn twenty_reloads_under_load_lose_nothing_and_switch_certificates_and_rout
     };
     assert_eq!(served_cert(&roots, tls_port).await, der_a);
     assert_eq!(get("/gen/gen.txt").await, (200, "A".to_owned()));
+    let submitted = "qweb_offload_ops_submitted_total{engine=\"slow\"}";
+    let slow_before = metric(submitted).await;
+    assert!(
+        slow_before >= 1.0,
+        "no handshake went through the slow engine"
+    );
 
     let mut reloads = 0;
     for i in 1..=20 {
@@ -348,6 +374,21 @@ async fn twenty_reloads_under_load_lose_nothing_and_switch_certificates_and_rout
     assert_eq!(served_cert(&roots, tls_port).await, der_a);
     assert_eq!(get("/gen/gen.txt").await, (200, "A".to_owned()));
     tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // the unchanged engine was kept through 20 reloads: its counters did not start over
+    let slow_after = metric(submitted).await;
+    assert!(
+        slow_after > slow_before + 20.0,
+        "{slow_before} then {slow_after}"
+    );
+    assert_eq!(
+        metric("qweb_config_reloads_total{result=\"ok\"}").await,
+        20.0
+    );
+    assert_eq!(
+        metric("qweb_config_reloads_total{result=\"failed\"}").await,
+        1.0
+    );
 
     stop.store(true, Relaxed);
     for l in load {
@@ -419,4 +460,60 @@ fn reload_without_a_running_instance_exits_1_and_says_why() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("not running"), "{err}");
+}
+
+/// `Type=notify-reload`: READY=1 (with MAINPID) once serving, RELOADING=1 with
+/// MONOTONIC_USEC then READY=1 around a reload, STOPPING=1 on SIGTERM.
+#[test]
+fn sd_notify_ready_reloading_ready_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock_path = dir.path().join("notify.sock");
+    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let file = dir.path().join("qweb.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "state_dir = \"{}/state\"\n[[listener]]\naddress = \"127.0.0.1:{}\"\n",
+            dir.path().display(),
+            free_port()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&file)
+        .env_remove("RUST_LOG")
+        .env("NOTIFY_SOCKET", &sock_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let recv = || {
+        let mut buf = [0u8; 256];
+        let n = sock.recv(&mut buf).expect("a notification");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    assert_eq!(recv(), format!("READY=1\nMAINPID={}", child.id()));
+    // SAFETY: kill(2) with our child's pid and a valid signal number.
+    assert_eq!(
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) },
+        0
+    );
+    let reloading = recv();
+    let usec: u64 = reloading
+        .strip_prefix("RELOADING=1\nMONOTONIC_USEC=")
+        .unwrap_or_else(|| panic!("{reloading:?}"))
+        .parse()
+        .unwrap();
+    assert!(usec > 0);
+    assert!(recv().starts_with("READY=1\n"));
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) },
+        0
+    );
+    assert_eq!(recv(), "STOPPING=1");
+    assert!(child.wait().unwrap().success());
 }

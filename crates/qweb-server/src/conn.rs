@@ -328,8 +328,10 @@ async fn drive<T>(
     // A connection that completed its handshake after shutdown began (it was paused) still
     // gets its first request served.
     let late = *shutdown.borrow();
-    // A reload retired this connection's configuration: it closes after its current request.
+    // A reload retired this connection's configuration: HTTP/2 gets a GOAWAY (HTTP/1.1
+    // responses say `Connection: close`, see `Service::handle`).
     let mut retire = worker.retire.subscribe();
+    let mut retire_pending = false;
     if h2 {
         io.flood = Some((FloodMeter::new(limits.h2_control_frames_per_second), 0));
         let io = TokioIo::new(io);
@@ -361,6 +363,12 @@ async fn drive<T>(
                 }
                 state.reset_all_streams();
                 cut_at = Some(Instant::now() + Duration::from_secs(1));
+            }
+            // GOAWAY once the client's first request is in: hyper drops a connection still in
+            // its HTTP/2 handshake instead, and that request would be lost
+            if retire_pending && !closing && state.requests_started() > 0 {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
             }
             let deadline = state
                 .deadline(timeouts)
@@ -423,10 +431,8 @@ async fn drive<T>(
                     conn.as_mut().graceful_shutdown();
                     closing = true;
                 }
-                // GOAWAY: streams in flight finish, the client opens new ones elsewhere
-                _ = retire.wait_for(|r| *r), if !closing => {
-                    conn.as_mut().graceful_shutdown();
-                    closing = true;
+                _ = retire.wait_for(|r| *r), if !closing && !retire_pending => {
+                    retire_pending = true;
                 }
             }
         }
@@ -478,9 +484,6 @@ async fn drive<T>(
         let mut closing = false;
         // Shutdown began while a request head was arriving: close after that request.
         let mut close_after_request = false;
-        // Retired by a reload: the next response says `Connection: close` (an idle
-        // connection is not cut, so a client sending on it at that moment is not failed).
-        let mut retired = false;
         loop {
             if close_after_request && state.phase() == Phase::Serving {
                 conn.as_mut().graceful_shutdown();
@@ -520,17 +523,7 @@ async fn drive<T>(
                         Phase::Serving => conn.as_mut().graceful_shutdown(),
                     }
                 }
-                _ = retire.wait_for(|r| *r), if !closing && !retired => {
-                    retired = true;
-                    match state.phase() {
-                        // The response in flight may have its head out already: closing
-                        // after it would race the client's next request. Responses built
-                        // from now on say `Connection: close` (see `Service::handle`), so
-                        // this one or the next ends the connection.
-                        Phase::Serving => {}
-                        Phase::AwaitRequest | Phase::ReadingHead => close_after_request = true,
-                    }
-                }
+
             }
         }
     }

@@ -114,6 +114,8 @@ pub(crate) struct ConnState {
     pub tls_version: Cell<Option<&'static str>>,
     phase: Cell<Phase>,
     in_flight: Cell<u32>,
+    /// Requests started on this connection so far.
+    started: Cell<u64>,
     last_activity: Cell<Instant>,
     head_started: Cell<Option<Instant>>,
     /// What the current HTTP/1 request head's bytes showed (see [`HeadScan`]).
@@ -136,6 +138,7 @@ impl ConnState {
             tls_version: Cell::new(None),
             phase: Cell::new(Phase::AwaitRequest),
             in_flight: Cell::new(0),
+            started: Cell::new(0),
             last_activity: Cell::new(Instant::now()),
             head_started: Cell::new(None),
             head_scan: Cell::new(HeadScan::default()),
@@ -158,9 +161,15 @@ impl ConnState {
 
     /// A request head was parsed and handed to the service; the request is in flight until
     /// the guard is dropped (response body finished, or the request abandoned).
+    /// Requests started on this connection so far.
+    pub(crate) fn requests_started(&self) -> u64 {
+        self.started.get()
+    }
+
     pub(crate) fn request_started_guard(self: &Rc<Self>) -> RequestGuard {
         self.head_started.set(None);
         self.in_flight.set(self.in_flight.get() + 1);
+        self.started.set(self.started.get() + 1);
         self.phase.set(Phase::Serving);
         let sending = Rc::new(Sending {
             waiting_since: Cell::new(None),

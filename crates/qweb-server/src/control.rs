@@ -5,7 +5,9 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use rustix::process::{Pid, Signal};
+use rustix::process::Pid;
+/// A signal to send to the running instance.
+pub use rustix::process::Signal;
 
 /// The pid file of the instance that uses `state_dir`.
 pub fn pid_file(state_dir: &Path) -> PathBuf {
@@ -118,6 +120,8 @@ pub fn signal_instance(state_dir: &Path, signal: Signal) -> Result<i32, ControlE
 
 /// SIGHUP: reload the configuration.
 pub const RELOAD: Signal = Signal::HUP;
+/// SIGUSR2: binary upgrade (start the new binary with the listening sockets, then drain).
+pub const UPGRADE: Signal = Signal::USR2;
 /// SIGUSR1: reopen the log files.
 pub const REOPEN_LOGS: Signal = Signal::USR1;
 

@@ -29,6 +29,7 @@ mod request_rules;
 mod response;
 mod server;
 mod service;
+pub mod upgrade;
 mod welcome;
 mod worker;
 mod write_burst;

@@ -25,7 +25,8 @@ fn bind_one(addr: SocketAddr) -> io::Result<TcpListener> {
 /// `SO_REUSEADDR`, so that old connections in TIME_WAIT do not count): that fails with
 /// `EADDRINUSE` exactly when some socket listens there. Port 0 needs no probe.
 pub(crate) fn in_use(addr: SocketAddr) -> io::Result<bool> {
-    if addr.port() == 0 {
+    // inherited from the process this one replaces (binary upgrade): ours
+    if addr.port() == 0 || crate::upgrade::has_inherited(addr) {
         return Ok(false);
     }
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
@@ -43,6 +44,15 @@ pub(crate) fn in_use(addr: SocketAddr) -> io::Result<bool> {
 /// Binds `count` sockets on `addr`. When the port is 0, the first socket picks a free port and
 /// the others join it, so all workers share one port.
 pub(crate) fn bind_reuseport(addr: SocketAddr, count: usize) -> io::Result<Vec<TcpListener>> {
+    // a binary upgrade handed us the old process's sockets: their accept queues carry on
+    let mut out = crate::upgrade::take_inherited(addr, count);
+    if let Some(first) = out.first() {
+        let bound = first.local_addr()?;
+        while out.len() < count {
+            out.push(bind_one(bound)?);
+        }
+        return Ok(out);
+    }
     let first = bind_one(addr)?;
     let bound = first.local_addr()?;
     let mut out = vec![first];

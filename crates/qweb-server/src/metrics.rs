@@ -272,7 +272,7 @@ mod tests {
     #[test]
     fn route_labels_are_escaped_and_each_family_is_written_once() {
         let m = Metrics::new(
-            vec![Arc::new(WorkerMetrics::default()); 2],
+            (0..2).map(|_| Arc::new(WorkerMetrics::default())).collect(),
             EngineSet::default(),
             Default::default(),
             config_hash(b"x"),

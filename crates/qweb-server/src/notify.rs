@@ -27,9 +27,10 @@ pub fn notify(state: &str) -> io::Result<bool> {
     Ok(true)
 }
 
-/// `READY=1`: serving (after start, and after a reload).
+/// `READY=1`: serving (after start, and after a reload), with `MAINPID` (after a binary
+/// upgrade the service's main process is the new one; the unit needs `NotifyAccess=all`).
 pub fn ready() {
-    send("READY=1");
+    send(&format!("READY=1\nMAINPID={}", std::process::id()));
 }
 
 /// `RELOADING=1` with the monotonic time, as `Type=notify-reload` asks.

@@ -24,7 +24,7 @@ use crate::config::{
 };
 use crate::listen::bind_reuseport;
 use crate::metrics::{Metrics, WorkerMetrics};
-use crate::worker::{self, GenListener, Generation, WorkerExtras};
+use crate::worker::{self, Command, GenListener, Generation, WorkerExtras};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -134,7 +134,12 @@ pub struct RunningServer {
     info: StartInfo,
     shutdown: watch::Sender<bool>,
     workers: Vec<JoinHandle<()>>,
-    generations: Vec<mpsc::UnboundedSender<Generation>>,
+    admin_thread: Option<JoinHandle<()>>,
+    generations: Vec<mpsc::UnboundedSender<Command>>,
+    /// Duplicates of the listening sockets (and the admin one), by bound address, for a
+    /// binary upgrade to hand over. Dropped with their listener (a reload removing it) and
+    /// before a stop, so that a closed listener refuses connections at once.
+    sockets: HashMap<SocketAddr, Vec<std::net::TcpListener>>,
     engines: HashMap<String, BuiltEngine>,
     config: Config,
     metrics: Arc<Metrics>,
@@ -158,13 +163,16 @@ impl Server {
     /// Binds every listener and starts the workers. Connections are accepted (queued in the
     /// backlog) from the moment this returns.
     pub fn start(config: Config) -> Result<RunningServer, ServerError> {
-        let mut info = StartInfo::default();
-        info.welcome = install_welcome(&config)?;
+        let mut info = StartInfo {
+            welcome: install_welcome(&config)?,
+            ..StartInfo::default()
+        };
         let compression_metrics = Arc::new(qweb_compress::CompressMetrics::default());
         let built = build(&config, &HashMap::new(), &compression_metrics, &mut info)?;
         refuse_addresses_in_use(&config, &[], true)?;
         let n = config.workers.max(1);
         let (listeners, mut sockets) = bind_new_listeners(&config, &[], n)?;
+        let mut clones = clone_sockets(&listeners, &sockets, HashMap::new())?;
 
         let worker_metrics: Vec<Arc<WorkerMetrics>> =
             (0..n).map(|_| Arc::new(WorkerMetrics::default())).collect();
@@ -181,6 +189,12 @@ impl Server {
             None => None,
         };
         let admin_addr = admin.as_ref().and_then(|s| s.local_addr().ok());
+        if let (Some(s), Some(a)) = (&admin, admin_addr) {
+            let clone = s
+                .try_clone()
+                .map_err(|source| ServerError::Bind { addr: a, source })?;
+            clones.insert(a, vec![clone]);
+        }
 
         let (tx, rx) = watch::channel(false);
         let shared = Arc::new(config.clone());
@@ -205,6 +219,7 @@ impl Server {
                 .map_err(ServerError::Thread)?;
             workers.push(handle);
         }
+        let mut admin_thread = None;
         if let Some(socket) = admin {
             // Its own thread: metrics stay readable when workers are busy or blocked
             // (sync offload).
@@ -213,7 +228,7 @@ impl Server {
                 .name("qweb-admin".into())
                 .spawn(move || crate::admin::run(socket, metrics, rx))
                 .map_err(ServerError::Thread)?;
-            workers.push(handle);
+            admin_thread = Some(handle);
         }
         Ok(RunningServer {
             addrs: listeners.iter().map(|l| l.bound).collect(),
@@ -222,7 +237,9 @@ impl Server {
             info,
             shutdown: tx,
             workers,
+            admin_thread,
             generations,
+            sockets: clones,
             engines: built.engines,
             config,
             metrics,
@@ -477,6 +494,31 @@ fn bind_new_listeners(
     Ok((listeners, sockets))
 }
 
+/// Duplicates of every listener's sockets: kept ones from `previous`, new ones cloned from
+/// `sockets` (by listener index).
+fn clone_sockets(
+    listeners: &[BoundListener],
+    sockets: &HashMap<usize, Vec<std::net::TcpListener>>,
+    mut previous: HashMap<SocketAddr, Vec<std::net::TcpListener>>,
+) -> Result<HashMap<SocketAddr, Vec<std::net::TcpListener>>, ServerError> {
+    let mut out = HashMap::new();
+    for (i, l) in listeners.iter().enumerate() {
+        let clones = match sockets.get(&i) {
+            Some(new) => new
+                .iter()
+                .map(|s| s.try_clone())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|source| ServerError::Bind {
+                    addr: l.bound,
+                    source,
+                })?,
+            None => previous.remove(&l.bound).unwrap_or_default(),
+        };
+        out.insert(l.bound, clones);
+    }
+    Ok(out)
+}
+
 /// Worker `id`'s share of a generation: every listener, with a socket where it is new.
 fn generation_for_worker(
     config: &Arc<Config>,
@@ -645,13 +687,19 @@ impl RunningServer {
         refuse_addresses_in_use(config, &self.listeners, false)?;
         let n = self.generations.len();
         let (listeners, mut sockets) = bind_new_listeners(config, &self.listeners, n)?;
+        let mut previous = std::mem::take(&mut self.sockets);
+        let admin = self.admin.and_then(|a| previous.remove(&a).map(|s| (a, s)));
+        self.sockets = clone_sockets(&listeners, &sockets, previous)?;
+        if let Some((a, s)) = admin {
+            self.sockets.insert(a, s);
+        }
         let shared = Arc::new(config.clone());
         let (ack, acks) = std::sync::mpsc::channel();
         let mut sent = 0;
         for (id, tx) in self.generations.iter().enumerate() {
             let generation =
                 generation_for_worker(&shared, &built, &listeners, &mut sockets, Some(ack.clone()));
-            match tx.send(generation) {
+            match tx.send(Command::Generation(generation)) {
                 Ok(()) => sent += 1,
                 Err(_) => tracing::error!(worker = id, "reload: the worker is gone"),
             }
@@ -673,6 +721,43 @@ impl RunningServer {
         Ok(())
     }
 
+    /// Binary upgrade, step 1: starts `exe args` with this server's listening sockets
+    /// inherited (see [`crate::upgrade`]) and waits up to `within` for it to serve. Returns
+    /// its pid; then call [`RunningServer::hand_over`]. On error this server serves on.
+    pub fn upgrade(
+        &self,
+        exe: &Path,
+        args: &[std::ffi::OsString],
+        within: Duration,
+    ) -> Result<u32, crate::upgrade::UpgradeError> {
+        let mut sockets = Vec::new();
+        for (addr, list) in &self.sockets {
+            let fds = list
+                .iter()
+                .map(|s| s.try_clone().map(std::os::fd::OwnedFd::from))
+                .collect::<Result<Vec<_>, _>>()?;
+            sockets.push((*addr, fds));
+        }
+        crate::upgrade::start_new_binary(exe, args, &sockets, within)
+    }
+
+    /// Binary upgrade, step 2: stops accepting (the new process accepts on the same
+    /// sockets), lets every connection close after its current request (within
+    /// `shutdown_timeout`), then returns.
+    pub fn hand_over(mut self) {
+        self.phase = Phase::Draining {
+            deadline: Instant::now() + self.config.shutdown_timeout,
+        };
+        self.sockets.clear();
+        for tx in &self.generations {
+            let _ = tx.send(Command::HandOver);
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+        self.stop();
+    }
+
     /// Stops accepting, lets in-flight requests finish (up to the configured
     /// `shutdown_timeout`), then returns.
     pub fn shutdown(mut self) {
@@ -683,9 +768,14 @@ impl RunningServer {
         self.phase = Phase::Draining {
             deadline: Instant::now() + self.config.shutdown_timeout,
         };
+        // our duplicates would keep closed listeners queueing connections nobody accepts
+        self.sockets.clear();
         let _ = self.shutdown.send(true);
         for w in self.workers.drain(..) {
             let _ = w.join();
+        }
+        if let Some(a) = self.admin_thread.take() {
+            let _ = a.join();
         }
     }
 }

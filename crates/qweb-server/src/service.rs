@@ -69,8 +69,8 @@ impl Service {
         } else {
             String::new()
         };
-        let h1 = req.version() < Version::HTTP_2;
         let route_metrics = self.route_metrics(req.uri().path());
+        let version = req.version();
         let fields = self
             .worker
             .access_log
@@ -83,9 +83,9 @@ impl Service {
         resp.headers_mut()
             .entry(header::SERVER)
             .or_insert(HeaderValue::from_static("qweb"));
-        if h1 && *self.worker.retire.borrow() {
-            // A reload retired this connection's configuration: say so in the response, so
-            // that the client does not send its next request on a connection about to close.
+        // A reload retired this connection's configuration: the client's next request goes
+        // on a new connection (an idle one is not cut, so no request races a close).
+        if version <= Version::HTTP_11 && *self.worker.retire.borrow() {
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }

@@ -104,6 +104,15 @@ pub(crate) struct Generation {
     pub applied: Option<std::sync::mpsc::Sender<()>>,
 }
 
+/// What the server tells a worker.
+pub(crate) enum Command {
+    /// Serve new connections with this generation (a reload).
+    Generation(Generation),
+    /// A binary upgrade: another process accepts now. Stop accepting, let every connection
+    /// close after its current request (within `shutdown_timeout`), then return.
+    HandOver,
+}
+
 /// What a worker gets besides its generations.
 pub(crate) struct WorkerExtras {
     pub metrics: Arc<WorkerMetrics>,
@@ -139,7 +148,7 @@ pub(crate) fn run(
     id: usize,
     first: Generation,
     extras: WorkerExtras,
-    mut generations: mpsc::UnboundedReceiver<Generation>,
+    mut generations: mpsc::UnboundedReceiver<Command>,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -161,7 +170,11 @@ pub(crate) fn run(
         loop {
             tokio::select! {
                 g = generations.recv() => match g {
-                    Some(mut g) => {
+                    Some(Command::HandOver) => {
+                        w.hand_over().await;
+                        break;
+                    }
+                    Some(Command::Generation(mut g)) => {
                         let applied = g.applied.take();
                         if let Err(e) = w.apply(g) {
                             tracing::error!(worker = id, "reload: this worker keeps the old configuration: {e}");
@@ -276,6 +289,22 @@ impl Worker {
                 .push(tokio::task::spawn_local(retire(old, deadline)));
         }
         Ok(())
+    }
+
+    /// Binary upgrade: stops accepting (the sockets live on in the new process) and retires
+    /// the current generation like a reload would; returns when every connection is done.
+    async fn hand_over(&mut self) {
+        for (_, a) in self.accepting.drain() {
+            a.task.abort();
+            let _ = a.task.await;
+        }
+        if let Some((old, deadline)) = self.ctx.take() {
+            self.retiring
+                .push(tokio::task::spawn_local(retire(old, deadline)));
+        }
+        for t in self.retiring.drain(..) {
+            let _ = t.await;
+        }
     }
 
     /// Shutdown: stops accepting, then waits for the connections of every generation (each

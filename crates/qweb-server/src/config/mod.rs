@@ -964,7 +964,7 @@ impl Validator<'_> {
                 ));
             }
         }
-        let http2 = l.http2.as_ref().map_or(true, |h| *h.get_ref());
+        let http2 = l.http2.as_ref().map(|h| *h.get_ref()).unwrap_or(true);
         Ok(ListenerConfig {
             address: *l.address.get_ref(),
             http2: http2 && tls.is_some(),

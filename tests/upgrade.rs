@@ -1,0 +1,288 @@
+//! Binary upgrade under load, through the real binary: SIGUSR2 starts a new `qweb serve`
+//! with the listening sockets inherited; the old process drains and exits; clients (HTTP/1.1
+//! and h2, keep-alive and a new handshake per request, handshakes paused on a 200 ms engine)
+//! see no failed request and no refused connection.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_qweb");
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn client(ca: &Path, h2: bool, fresh: bool) -> reqwest::Client {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in qweb_tls::load_certs(ca).unwrap() {
+        roots.add(c).unwrap();
+    }
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![if h2 {
+        b"h2".to_vec()
+    } else {
+        b"http/1.1".to_vec()
+    }];
+    let b = reqwest::Client::builder()
+        .use_preconfigured_tls(cfg)
+        .timeout(Duration::from_secs(20));
+    let b = if h2 {
+        b.http2_prior_knowledge()
+    } else {
+        b.http1_only()
+    };
+    let b = if fresh {
+        b.pool_max_idle_per_host(0)
+    } else {
+        b
+    };
+    b.build().unwrap()
+}
+
+fn pid_alive(pid: i32) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+fn read_pid(path: &PathBuf) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr2_hands_the_sockets_to_a_new_process_without_losing_a_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("site")).unwrap();
+    std::fs::write(d.join("site/index.html"), "home").unwrap();
+    let (tls_port, plain_port) = (free_port(), free_port());
+    let file = d.join("qweb.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "workers = 2\nstate_dir = \"{0}/state\"\nshutdown_timeout = \"10s\"\n\
+             [offload.engines.slow]\nkind = \"pool\"\nthreads = 2\nadded_latency = \"200ms\"\n\
+             [[listener]]\naddress = \"127.0.0.1:{tls_port}\"\nhttp2 = true\n\
+             [listener.tls]\nself_signed = true\n[listener.offload]\nengine = \"slow\"\n\
+             [[listener]]\naddress = \"127.0.0.1:{plain_port}\"\n\
+             [[route]]\nprefix = \"/\"\nroot = \"{0}/site\"\n",
+            d.display()
+        ),
+    )
+    .unwrap();
+    let mut old = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&file)
+        .env_remove("RUST_LOG")
+        .env_remove("NOTIFY_SOCKET")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // the new process inherits this stderr: one reader sees both
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (sink, stderr) = (lines.clone(), old.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push(l);
+        }
+    });
+    let wait_line = |needle: &str, n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if lines
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.contains(needle))
+                .count()
+                >= n
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?}: {:#?}",
+                lines.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_line("worker(s)", 1);
+    let pid_file = d.join("state/qweb.pid");
+    assert_eq!(read_pid(&pid_file), Some(old.id() as i32));
+    let ca = d.join("state/selfsigned.crt");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut load = Vec::new();
+    for (h2, fresh) in [
+        (false, false),
+        (true, false),
+        (false, true),
+        (true, true),
+        (false, true),
+        (true, true),
+    ] {
+        let c = client(&ca, h2, fresh);
+        let url = format!("https://localhost:{tls_port}/");
+        let (stop, ok, failed, errors) = (stop.clone(), ok.clone(), failed.clone(), errors.clone());
+        load.push(tokio::spawn(async move {
+            while !stop.load(Relaxed) {
+                match c.get(&url).send().await {
+                    Ok(r) if r.status() == 200 => {
+                        ok.fetch_add(1, Relaxed);
+                    }
+                    r => {
+                        failed.fetch_add(1, Relaxed);
+                        errors
+                            .lock()
+                            .unwrap()
+                            .push(format!("h2={h2} fresh={fresh}: {r:?}"));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }));
+    }
+    {
+        let c = reqwest::Client::builder().http1_only().build().unwrap();
+        let url = format!("http://127.0.0.1:{plain_port}/");
+        let (stop, ok, failed, errors) = (stop.clone(), ok.clone(), failed.clone(), errors.clone());
+        load.push(tokio::spawn(async move {
+            while !stop.load(Relaxed) {
+                match c.get(&url).send().await {
+                    Ok(r) if r.status() == 200 => {
+                        ok.fetch_add(1, Relaxed);
+                    }
+                    r => {
+                        failed.fetch_add(1, Relaxed);
+                        errors.lock().unwrap().push(format!("plain: {r:?}"));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = ok.load(Relaxed);
+
+    // SIGUSR2: the new process serves, the old one drains and exits 0
+    // SAFETY: kill(2) with our child's pid and a valid signal number.
+    assert_eq!(
+        unsafe { libc::kill(old.id() as libc::pid_t, libc::SIGUSR2) },
+        0
+    );
+    wait_line("upgrade: process", 1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = old.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the old process did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    let new_pid = read_pid(&pid_file).expect("the new process's pid file");
+    assert_ne!(new_pid, old.id() as i32);
+    assert!(pid_alive(new_pid));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Relaxed);
+    for l in load {
+        l.await.unwrap();
+    }
+    let (ok, failed) = (ok.load(Relaxed), failed.load(Relaxed));
+    eprintln!("load: {ok} ok ({before} before the upgrade), {failed} failed");
+    // SAFETY: kill(2) with the pid the new process wrote, a valid signal number.
+    unsafe { libc::kill(new_pid, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pid_alive(new_pid) {
+        assert!(Instant::now() < deadline, "the new process did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(failed, 0, "{:#?}", errors.lock().unwrap());
+    assert!(
+        ok > before + 100,
+        "no load after the upgrade: {ok} vs {before}"
+    );
+}
+
+/// A lying or broken hand-over environment (fds that are stdio or closed, wrong addresses,
+/// garbage) is ignored: the process binds as usual, keeps its stdio, and serves.
+#[test]
+fn bogus_inherited_fds_are_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("site")).unwrap();
+    std::fs::write(d.join("site/index.html"), "home").unwrap();
+    let port = free_port();
+    let file = d.join("qweb.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "workers = 1\nstate_dir = \"{0}/state\"\n[[listener]]\naddress = \"127.0.0.1:{port}\"\n\
+             [[route]]\nprefix = \"/\"\nroot = \"{0}/site\"\n",
+            d.display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(&file)
+        .env_remove("RUST_LOG")
+        .env(
+            "QWEB_UPGRADE_FDS",
+            format!("127.0.0.1:{port}=0,1,2,999;nonsense;1.2.3.4:5=x,7"),
+        )
+        .env("QWEB_UPGRADE_READY_FD", "998")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = BufReader::new(child.stderr.take().unwrap());
+    let mut lines = Vec::new();
+    loop {
+        let mut l = String::new();
+        assert!(reader.read_line(&mut l).unwrap() > 0, "exited: {lines:?}");
+        let done = l.contains("worker(s)");
+        lines.push(l);
+        if done {
+            break;
+        }
+    }
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    std::io::Write::write_all(
+        &mut s,
+        b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut s, &mut out).unwrap();
+    assert!(
+        out.starts_with("HTTP/1.1 200") && out.ends_with("home"),
+        "{out}"
+    );
+    // stderr (fd 2) is still ours: the stop is logged there
+    // SAFETY: kill(2) with our child's pid and a valid signal number.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut reader, &mut rest);
+    assert!(child.wait().unwrap().success());
+    assert!(
+        rest.contains("stopped") || rest.contains("shutting down"),
+        "{rest}"
+    );
+}
