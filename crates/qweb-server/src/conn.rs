@@ -262,6 +262,9 @@ pub(crate) async fn serve(
                 }
             };
             let h2 = tls.connection().alpn_protocol() == Some(qweb_tls::ALPN_H2);
+            if let Some(name) = tls.connection().server_name() {
+                let _ = state.sni.set(name.into());
+            }
             let io = Tracked::new(tls, &state);
             drive(io, true, h2, state, &listener, &worker).await;
         }

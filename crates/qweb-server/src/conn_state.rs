@@ -123,6 +123,8 @@ pub(crate) struct ConnState {
     flood: Cell<bool>,
     /// Woken when the deadline may have moved earlier, or the connection must close.
     pub changed: Notify,
+    /// The server name the TLS client sent (SNI), lower case.
+    pub sni: std::cell::OnceCell<Box<str>>,
 }
 
 impl ConnState {
@@ -140,6 +142,7 @@ impl ConnState {
             responses: RefCell::new(Vec::new()),
             flood: Cell::new(false),
             changed: Notify::new(),
+            sni: std::cell::OnceCell::new(),
         }
     }
 

@@ -26,6 +26,7 @@ mod request_rules;
 mod response;
 mod server;
 mod service;
+mod sites;
 mod welcome;
 mod worker;
 

@@ -103,17 +103,17 @@ impl Service {
         Ok(())
     }
 
-    fn find_route(&self, path: &str) -> Option<&Route> {
-        self.worker.routes.iter().find(|r| covers(&r.prefix, path))
+    fn find_route<'a>(routes: &'a [Route], path: &str) -> Option<&'a Route> {
+        routes.iter().find(|r| covers(&r.prefix, path))
     }
 
     /// The normalised path; encoded separators pass only on their way to a route that
     /// forwards the raw path.
-    fn normalize(&self, raw: &str) -> Result<String, PathError> {
+    fn normalize(routes: &[Route], raw: &str) -> Result<String, PathError> {
         match crate::path::normalize(raw) {
             Err(PathError::Forbidden) => {
                 let lenient = crate::path::normalize_keeping_separators(raw)?;
-                match self.find_route(&lenient).map(|r| &r.handler) {
+                match Self::find_route(routes, &lenient).map(|r| &r.handler) {
                     Some(Handler::Proxy(p)) if p.pass_raw_path() => Ok(lenient),
                     _ => Err(PathError::Forbidden),
                 }
@@ -132,14 +132,16 @@ impl Service {
             return r;
         }
         let checked = request_rules::check(&req).and_then(|a| self.check_framing(&req).map(|()| a));
-        let path = self.normalize(req.uri().path());
+        let site = self.worker.sites.select(crate::sites::host_of(&req));
+        let routes = self.worker.sites.routes(site, &self.worker.routes);
+        let path = Self::normalize(routes, req.uri().path());
         let authority = match checked {
             Ok(a) => a,
             Err(refusal) => {
                 tracing::debug!(peer = %self.conn.peer, "refused request: {}", refusal.reason);
                 let mut r = response::status(refusal.status);
                 if refusal.status == StatusCode::METHOD_NOT_ALLOWED {
-                    let route = path.as_ref().ok().and_then(|p| self.find_route(p));
+                    let route = path.as_ref().ok().and_then(|p| Self::find_route(routes, p));
                     let allow = match route.map(|r| &r.handler) {
                         Some(Handler::Proxy(_)) => PROXY_METHODS,
                         _ => "GET, HEAD",
@@ -154,6 +156,12 @@ impl Service {
                 return r;
             }
         };
+        if let Some(sni) = self.conn.sni.get() {
+            if self.worker.sites.misdirected(sni, site) {
+                tracing::debug!(peer = %self.conn.peer, %sni, "misdirected request");
+                return response::status(StatusCode::MISDIRECTED_REQUEST);
+            }
+        }
         let path = match path {
             Ok(p) => p,
             Err(e) => {
@@ -161,7 +169,7 @@ impl Service {
                 return response::status(e.status());
             }
         };
-        let route = self.find_route(&path);
+        let route = Self::find_route(routes, &path);
         let Some(route) = route else {
             return response::status(StatusCode::NOT_FOUND);
         };

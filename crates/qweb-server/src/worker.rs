@@ -35,6 +35,8 @@ pub(crate) struct Route {
 pub(crate) struct WorkerCtx {
     pub limits: Limits,
     pub routes: Vec<Route>,
+    /// The `[[site]]`s (`routes` are the top-level ones).
+    pub sites: crate::sites::Sites,
     pub access_log: bool,
     /// Becomes `true` when the server shuts down.
     pub shutdown: watch::Receiver<bool>,
@@ -107,6 +109,7 @@ pub(crate) fn run(
     let ctx = Rc::new(WorkerCtx {
         limits: config.limits.clone(),
         routes,
+        sites: crate::sites::Sites::new(&config.sites)?,
         access_log: config.log.access,
         shutdown: shutdown.clone(),
         metrics: extras.metrics,

@@ -7,6 +7,7 @@ mod compression;
 mod error;
 mod proxy;
 mod raw;
+mod sites;
 pub mod units;
 
 use std::net::SocketAddr;
@@ -16,6 +17,7 @@ use std::time::Duration;
 pub use compression::CompressionConfig;
 pub use error::ConfigError;
 use raw::{RawConfig, RawListener, RawRoute, Workers};
+pub use sites::{SiteConfig, SitesConfig};
 use toml::Spanned;
 
 /// A validated configuration.
@@ -43,6 +45,9 @@ pub struct Config {
     pub admin: Option<SocketAddr>,
     /// Response compression (`[compression]`).
     pub compression: CompressionConfig,
+    /// Virtual hosts (`[[site]]`); `routes` answer the names no site claims unless a site is
+    /// the default.
+    pub sites: SitesConfig,
 }
 
 /// Offload engines and how workers submit to them.
@@ -373,7 +378,12 @@ impl Config {
                 inner.message().to_string(),
             )
         })?;
-        Validator { file, text }.validate(raw)
+        Validator {
+            file,
+            text,
+            site_certs: sites::any_certificates(&raw),
+        }
+        .validate(raw)
     }
 
     /// The configuration `qweb serve` uses without `--config`: HTTPS on 127.0.0.1:8443 with the
@@ -393,6 +403,7 @@ impl Config {
             offload: OffloadConfig::default(),
             admin: None,
             compression: CompressionConfig::default(),
+            sites: SitesConfig::default(),
         }
     }
 
@@ -472,6 +483,8 @@ fn absolute(p: &Path) -> PathBuf {
 struct Validator<'a> {
     file: Option<&'a Path>,
     text: &'a str,
+    /// A `[[site]]` has certificates: a TLS listener may take those alone.
+    site_certs: bool,
 }
 
 impl Validator<'_> {
@@ -570,7 +583,7 @@ impl Validator<'_> {
         }
 
         let offload = self.offload(&raw.offload)?;
-        let listeners = match &raw.listeners {
+        let mut listeners = match &raw.listeners {
             Some(ls) => {
                 if ls.get_ref().is_empty() {
                     return Err(self.err(
@@ -614,6 +627,7 @@ impl Validator<'_> {
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
 
         let compression = self.compression(raw.compression.as_ref(), &offload)?;
+        let sites = self.sites(&raw, &mut listeners)?;
         Ok(Config {
             source: self.file.map(absolute),
             workers,
@@ -629,6 +643,7 @@ impl Validator<'_> {
             offload,
             admin: raw.admin.as_ref().map(|a| *a.address.get_ref()),
             compression,
+            sites,
         })
     }
 
@@ -869,6 +884,7 @@ impl Validator<'_> {
                             "use either `self_signed = true` or `certificates`, not both",
                         ))
                     }
+                    (false, true) if self.site_certs => Some(TlsConfig::Certificates(Vec::new())),
                     (false, true) => {
                         return Err(self.err(
                             Some(t.span()),

@@ -1,0 +1,384 @@
+//! `[[site]]`: virtual hosts. Each site answers for its `server_names` (exact names and
+//! `*.example.com` wildcards, matched on `Host`/`:authority` without the port) with its own
+//! `[[site.route]]`s; its `certificates` join every TLS listener's SNI table. The top-level
+//! `[[route]]`s are the default site (for names no site claims), unless a site says
+//! `default = true`; without top-level routes the first site is the default.
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::raw::{RawCertificate, RawConfig, RawRoute};
+use super::{CertificateConfig, ConfigError, ListenerConfig, RouteConfig, TlsConfig, Validator};
+
+/// Longest server name (RFC 1035: 253 characters in text form).
+const MAX_NAME: usize = 253;
+
+/// `[[site]]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSite {
+    pub server_names: Option<Spanned<Vec<Spanned<String>>>>,
+    pub default: Option<Spanned<bool>>,
+    #[serde(default)]
+    pub certificates: Vec<RawCertificate>,
+    #[serde(default, rename = "route")]
+    pub routes: Vec<Spanned<RawRoute>>,
+}
+
+/// The named sites (`[[site]]`).
+#[derive(Debug, Clone, Default)]
+pub struct SitesConfig {
+    /// Sites in file order.
+    pub sites: Vec<SiteConfig>,
+    /// The site that answers names no site claims: `None` is the top-level `[[route]]`s.
+    pub default: Option<usize>,
+}
+
+/// One site.
+#[derive(Debug, Clone)]
+pub struct SiteConfig {
+    /// Lower-case names without a trailing dot; `*.example.com` matches one label before
+    /// `example.com` (not `example.com` itself, not `a.b.example.com`).
+    pub server_names: Vec<String>,
+    /// The site's own certificates (also offered by SNI on every TLS listener with
+    /// `certificates`). Two sites whose lists share a file may answer each other's names on
+    /// one connection; sites with none share the listener's.
+    pub certificates: Vec<CertificateConfig>,
+    /// Routes, longest prefix first.
+    pub routes: Vec<RouteConfig>,
+}
+
+/// Does the file have a site with certificates (then a TLS listener may name none)?
+pub(crate) fn any_certificates(raw: &RawConfig) -> bool {
+    raw.sites
+        .iter()
+        .any(|s| !s.get_ref().certificates.is_empty())
+}
+
+/// `name` lower-cased and checked: ASCII letters, digits, `-` and `.` in labels of 1 to 63
+/// characters, optionally after `*.`; no port.
+fn server_name(raw: &str) -> Result<String, String> {
+    let name = raw.trim_end_matches('.').to_ascii_lowercase();
+    let labels = name.strip_prefix("*.").unwrap_or(&name);
+    if name.is_empty() || name.len() > MAX_NAME {
+        return Err(format!(
+            "`{raw}` is not a server name (1 to {MAX_NAME} characters)"
+        ));
+    }
+    let ok = labels.split('.').all(|l| {
+        (1..=63).contains(&l.len())
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    });
+    if !ok {
+        return Err(format!(
+            "`{raw}` is not a server name: use letters, digits, `-` and `.` (IDNs in their \
+             xn-- form), a leading `*.` for a wildcard, and no port"
+        ));
+    }
+    if name.starts_with("*.") && !labels.contains('.') {
+        return Err(format!(
+            "`{raw}`: a wildcard needs at least two labels after `*.` (`*.example.com`)"
+        ));
+    }
+    Ok(name)
+}
+
+impl Validator<'_> {
+    /// Validates `[[site]]`, and adds the sites' certificates to the TLS listeners that have
+    /// `certificates` (the default site's first, so clients without SNI get it).
+    pub(super) fn sites(
+        &self,
+        raw: &RawConfig,
+        listeners: &mut [ListenerConfig],
+    ) -> Result<SitesConfig, ConfigError> {
+        let mut out = SitesConfig::default();
+        // name -> the key that claimed it
+        let mut claimed: std::collections::HashMap<String, String> = Default::default();
+        let mut default_key: Option<String> = None;
+        for (s, site) in raw.sites.iter().enumerate() {
+            let sr = site.get_ref();
+            let key = format!("site[{s}]");
+            let mut names = Vec::new();
+            if let Some(list) = &sr.server_names {
+                for (j, n) in list.get_ref().iter().enumerate() {
+                    let nkey = format!("{key}.server_names[{j}]");
+                    let name = server_name(n.get_ref())
+                        .map_err(|m| self.err(Some(n.span()), nkey.clone(), m))?;
+                    if let Some(other) = claimed.get(&name) {
+                        return Err(self.err(
+                            Some(n.span()),
+                            nkey,
+                            format!("`{name}` is already claimed by {other}"),
+                        ));
+                    }
+                    claimed.insert(name.clone(), nkey);
+                    names.push(name);
+                }
+            }
+            if let Some(d) = sr.default.as_ref().filter(|d| *d.get_ref()) {
+                let dkey = format!("{key}.default");
+                if let Some(other) = &default_key {
+                    return Err(self.err(
+                        Some(d.span()),
+                        dkey,
+                        format!("only one site may be the default; {other} already is"),
+                    ));
+                }
+                if !raw.routes.is_empty() {
+                    return Err(self.err(
+                        Some(d.span()),
+                        dkey,
+                        "the top-level [[route]]s are the default site; move them into a [[site]] or drop `default = true`",
+                    ));
+                }
+                default_key = Some(dkey);
+                out.default = Some(s);
+            } else if names.is_empty() {
+                return Err(self.err(
+                    Some(site.span()),
+                    format!("{key}.server_names"),
+                    "a site needs `server_names = [\"example.com\", \"*.example.com\"]` (or `default = true`)",
+                ));
+            }
+            if sr.routes.is_empty() {
+                return Err(self.err(
+                    Some(site.span()),
+                    format!("{key}.route"),
+                    "a site needs at least one [[site.route]]",
+                ));
+            }
+            let mut routes: Vec<RouteConfig> = Vec::new();
+            for (i, r) in sr.routes.iter().enumerate() {
+                let route = self.route(i, r).map_err(|mut e| {
+                    // route() names keys `route[i]...`: put them under this site
+                    if e.key.starts_with("route[") {
+                        e.key = format!("{key}.{}", e.key);
+                    }
+                    e
+                })?;
+                if routes.iter().any(|o| o.prefix == route.prefix) {
+                    return Err(self.err(
+                        Some(r.get_ref().prefix.span()),
+                        format!("{key}.route[{i}].prefix"),
+                        format!(
+                            "prefix `{}` is used by another route of this site",
+                            route.prefix
+                        ),
+                    ));
+                }
+                routes.push(route);
+            }
+            routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+            let mut certificates = Vec::new();
+            for (j, c) in sr.certificates.iter().enumerate() {
+                certificates.push(self.site_certificate(&format!("{key}.certificates[{j}]"), c)?);
+            }
+            out.sites.push(SiteConfig {
+                server_names: names,
+                certificates,
+                routes,
+            });
+        }
+        if out.default.is_none() && raw.routes.is_empty() && !out.sites.is_empty() {
+            out.default = Some(0);
+        }
+        self.add_site_certificates(raw, &out, listeners)?;
+        Ok(out)
+    }
+
+    fn site_certificate(
+        &self,
+        key: &str,
+        c: &RawCertificate,
+    ) -> Result<CertificateConfig, ConfigError> {
+        let cert = self.path(c.cert.get_ref());
+        let Some(k) = &c.key else {
+            return Err(self.err(
+                Some(c.cert.span()),
+                format!("{key}.key"),
+                "missing: a site's certificate needs its key file",
+            ));
+        };
+        let keyp = self.path(k.get_ref());
+        if let Err(e) = qweb_tls::load_certified_key(&cert, &keyp, &qweb_tls::provider()) {
+            let (span, which) = match &e {
+                qweb_tls::TlsError::Key { .. } => (k.span(), "key"),
+                qweb_tls::TlsError::Read { path, .. } | qweb_tls::TlsError::Pem { path, .. }
+                    if *path == keyp =>
+                {
+                    (k.span(), "key")
+                }
+                _ => (c.cert.span(), "cert"),
+            };
+            return Err(self.err(Some(span), format!("{key}.{which}"), e.to_string()));
+        }
+        Ok(CertificateConfig {
+            cert,
+            key: Some(keyp),
+        })
+    }
+
+    fn add_site_certificates(
+        &self,
+        raw: &RawConfig,
+        sites: &SitesConfig,
+        listeners: &mut [ListenerConfig],
+    ) -> Result<(), ConfigError> {
+        let order = sites
+            .default
+            .into_iter()
+            .chain((0..sites.sites.len()).filter(|i| Some(*i) != sites.default));
+        let mut all: Vec<&CertificateConfig> = Vec::new();
+        let mut first_with: Option<usize> = None;
+        for s in order {
+            for c in &sites.sites[s].certificates {
+                first_with.get_or_insert(s);
+                if !all.iter().any(|o| o.cert == c.cert) {
+                    all.push(c);
+                }
+            }
+        }
+        if all.is_empty() {
+            return Ok(());
+        }
+        for (i, l) in listeners.iter_mut().enumerate() {
+            match &mut l.tls {
+                Some(TlsConfig::Certificates(list)) => {
+                    for c in &all {
+                        if !list.iter().any(|o| o.cert == c.cert) {
+                            list.push((*c).clone());
+                        }
+                    }
+                }
+                Some(TlsConfig::SelfSigned) => {
+                    let s = first_with.unwrap_or(0);
+                    let span = raw
+                        .sites
+                        .get(s)
+                        .and_then(|site| site.get_ref().certificates.first())
+                        .map(|c| c.cert.span());
+                    return Err(self.err(
+                        span,
+                        format!("site[{s}].certificates"),
+                        format!(
+                            "listener[{i}] uses `self_signed = true`; sites' certificates need TLS listeners with `certificates` (an empty list takes the sites')"
+                        ),
+                    ));
+                }
+                None => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::server_name;
+    use crate::config::Config;
+
+    fn parse(text: &str) -> Result<Config, String> {
+        let dir = std::env::temp_dir();
+        let text = text.replace("{dir}", &dir.display().to_string());
+        Config::from_str_at(&text, Some(&dir.join("test.toml"))).map_err(|e| e.to_string())
+    }
+
+    const SITE: &str = "[[site.route]]\nprefix = \"/\"\nroot = \"{dir}\"\n";
+
+    #[test]
+    fn two_sites_claiming_one_name_are_refused_naming_both_keys() {
+        let text = format!(
+            "[[site]]\nserver_names = [\"a.test\", \"b.test\"]\n{SITE}\
+             [[site]]\nserver_names = [\"B.Test.\"]\n{SITE}"
+        );
+        let e = parse(&text).unwrap_err();
+        assert!(e.contains("key `site[1].server_names[0]`"), "{e}");
+        assert!(
+            e.contains("already claimed by site[0].server_names[1]"),
+            "{e}"
+        );
+        assert!(e.contains("test.toml:7:"), "{e}");
+        // a wildcard and an exact name under it are different names
+        let ok = format!(
+            "[[site]]\nserver_names = [\"*.a.test\"]\n{SITE}\
+             [[site]]\nserver_names = [\"x.a.test\"]\n{SITE}"
+        );
+        parse(&ok).unwrap();
+    }
+
+    #[test]
+    fn site_keys_are_validated() {
+        let e = parse(&format!(
+            "[[site]]\nserver_names = [\"a.test:443\"]\n{SITE}"
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("key `site[0].server_names[0]`") && e.contains("no port"),
+            "{e}"
+        );
+        let e = parse(&format!("[[site]]\n{SITE}")).unwrap_err();
+        assert!(e.contains("key `site[0].server_names`"), "{e}");
+        let e = parse("[[site]]\nserver_names = [\"a.test\"]\n").unwrap_err();
+        assert!(e.contains("key `site[0].route`"), "{e}");
+        let e = parse(&format!(
+            "[[site]]\nserver_names = [\"a.test\"]\n[[site.route]]\nprefix = \"x\"\nroot = \"{{dir}}\"\n"
+        ))
+        .unwrap_err();
+        assert!(e.contains("key `site[0].route[0].prefix`"), "{e}");
+        let e = parse(&format!(
+            "[[site]]\ndefault = true\n{SITE}[[site]]\ndefault = true\n{SITE}"
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("key `site[1].default`") && e.contains("site[0].default"),
+            "{e}"
+        );
+        let e = parse(&format!(
+            "[[route]]\nprefix = \"/\"\nroot = \"{{dir}}\"\n[[site]]\ndefault = true\n{SITE}"
+        ))
+        .unwrap_err();
+        assert!(e.contains("key `site[0].default`"), "{e}");
+        let e = parse(&format!(
+            "[[site]]\nserver_names = [\"a.test\"]\ncertificates = [{{ cert = \"/nonexistent.crt\", key = \"/nonexistent.key\" }}]\n{SITE}"
+        ))
+        .unwrap_err();
+        assert!(e.contains("key `site[0].certificates[0].cert`"), "{e}");
+    }
+
+    #[test]
+    fn default_site_is_the_top_level_routes_else_the_first() {
+        let two = format!(
+            "[[site]]\nserver_names = [\"a.test\"]\n{SITE}[[site]]\nserver_names = [\"b.test\"]\n{SITE}"
+        );
+        assert_eq!(parse(&two).unwrap().sites.default, Some(0));
+        let with_top = format!("[[route]]\nprefix = \"/\"\nroot = \"{{dir}}\"\n{two}");
+        assert_eq!(parse(&with_top).unwrap().sites.default, None);
+        let chosen = format!(
+            "[[site]]\nserver_names = [\"a.test\"]\n{SITE}[[site]]\nserver_names = [\"b.test\"]\ndefault = true\n{SITE}"
+        );
+        assert_eq!(parse(&chosen).unwrap().sites.default, Some(1));
+    }
+
+    #[test]
+    fn names_are_checked_and_lowered() {
+        assert_eq!(server_name("Example.COM.").unwrap(), "example.com");
+        assert_eq!(server_name("*.example.com").unwrap(), "*.example.com");
+        for bad in [
+            "",
+            "*",
+            "*.com",
+            "a.*.com",
+            "example.com:443",
+            "exa mple.com",
+            "-a.com",
+            "a..com",
+            "café.com",
+            "a/b",
+        ] {
+            assert!(server_name(bad).is_err(), "{bad:?} passed");
+        }
+        assert!(server_name(&"a".repeat(64)).is_err());
+    }
+}
