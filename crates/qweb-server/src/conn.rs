@@ -287,6 +287,7 @@ async fn drive<T>(
         state.clone(),
         tls,
         listener.local_addr,
+        listener.redirect.clone(),
     ));
     let service = service_fn(move |req| {
         let svc = svc.clone();

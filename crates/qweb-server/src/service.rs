@@ -22,6 +22,8 @@ pub(crate) struct Service {
     worker: Rc<WorkerCtx>,
     conn: Rc<ConnState>,
     client: ClientInfo,
+    /// The listener redirects every request.
+    redirect: Option<Rc<crate::config::RedirectConfig>>,
 }
 
 /// Does `prefix` cover `path`? `/api` covers `/api` and `/api/...`, not `/apix`.
@@ -37,6 +39,7 @@ impl Service {
         conn: Rc<ConnState>,
         tls: bool,
         _local: SocketAddr,
+        redirect: Option<Rc<crate::config::RedirectConfig>>,
     ) -> Self {
         let client = ClientInfo {
             addr: conn.peer,
@@ -46,6 +49,7 @@ impl Service {
             worker,
             conn,
             client,
+            redirect,
         }
     }
 
@@ -122,7 +126,7 @@ impl Service {
         }
     }
 
-    async fn route(&self, req: Request<Incoming>) -> Response<Body> {
+    async fn route(&self, mut req: Request<Incoming>) -> Response<Body> {
         if let Some(status) = head_too_large(&req, self.worker.limits.max_request_header_size) {
             let mut r = response::status(status);
             if req.version() <= Version::HTTP_11 {
@@ -162,6 +166,11 @@ impl Service {
                 return response::status(StatusCode::MISDIRECTED_REQUEST);
             }
         }
+        let sni = self.conn.sni.get().map(|s| &**s);
+        if let Some(rd) = &self.redirect {
+            return crate::rewrite::redirect(rd, &req, sni);
+        }
+        let site_ref = self.worker.sites.get(site);
         let path = match path {
             Ok(p) => p,
             Err(e) => {
@@ -171,7 +180,9 @@ impl Service {
         };
         let route = Self::find_route(routes, &path);
         let Some(route) = route else {
-            return response::status(StatusCode::NOT_FOUND);
+            let mut r = response::status(StatusCode::NOT_FOUND);
+            crate::headers_rules::respond(site_ref, None, &mut r);
+            return r;
         };
         let sub = if route.strip_prefix && route.prefix != "/" {
             match &path[route.prefix.len()..] {
@@ -181,7 +192,8 @@ impl Service {
         } else {
             path.as_str()
         };
-        match &route.handler {
+        let mut resp = match &route.handler {
+            Handler::Redirect(rd) => crate::rewrite::redirect(rd, &req, sni),
             Handler::Static(_)
                 if route.strip_prefix && path == route.prefix && route.prefix != "/" =>
             {
@@ -197,6 +209,7 @@ impl Service {
                 files.serve(req.method(), req.headers(), mount, sub, req.uri().query())
             }
             Handler::Proxy(proxy) => {
+                crate::headers_rules::forward(site_ref, route, req.headers_mut());
                 let pq = if proxy.pass_raw_path() {
                     req.uri()
                         .path_and_query()
@@ -214,7 +227,12 @@ impl Service {
                 };
                 proxy.forward(req, &target, &self.client).await
             }
+        };
+        if matches!(route.handler, Handler::Static(_)) {
+            crate::headers_rules::expires(&route.rules, &mut resp);
         }
+        crate::headers_rules::respond(site_ref, Some(route), &mut resp);
+        resp
     }
 }
 

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use crate::config::{RouteAction, SitesConfig};
+use crate::config::{HeaderEdits, RouteAction, SitesConfig};
 use crate::files::StaticFiles;
 use crate::proxy::Proxy;
 use crate::worker::{Handler, Route};
@@ -16,6 +16,10 @@ pub(crate) struct Site {
     pub routes: Vec<Route>,
     /// Its certificate files (empty: the listener's).
     certs: Vec<PathBuf>,
+    /// Response header edits (before the route's).
+    pub headers: HeaderEdits,
+    /// Edits of forwarded requests (before the route's).
+    pub request_headers: HeaderEdits,
 }
 
 /// Which site answers: `None` is the top-level routes.
@@ -44,11 +48,13 @@ impl Sites {
                 let handler = match &r.action {
                     RouteAction::Static(c) => Handler::Static(StaticFiles::new(c)?),
                     RouteAction::Proxy(p) => Handler::Proxy(Proxy::new(p)),
+                    RouteAction::Redirect(d) => Handler::Redirect(d.clone()),
                 };
                 routes.push(Route {
                     prefix: r.prefix.clone(),
                     strip_prefix: r.strip_prefix,
                     handler,
+                    rules: r.rules.clone(),
                 });
             }
             for n in &s.server_names {
@@ -59,6 +65,8 @@ impl Sites {
             }
             sites.list.push(Site {
                 routes,
+                headers: s.headers.clone(),
+                request_headers: s.request_headers.clone(),
                 certs: s.certificates.iter().map(|c| c.cert.clone()).collect(),
             });
         }
@@ -91,6 +99,11 @@ impl Sites {
             Some(s) => &s.routes,
             None => top,
         }
+    }
+
+    /// The site itself (`None`: the top-level routes, which have no site settings).
+    pub(crate) fn get(&self, site: SiteId) -> Option<&Site> {
+        site.and_then(|i| self.list.get(i))
     }
 
     /// A request for `host_site` arrived on a TLS connection whose client asked (by SNI) for
@@ -126,7 +139,7 @@ pub(crate) fn host_of<B>(req: &http::Request<B>) -> Option<&[u8]> {
 
 /// The name in a `Host` value: no port, no trailing dot, lower case. `None` for an empty
 /// value or one that is not UTF-8.
-fn host_name(v: &[u8]) -> Option<String> {
+pub(crate) fn host_name(v: &[u8]) -> Option<String> {
     let s = std::str::from_utf8(v).ok()?;
     let name = if s.starts_with('[') {
         // IP literal: up to and including `]`

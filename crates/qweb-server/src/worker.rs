@@ -22,6 +22,7 @@ use crate::proxy::Proxy;
 pub(crate) enum Handler {
     Static(StaticFiles),
     Proxy(Rc<Proxy>),
+    Redirect(crate::config::RedirectConfig),
 }
 
 /// A route on this worker.
@@ -29,6 +30,8 @@ pub(crate) struct Route {
     pub prefix: String,
     pub strip_prefix: bool,
     pub handler: Handler,
+    /// Header edits and `expires`.
+    pub rules: crate::config::RouteRules,
 }
 
 /// Worker-wide state, shared by its connections through `Rc`.
@@ -61,6 +64,8 @@ pub(crate) struct TlsListener {
 pub(crate) struct ListenerCtx {
     pub tls: Option<TlsListener>,
     pub local_addr: SocketAddr,
+    /// Every request on this listener is redirected.
+    pub redirect: Option<Rc<crate::config::RedirectConfig>>,
 }
 
 /// A listener handed to a worker: its socket, TLS configuration, and (async offload) engine
@@ -99,11 +104,13 @@ pub(crate) fn run(
         let handler = match &r.action {
             RouteAction::Static(s) => Handler::Static(StaticFiles::new(s)?),
             RouteAction::Proxy(p) => Handler::Proxy(Proxy::new(p)),
+            RouteAction::Redirect(d) => Handler::Redirect(d.clone()),
         };
         routes.push(Route {
             prefix: r.prefix.clone(),
             strip_prefix: r.strip_prefix,
             handler,
+            rules: r.rules.clone(),
         });
     }
     let ctx = Rc::new(WorkerCtx {
@@ -124,7 +131,8 @@ pub(crate) fn run(
     let deadline = config.shutdown_timeout;
     local.block_on(&rt, async move {
         let mut accepting = Vec::new();
-        for l in listeners {
+        for (i, l) in listeners.into_iter().enumerate() {
+            let redirect = config.listeners.get(i).and_then(|c| c.redirect.clone());
             let local_addr = l.socket.local_addr()?;
             let socket = TcpListener::from_std(l.socket)?;
             let tls = l.tls.map(|config| TlsListener {
@@ -133,7 +141,11 @@ pub(crate) fn run(
                     .async_engine
                     .map(|(engine, timeout)| Offloader::new(engine, batch, timeout)),
             });
-            let lctx = Rc::new(ListenerCtx { tls, local_addr });
+            let lctx = Rc::new(ListenerCtx {
+                tls,
+                local_addr,
+                redirect: redirect.map(Rc::new),
+            });
             accepting.push(tokio::task::spawn_local(accept_loop(
                 socket,
                 lctx,

@@ -17,7 +17,7 @@ use std::time::Duration;
 pub use compression::CompressionConfig;
 pub use error::ConfigError;
 use raw::{RawConfig, RawListener, RawRoute, Workers};
-pub use sites::{SiteConfig, SitesConfig};
+pub use sites::{HeaderEdits, RedirectConfig, RouteRules, SiteConfig, SitesConfig};
 use toml::Spanned;
 
 /// A validated configuration.
@@ -227,6 +227,8 @@ pub struct ListenerConfig {
     pub http2: bool,
     /// Offload of the TLS private-key operations (`None`: rustls signs in place).
     pub offload: Option<ListenerOffload>,
+    /// Every request on this listener is redirected (`redirect = { to = ... }`).
+    pub redirect: Option<RedirectConfig>,
 }
 
 /// Where a TLS listener's certificates come from.
@@ -259,6 +261,8 @@ pub struct RouteConfig {
     pub strip_prefix: bool,
     /// What serves the route.
     pub action: RouteAction,
+    /// Header edits and `expires` around the handler.
+    pub rules: RouteRules,
 }
 
 /// What serves a route.
@@ -268,6 +272,8 @@ pub enum RouteAction {
     Static(StaticConfig),
     /// Upstream HTTP/1.1 servers.
     Proxy(ProxyConfig),
+    /// A redirect (`redirect = { to = "https://{host}{uri}", status = 308 }`).
+    Redirect(RedirectConfig),
 }
 
 /// Static file serving.
@@ -423,12 +429,14 @@ fn default_listeners() -> Vec<ListenerConfig> {
             tls: Some(TlsConfig::SelfSigned),
             http2: true,
             offload: None,
+            redirect: None,
         },
         ListenerConfig {
             address: ([127, 0, 0, 1], 8080).into(),
             tls: None,
             http2: false,
             offload: None,
+            redirect: None,
         },
     ]
 }
@@ -451,6 +459,7 @@ fn default_routes(state_dir: &Path) -> Vec<RouteConfig> {
             symlinks: Symlinks::default(),
             open_method: OpenMethod::default(),
         }),
+        rules: RouteRules::default(),
     }]
 }
 
@@ -950,6 +959,10 @@ impl Validator<'_> {
             http2: http2 && tls.is_some(),
             tls,
             offload,
+            redirect: match &l.redirect {
+                Some(r) => Some(self.redirect(&format!("listener[{i}].redirect"), r)?),
+                None => None,
+            },
         })
     }
 
@@ -969,6 +982,16 @@ impl Validator<'_> {
             prefix
         };
         let action = match (&rr.root, &rr.upstreams) {
+            (None, None) if rr.redirect.is_some() => {
+                RouteAction::Redirect(self.route_redirect(i, r)?)
+            }
+            (_, _) if rr.redirect.is_some() => {
+                return Err(self.err(
+                    Some(r.span()),
+                    format!("route[{i}].redirect"),
+                    "a redirect route has neither `root` nor `upstreams`",
+                ))
+            }
             (Some(_), Some(_)) | (None, None) => {
                 return Err(self.err(
                     Some(r.span()),
@@ -1009,10 +1032,12 @@ impl Validator<'_> {
                 "`index` is for static routes",
             ));
         }
+        let rules = self.route_rules(i, r, &action)?;
         Ok(RouteConfig {
             prefix,
             strip_prefix: rr.strip_prefix.unwrap_or(false),
             action,
+            rules,
         })
     }
 }

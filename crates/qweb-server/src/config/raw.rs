@@ -134,6 +134,7 @@ pub(crate) struct RawListener {
     pub http2: Option<bool>,
     pub tls: Option<Spanned<RawTls>>,
     pub offload: Option<Spanned<RawListenerOffload>>,
+    pub redirect: Option<Spanned<super::sites::RawRedirect>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -169,4 +170,8 @@ pub(crate) struct RawRoute {
     pub underscores_in_headers: Option<bool>,
     pub trusted_proxies: Option<Vec<Spanned<String>>>,
     pub max_response_header_size: Option<Spanned<Size>>,
+    pub headers: Option<Spanned<super::sites::RawHeaderEdits>>,
+    pub request_headers: Option<Spanned<super::sites::RawHeaderEdits>>,
+    pub expires: Option<Spanned<std::collections::BTreeMap<String, Dur>>>,
+    pub redirect: Option<Spanned<super::sites::RawRedirect>>,
 }

@@ -23,7 +23,108 @@ pub(crate) struct RawSite {
     pub certificates: Vec<RawCertificate>,
     #[serde(default, rename = "route")]
     pub routes: Vec<Spanned<RawRoute>>,
+    pub headers: Option<Spanned<RawHeaderEdits>>,
+    pub request_headers: Option<Spanned<RawHeaderEdits>>,
 }
+
+/// `headers = { set = {...}, add = {...}, remove = [...] }` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHeaderEdits {
+    #[serde(default)]
+    pub set: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub add: std::collections::BTreeMap<String, OneOrMany>,
+    #[serde(default)]
+    pub remove: Vec<String>,
+}
+
+/// A value or a list of values (`add = { Link = ["<a>", "<b>"] }`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `redirect = { to = "https://{host}{uri}", status = 308 }` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRedirect {
+    pub to: String,
+    pub status: Option<u16>,
+}
+
+/// Header edits: `remove` first, then `set` (replaces every value), then `add` (appends, so
+/// a name may repeat).
+#[derive(Debug, Clone, Default)]
+pub struct HeaderEdits {
+    /// Names and values that replace any present.
+    pub set: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// Names and values appended.
+    pub add: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// Names removed.
+    pub remove: Vec<http::HeaderName>,
+}
+
+impl HeaderEdits {
+    /// Applies the edits to `h`.
+    pub fn apply(&self, h: &mut http::HeaderMap) {
+        for n in &self.remove {
+            h.remove(n);
+        }
+        for (n, v) in &self.set {
+            h.insert(n.clone(), v.clone());
+        }
+        for (n, v) in &self.add {
+            h.append(n.clone(), v.clone());
+        }
+    }
+
+    /// No edits.
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.add.is_empty() && self.remove.is_empty()
+    }
+}
+
+/// What a route does around its handler (`headers`, `request_headers`, `expires`).
+#[derive(Debug, Clone, Default)]
+pub struct RouteRules {
+    /// Response header edits (after the site's).
+    pub headers: HeaderEdits,
+    /// Edits of the request forwarded upstream (proxy routes; after the site's).
+    pub request_headers: HeaderEdits,
+    /// Static routes: `Cache-Control: max-age` by content type (`"image/*"`, `"text/css"`,
+    /// `"*"`), most specific first; only where the response has no `Cache-Control`.
+    pub expires: Vec<(String, std::time::Duration)>,
+}
+
+/// A redirect (a route's or a whole listener's).
+#[derive(Debug, Clone)]
+pub struct RedirectConfig {
+    /// The `Location` template: `{host}` (the request's host without port), `{uri}` (the
+    /// request target as sent: path and query), `{path}` (the path as sent) and `{query}`
+    /// (`?` and the query, or nothing).
+    pub to: String,
+    /// 301, 302, 303, 307 or 308.
+    pub status: http::StatusCode,
+}
+
+/// Headers a rule may not touch: they frame the message or belong to one connection.
+const FRAMING: [&str; 9] = [
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+    "proxy-connection",
+    "host",
+];
+
+/// The placeholders a redirect's `to` may use.
+const PLACEHOLDERS: [&str; 4] = ["host", "uri", "path", "query"];
 
 /// The named sites (`[[site]]`).
 #[derive(Debug, Clone, Default)]
@@ -37,6 +138,10 @@ pub struct SitesConfig {
 /// One site.
 #[derive(Debug, Clone)]
 pub struct SiteConfig {
+    /// Response header edits for every route of the site (before the route's own).
+    pub headers: HeaderEdits,
+    /// Edits of requests the site's proxy routes forward (before the route's own).
+    pub request_headers: HeaderEdits,
     /// Lower-case names without a trailing dot; `*.example.com` matches one label before
     /// `example.com` (not `example.com` itself, not `a.b.example.com`).
     pub server_names: Vec<String>,
@@ -175,7 +280,17 @@ impl Validator<'_> {
             for (j, c) in sr.certificates.iter().enumerate() {
                 certificates.push(self.site_certificate(&format!("{key}.certificates[{j}]"), c)?);
             }
+            let headers = match &sr.headers {
+                Some(h) => self.header_edits(&format!("{key}.headers"), h)?,
+                None => HeaderEdits::default(),
+            };
+            let request_headers = match &sr.request_headers {
+                Some(h) => self.header_edits(&format!("{key}.request_headers"), h)?,
+                None => HeaderEdits::default(),
+            };
             out.sites.push(SiteConfig {
+                headers,
+                request_headers,
                 server_names: names,
                 certificates,
                 routes,
@@ -185,6 +300,176 @@ impl Validator<'_> {
             out.default = Some(0);
         }
         self.add_site_certificates(raw, &out, listeners)?;
+        Ok(out)
+    }
+
+    /// Validates header edits under `key`.
+    pub(super) fn header_edits(
+        &self,
+        key: &str,
+        raw: &Spanned<RawHeaderEdits>,
+    ) -> Result<HeaderEdits, ConfigError> {
+        let r = raw.get_ref();
+        let span = || Some(raw.span());
+        let name = |part: &str, n: &str| -> Result<http::HeaderName, ConfigError> {
+            let k = format!("{key}.{part}");
+            let hn = http::HeaderName::from_bytes(n.as_bytes())
+                .map_err(|_| self.err(span(), k.clone(), format!("`{n}` is not a header name")))?;
+            if FRAMING.contains(&hn.as_str()) {
+                return Err(self.err(
+                    span(),
+                    k,
+                    format!("`{n}` frames the message or belongs to the connection: qweb sets it"),
+                ));
+            }
+            Ok(hn)
+        };
+        let value = |part: &str, n: &str, v: &str| -> Result<http::HeaderValue, ConfigError> {
+            http::HeaderValue::from_str(v).map_err(|_| {
+                self.err(
+                    span(),
+                    format!("{key}.{part}"),
+                    format!("the value for `{n}` is not a header value (control characters?)"),
+                )
+            })
+        };
+        let mut out = HeaderEdits::default();
+        for (n, v) in &r.set {
+            out.set.push((name("set", n)?, value("set", n, v)?));
+        }
+        for (n, vs) in &r.add {
+            let hn = name("add", n)?;
+            let list = match vs {
+                OneOrMany::One(v) => std::slice::from_ref(v),
+                OneOrMany::Many(v) => v.as_slice(),
+            };
+            for v in list {
+                out.add.push((hn.clone(), value("add", n, v)?));
+            }
+        }
+        for n in &r.remove {
+            out.remove.push(name("remove", n)?);
+        }
+        Ok(out)
+    }
+
+    /// Validates a redirect under `key`.
+    pub(super) fn redirect(
+        &self,
+        key: &str,
+        raw: &Spanned<RawRedirect>,
+    ) -> Result<RedirectConfig, ConfigError> {
+        let r = raw.get_ref();
+        let status = match r.status.unwrap_or(308) {
+            s @ (301 | 302 | 303 | 307 | 308) => {
+                http::StatusCode::from_u16(s).unwrap_or(http::StatusCode::PERMANENT_REDIRECT)
+            }
+            s => {
+                return Err(self.err(
+                    Some(raw.span()),
+                    format!("{key}.status"),
+                    format!("{s} is not a redirect status (use 301, 302, 303, 307 or 308)"),
+                ))
+            }
+        };
+        let mut rest = r.to.as_str();
+        let mut literal = String::new();
+        while let Some(open) = rest.find('{') {
+            literal.push_str(&rest[..open]);
+            let Some(close) = rest[open..].find('}') else {
+                return Err(self.err(
+                    Some(raw.span()),
+                    format!("{key}.to"),
+                    "a `{` without its `}`",
+                ));
+            };
+            let name = &rest[open + 1..open + close];
+            if !PLACEHOLDERS.contains(&name) {
+                return Err(self.err(
+                    Some(raw.span()),
+                    format!("{key}.to"),
+                    format!("unknown placeholder `{{{name}}}` (use {{host}}, {{uri}}, {{path}}, {{query}})"),
+                ));
+            }
+            rest = &rest[open + close + 1..];
+        }
+        literal.push_str(rest);
+        if r.to.is_empty() || http::HeaderValue::from_str(&literal).is_err() {
+            return Err(self.err(
+                Some(raw.span()),
+                format!("{key}.to"),
+                "not a Location value (empty, or control characters)",
+            ));
+        }
+        Ok(RedirectConfig {
+            to: r.to.clone(),
+            status,
+        })
+    }
+
+    /// The redirect of route `i`.
+    pub(super) fn route_redirect(
+        &self,
+        i: usize,
+        r: &Spanned<RawRoute>,
+    ) -> Result<RedirectConfig, ConfigError> {
+        let key = format!("route[{i}].redirect");
+        match &r.get_ref().redirect {
+            Some(rd) => self.redirect(&key, rd),
+            None => Err(self.err(Some(r.span()), key, "missing")),
+        }
+    }
+
+    /// `headers`, `request_headers` and `expires` of route `i` (a static route for
+    /// `expires`, a proxy route for `request_headers`).
+    pub(super) fn route_rules(
+        &self,
+        i: usize,
+        r: &Spanned<RawRoute>,
+        action: &super::RouteAction,
+    ) -> Result<RouteRules, ConfigError> {
+        let rr = r.get_ref();
+        let key = format!("route[{i}]");
+        let mut out = RouteRules::default();
+        if let Some(h) = &rr.headers {
+            out.headers = self.header_edits(&format!("{key}.headers"), h)?;
+        }
+        if let Some(h) = &rr.request_headers {
+            if !matches!(action, super::RouteAction::Proxy(_)) {
+                return Err(self.err(
+                    Some(h.span()),
+                    format!("{key}.request_headers"),
+                    "`request_headers` is for proxy routes (with `upstreams`)",
+                ));
+            }
+            out.request_headers = self.header_edits(&format!("{key}.request_headers"), h)?;
+        }
+        if let Some(e) = &rr.expires {
+            if !matches!(action, super::RouteAction::Static(_)) {
+                return Err(self.err(
+                    Some(e.span()),
+                    format!("{key}.expires"),
+                    "`expires` is for static routes (with `root`)",
+                ));
+            }
+            for (t, d) in e.get_ref() {
+                let ok = t == "*"
+                    || t.split_once('/').is_some_and(|(a, b)| {
+                        !a.is_empty() && !b.is_empty() && !a.contains('*') && !t.contains(';')
+                    });
+                if !ok {
+                    return Err(self.err(
+                        Some(e.span()),
+                        format!("{key}.expires"),
+                        format!("`{t}` is not a content type (`text/css`, `image/*` or `*`)"),
+                    ));
+                }
+                out.expires.push((t.to_ascii_lowercase(), d.0));
+            }
+            // exact types, then `type/*`, then `*`
+            out.expires
+                .sort_by_key(|(t, _)| (t == "*", t.ends_with("/*")));
+        }
         Ok(out)
     }
 
