@@ -43,13 +43,18 @@ pub(crate) fn expires(rules: &RouteRules, resp: &mut Response<Body>) {
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .map(|v| v.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
         .unwrap_or_default();
     let hit = rules.expires.iter().find(|(t, _)| {
         t == "*"
             || *t == ct
-            || t
-                .strip_suffix('*')
+            || t.strip_suffix('*')
                 .is_some_and(|major| major.ends_with('/') && ct.starts_with(major))
     });
     if let Some((_, d)) = hit {

@@ -171,13 +171,14 @@ impl Service {
             return crate::rewrite::redirect(rd, &req, sni);
         }
         let site_ref = self.worker.sites.get(site);
-        let path = match path {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::debug!(peer = %self.conn.peer, "refused path: {e:?}");
-                return response::status(e.status());
-            }
-        };
+        let path =
+            match path.and_then(|p| crate::rewrite::rewrite(self.worker.sites.rewrites(site), p)) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::debug!(peer = %self.conn.peer, "refused path: {e:?}");
+                    return response::status(e.status());
+                }
+            };
         let route = Self::find_route(routes, &path);
         let Some(route) = route else {
             let mut r = response::status(StatusCode::NOT_FOUND);
@@ -206,7 +207,11 @@ impl Service {
                 } else {
                     ""
                 };
-                files.serve(req.method(), req.headers(), mount, sub, req.uri().query())
+                if route.rules.try_files.is_empty() {
+                    files.serve(req.method(), req.headers(), mount, sub, req.uri().query())
+                } else {
+                    crate::rewrite::try_files(files, &route.rules.try_files, &req, mount, sub)
+                }
             }
             Handler::Proxy(proxy) => {
                 crate::headers_rules::forward(site_ref, route, req.headers_mut());

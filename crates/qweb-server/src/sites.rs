@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use crate::config::{HeaderEdits, RouteAction, SitesConfig};
+use crate::config::{HeaderEdits, RewriteRule, RouteAction, SitesConfig};
 use crate::files::StaticFiles;
 use crate::proxy::Proxy;
 use crate::worker::{Handler, Route};
@@ -16,6 +16,8 @@ pub(crate) struct Site {
     pub routes: Vec<Route>,
     /// Its certificate files (empty: the listener's).
     certs: Vec<PathBuf>,
+    /// Path rewrites before routing.
+    rewrite: Vec<RewriteRule>,
     /// Response header edits (before the route's).
     pub headers: HeaderEdits,
     /// Edits of forwarded requests (before the route's).
@@ -33,6 +35,8 @@ pub(crate) struct Sites {
     /// `*.example.com` stored as `example.com`.
     wildcard: HashMap<String, usize>,
     default: SiteId,
+    /// The top-level `rewrite` rules.
+    top_rewrite: Vec<RewriteRule>,
 }
 
 impl Sites {
@@ -40,6 +44,7 @@ impl Sites {
     pub(crate) fn new(cfg: &SitesConfig) -> std::io::Result<Self> {
         let mut sites = Sites {
             default: cfg.default,
+            top_rewrite: cfg.rewrite.clone(),
             ..Sites::default()
         };
         for (i, s) in cfg.sites.iter().enumerate() {
@@ -64,6 +69,7 @@ impl Sites {
                 };
             }
             sites.list.push(Site {
+                rewrite: s.rewrite.clone(),
                 routes,
                 headers: s.headers.clone(),
                 request_headers: s.request_headers.clone(),
@@ -98,6 +104,14 @@ impl Sites {
         match site.and_then(|i| self.list.get(i)) {
             Some(s) => &s.routes,
             None => top,
+        }
+    }
+
+    /// The rewrite rules of `site`.
+    pub(crate) fn rewrites(&self, site: SiteId) -> &[RewriteRule] {
+        match site.and_then(|i| self.list.get(i)) {
+            Some(s) => &s.rewrite,
+            None => &self.top_rewrite,
         }
     }
 

@@ -329,8 +329,15 @@ async fn response_headers_set_add_remove_per_site_and_route() {
         let r = c.get(format!("{}/", s.https())).send().await.unwrap();
         assert_eq!(r.status(), 200);
         assert_eq!(all(&r, "strict-transport-security"), ["max-age=63072000"]);
-        assert_eq!(all(&r, "x-multi"), ["one", "two"], "{proto:?}: add keeps both");
-        assert!(r.headers().get("last-modified").is_none(), "{proto:?}: removed");
+        assert_eq!(
+            all(&r, "x-multi"),
+            ["one", "two"],
+            "{proto:?}: add keeps both"
+        );
+        assert!(
+            r.headers().get("last-modified").is_none(),
+            "{proto:?}: removed"
+        );
         assert!(r.headers().get("etag").is_some(), "{proto:?}: others stay");
     }
     // the site's edits, then the route's: `set` replaces, `add` appends
@@ -374,7 +381,11 @@ async fn request_headers_edit_what_the_upstream_gets() {
     let got = up.take();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].header_all("x-env"), ["test"], "set replaces");
-    assert_eq!(got[0].header_all("x-tag"), ["client", "a", "b"], "add appends");
+    assert_eq!(
+        got[0].header_all("x-tag"),
+        ["client", "a", "b"],
+        "add appends"
+    );
     assert!(got[0].header("cookie").is_none(), "removed");
 }
 
@@ -435,11 +446,18 @@ async fn redirects_keep_the_query_and_refuse_hostile_hosts() {
     // hostile Host values never reach Location
     for host in ["evil.test/x", "a@evil.test", "evil.test\\x", "a b"] {
         let req = format!("GET /p HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
-        let out = common::raw_exchange(s.addrs[2], req.as_bytes(), std::time::Duration::from_secs(5))
-            .await;
+        let out = common::raw_exchange(
+            s.addrs[2],
+            req.as_bytes(),
+            std::time::Duration::from_secs(5),
+        )
+        .await;
         let out = String::from_utf8_lossy(&out);
         assert!(out.starts_with("HTTP/1.1 400"), "{host:?}: {out}");
-        assert!(!out.to_ascii_lowercase().contains("location"), "{host:?}: {out}");
+        assert!(
+            !out.to_ascii_lowercase().contains("location"),
+            "{host:?}: {out}"
+        );
     }
     // HTTP/1.0 without Host, no SNI: no host to redirect to
     let out = common::raw_exchange(
@@ -448,7 +466,11 @@ async fn redirects_keep_the_query_and_refuse_hostile_hosts() {
         std::time::Duration::from_secs(5),
     )
     .await;
-    assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.0 400"), "{}", String::from_utf8_lossy(&out));
+    assert!(
+        String::from_utf8_lossy(&out).starts_with("HTTP/1.0 400"),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
 }
 
 /// Header rules and redirects are checked when the file is loaded, naming the key.
@@ -506,6 +528,167 @@ fn header_and_redirect_keys_are_validated() {
         let e = qweb_server::Config::from_str_at(&text, None)
             .unwrap_err()
             .to_string();
-        assert!(e.contains(&format!("key `{key}`")), "want {key}: {e}\n{text}");
+        assert!(
+            e.contains(&format!("key `{key}`")),
+            "want {key}: {e}\n{text}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rewrites and try_files
+
+fn start_rewrites() -> TestServer {
+    let config = r#"
+rewrite = [
+  { from = "^/old/(.*)$", to = "/new/$1" },
+  { from = "^/named/(?P<rest>.*)$", to = "/new/${rest}" },
+  { from = "^/up/(.*)$", to = "/$1/%2e%2e/%2e%2e/%2e%2e" },
+  { from = "^/dots/(.*)$", to = "/$1/../.." },
+  { from = "^/dbl/(.*)$", to = "//new//$1" },
+  { from = "^/enc/(.*)$", to = "/new/$1%2F" },
+]
+
+[[route]]
+prefix = "/"
+root = "{dir}/site"
+
+[[route]]
+prefix = "/spa"
+root = "{dir}/spa"
+strip_prefix = true
+try_files = ["{path}", "/../../secret.txt", "{path}/index.html", "/index.html"]
+"#;
+    common::start_with(config, |d| {
+        std::fs::create_dir_all(d.join("site/new")).unwrap();
+        std::fs::write(d.join("site/new/page.html"), "new page").unwrap();
+        std::fs::create_dir_all(d.join("spa/docs")).unwrap();
+        std::fs::write(d.join("spa/index.html"), "spa shell").unwrap();
+        std::fs::write(d.join("spa/app.js"), "js").unwrap();
+        std::fs::write(d.join("spa/docs/index.html"), "docs").unwrap();
+        std::fs::write(d.join("secret.txt"), "SECRET").unwrap();
+    })
+}
+
+async fn plain_get(s: &TestServer, path: &str) -> (u16, String) {
+    // raw, so the client sends the path exactly as written
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x.test\r\nConnection: close\r\n\r\n");
+    let out = common::raw_exchange(
+        s.addrs[1],
+        req.as_bytes(),
+        std::time::Duration::from_secs(5),
+    )
+    .await;
+    let out = String::from_utf8_lossy(&out).into_owned();
+    let status = out.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rewrites_apply_captures_and_stay_beneath_the_root() {
+    let s = start_rewrites();
+    for (path, want) in [
+        ("/old/page.html", (200, "new page")),
+        ("/old/page.html?x=1", (200, "new page")),
+        ("/named/page.html", (200, "new page")),
+        ("/dbl/page.html", (200, "new page")),
+        ("/old/missing.html", (404, "")),
+    ] {
+        let (st, body) = plain_get(&s, path).await;
+        assert_eq!(st, want.0, "{path}: {body}");
+        if want.0 == 200 {
+            assert_eq!(body, want.1, "{path}");
+        }
+    }
+    // rewrites that climb above `/` or produce a forbidden escape are refused, as request
+    // paths are; a hostile request never reaches the secret next to the root
+    for path in [
+        "/up/a",
+        "/dots/a",
+        "/enc/a",
+        "/old/%2e%2e/%2e%2e/secret.txt",
+        "/old/..%2f..%2fsecret.txt",
+    ] {
+        let (st, body) = plain_get(&s, path).await;
+        assert_eq!(st, 400, "{path}: {body}");
+        assert!(!body.contains("SECRET"), "{path}");
+    }
+    let (st, body) = plain_get(&s, "/old/%2e%2e/secret.txt").await;
+    assert_eq!(st, 404, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_files_falls_back_for_single_page_apps() {
+    let s = start_rewrites();
+    for (path, want) in [
+        ("/spa/app.js", (200, "js")),
+        ("/spa/some/client/route", (200, "spa shell")),
+        ("/spa/docs/", (200, "docs")),
+        ("/spa/", (200, "spa shell")),
+        // the candidate climbing out of the root is skipped
+        ("/spa/secret.txt", (200, "spa shell")),
+        ("/spa/%2e%2e/secret.txt", (404, "")),
+    ] {
+        let (st, body) = plain_get(&s, path).await;
+        assert_eq!(st, want.0, "{path}: {body}");
+        assert!(!body.contains("SECRET"), "{path}");
+        if want.0 == 200 {
+            assert_eq!(body, want.1, "{path}");
+        }
+    }
+}
+
+#[test]
+fn rewrite_and_try_files_keys_are_validated() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let long = "a".repeat(2000);
+    let bad = [
+        (
+            "rewrite = [{ from = \"^/(\", to = \"/x\" }]\n".to_owned(),
+            "rewrite[0].from",
+        ),
+        (
+            format!("rewrite = [{{ from = \"{long}\", to = \"/x\" }}]\n"),
+            "rewrite[0].from",
+        ),
+        (
+            "rewrite = [{ from = \"(a{1000}){1000}\", to = \"/x\" }]\n".to_owned(),
+            "rewrite[0].from",
+        ),
+        (
+            "rewrite = [{ from = \"^/a\", to = \"x\" }]\n".to_owned(),
+            "rewrite[0].to",
+        ),
+        (
+            "rewrite = [{ from = \"^/a\", to = \"/x?y=1\" }]\n".to_owned(),
+            "rewrite[0].to",
+        ),
+        (
+            format!("[[route]]\nprefix = \"/\"\nroot = \"{d}\"\ntry_files = []\n"),
+            "route[0].try_files",
+        ),
+        (
+            format!("[[route]]\nprefix = \"/\"\nroot = \"{d}\"\ntry_files = [\"index.html\"]\n"),
+            "route[0].try_files",
+        ),
+        (
+            "[[route]]\nprefix = \"/\"\nupstreams = [\"127.0.0.1:1\"]\ntry_files = [\"/\"]\n"
+                .to_owned(),
+            "route[0].try_files",
+        ),
+    ];
+    for (text, key) in bad {
+        let e = qweb_server::Config::from_str_at(&text, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("key `{key}`")),
+            "want {key}: {e}\n{text}"
+        );
     }
 }

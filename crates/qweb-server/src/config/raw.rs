@@ -28,6 +28,7 @@ pub(crate) struct RawConfig {
     pub compression: Option<Spanned<super::compression::RawCompression>>,
     #[serde(default, rename = "site")]
     pub sites: Vec<Spanned<super::sites::RawSite>>,
+    pub rewrite: Option<Spanned<Vec<super::sites::RawRewrite>>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -174,4 +175,5 @@ pub(crate) struct RawRoute {
     pub request_headers: Option<Spanned<super::sites::RawHeaderEdits>>,
     pub expires: Option<Spanned<std::collections::BTreeMap<String, Dur>>>,
     pub redirect: Option<Spanned<super::sites::RawRedirect>>,
+    pub try_files: Option<Spanned<Vec<String>>>,
 }

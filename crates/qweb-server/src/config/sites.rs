@@ -25,6 +25,29 @@ pub(crate) struct RawSite {
     pub routes: Vec<Spanned<RawRoute>>,
     pub headers: Option<Spanned<RawHeaderEdits>>,
     pub request_headers: Option<Spanned<RawHeaderEdits>>,
+    pub rewrite: Option<Spanned<Vec<RawRewrite>>>,
+}
+
+/// `rewrite = [{ from = "^/old/(.*)$", to = "/new/$1" }]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRewrite {
+    pub from: String,
+    pub to: String,
+}
+
+/// Longest `rewrite` pattern, and the most memory its compiled form may take.
+const MAX_PATTERN: usize = 1024;
+const REGEX_SIZE_LIMIT: usize = 1 << 20;
+
+/// A path rewrite: the first rule whose `from` matches the normalised path replaces it with
+/// `to` (`$1`, `${name}` captures), before routing; the result is normalised again.
+#[derive(Debug, Clone)]
+pub struct RewriteRule {
+    /// The pattern.
+    pub from: regex::Regex,
+    /// The replacement (`regex` syntax: `$1`, `${name}`, `$$`).
+    pub to: String,
 }
 
 /// `headers = { set = {...}, add = {...}, remove = [...] }` as written.
@@ -97,6 +120,9 @@ pub struct RouteRules {
     /// Static routes: `Cache-Control: max-age` by content type (`"image/*"`, `"text/css"`,
     /// `"*"`), most specific first; only where the response has no `Cache-Control`.
     pub expires: Vec<(String, std::time::Duration)>,
+    /// Static routes: the paths tried in turn (`{path}` is the request's), the last answering
+    /// whatever it answers.
+    pub try_files: Vec<String>,
 }
 
 /// A redirect (a route's or a whole listener's).
@@ -131,6 +157,8 @@ const PLACEHOLDERS: [&str; 4] = ["host", "uri", "path", "query"];
 pub struct SitesConfig {
     /// Sites in file order.
     pub sites: Vec<SiteConfig>,
+    /// The top-level `rewrite` rules (for the top-level routes).
+    pub rewrite: Vec<RewriteRule>,
     /// The site that answers names no site claims: `None` is the top-level `[[route]]`s.
     pub default: Option<usize>,
 }
@@ -151,6 +179,8 @@ pub struct SiteConfig {
     pub certificates: Vec<CertificateConfig>,
     /// Routes, longest prefix first.
     pub routes: Vec<RouteConfig>,
+    /// Path rewrites before routing.
+    pub rewrite: Vec<RewriteRule>,
 }
 
 /// Does the file have a site with certificates (then a TLS listener may name none)?
@@ -288,13 +318,21 @@ impl Validator<'_> {
                 Some(h) => self.header_edits(&format!("{key}.request_headers"), h)?,
                 None => HeaderEdits::default(),
             };
+            let rewrite = match &sr.rewrite {
+                Some(r) => self.rewrite(&format!("{key}.rewrite"), r)?,
+                None => Vec::new(),
+            };
             out.sites.push(SiteConfig {
+                rewrite,
                 headers,
                 request_headers,
                 server_names: names,
                 certificates,
                 routes,
             });
+        }
+        if let Some(r) = &raw.rewrite {
+            out.rewrite = self.rewrite("rewrite", r)?;
         }
         if out.default.is_none() && raw.routes.is_empty() && !out.sites.is_empty() {
             out.default = Some(0);
@@ -407,6 +445,41 @@ impl Validator<'_> {
         })
     }
 
+    /// Validates `rewrite` rules under `key`.
+    fn rewrite(
+        &self,
+        key: &str,
+        raw: &Spanned<Vec<RawRewrite>>,
+    ) -> Result<Vec<RewriteRule>, ConfigError> {
+        let mut out = Vec::new();
+        for (j, r) in raw.get_ref().iter().enumerate() {
+            let k = format!("{key}[{j}]");
+            if r.from.len() > MAX_PATTERN {
+                return Err(self.err(
+                    Some(raw.span()),
+                    format!("{k}.from"),
+                    format!("longer than {MAX_PATTERN} characters"),
+                ));
+            }
+            let from = regex::RegexBuilder::new(&r.from)
+                .size_limit(REGEX_SIZE_LIMIT)
+                .build()
+                .map_err(|e| self.err(Some(raw.span()), format!("{k}.from"), e.to_string()))?;
+            if !r.to.starts_with('/') || r.to.contains('?') || r.to.contains('#') {
+                return Err(self.err(
+                    Some(raw.span()),
+                    format!("{k}.to"),
+                    "a rewrite's `to` is a path: it starts with `/` and has no `?` or `#` (the query is kept)",
+                ));
+            }
+            out.push(RewriteRule {
+                from,
+                to: r.to.clone(),
+            });
+        }
+        Ok(out)
+    }
+
     /// The redirect of route `i`.
     pub(super) fn route_redirect(
         &self,
@@ -443,6 +516,24 @@ impl Validator<'_> {
                 ));
             }
             out.request_headers = self.header_edits(&format!("{key}.request_headers"), h)?;
+        }
+        if let Some(t) = &rr.try_files {
+            if !matches!(action, super::RouteAction::Static(_)) {
+                return Err(self.err(
+                    Some(t.span()),
+                    format!("{key}.try_files"),
+                    "`try_files` is for static routes (with `root`)",
+                ));
+            }
+            let bad = |c: &String| !c.starts_with('/') && !c.starts_with("{path}");
+            if t.get_ref().is_empty() || t.get_ref().iter().any(bad) {
+                return Err(self.err(
+                    Some(t.span()),
+                    format!("{key}.try_files"),
+                    "list paths that start with `/` or `{path}`, e.g. [\"{path}\", \"{path}/index.html\", \"/index.html\"]",
+                ));
+            }
+            out.try_files = t.get_ref().clone();
         }
         if let Some(e) = &rr.expires {
             if !matches!(action, super::RouteAction::Static(_)) {
