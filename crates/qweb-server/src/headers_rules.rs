@@ -27,6 +27,45 @@ pub(crate) fn forward(site: Option<&Site>, route: &Route, headers: &mut HeaderMa
     route.rules.request_headers.apply(headers);
 }
 
+/// `charset` (the route's, else the site's) added to a text response that names none.
+pub(crate) fn charset(site: Option<&Site>, route: &Route, resp: &mut Response<Body>) {
+    let Some(cs) = route
+        .rules
+        .charset
+        .as_deref()
+        .or_else(|| site.and_then(|s| s.charset.as_deref()))
+    else {
+        return;
+    };
+    let Some(ct) = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return;
+    };
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let textual = essence.starts_with("text/")
+        || matches!(
+            essence.as_str(),
+            "application/javascript" | "application/json" | "image/svg+xml" | "application/xml"
+        );
+    let has = ct
+        .split(';')
+        .skip(1)
+        .any(|p| p.trim().to_ascii_lowercase().starts_with("charset="));
+    if textual && !has {
+        if let Ok(v) = HeaderValue::from_str(&format!("{ct}; charset={cs}")) {
+            resp.headers_mut().insert(header::CONTENT_TYPE, v);
+        }
+    }
+}
+
 /// `Cache-Control: max-age` for a successful static response by its content type, unless it
 /// has a `Cache-Control` already.
 pub(crate) fn expires(rules: &RouteRules, resp: &mut Response<Body>) {

@@ -13,6 +13,7 @@ mod body;
 mod compress;
 mod conn;
 mod conn_state;
+mod error_pages;
 pub mod fd_limit;
 mod files;
 mod h2_flood;

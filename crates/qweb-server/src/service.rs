@@ -27,7 +27,7 @@ pub(crate) struct Service {
 }
 
 /// Does `prefix` cover `path`? `/api` covers `/api` and `/api/...`, not `/apix`.
-fn covers(prefix: &str, path: &str) -> bool {
+pub(crate) fn covers(prefix: &str, path: &str) -> bool {
     prefix == "/"
         || (path.starts_with(prefix)
             && matches!(path.as_bytes().get(prefix.len()), None | Some(b'/')))
@@ -180,8 +180,10 @@ impl Service {
                 }
             };
         let route = Self::find_route(routes, &path);
+        let pages = self.worker.sites.error_pages(site);
         let Some(route) = route else {
-            let mut r = response::status(StatusCode::NOT_FOUND);
+            let r = response::status(StatusCode::NOT_FOUND);
+            let mut r = crate::error_pages::apply(pages, routes, req.method(), r);
             crate::headers_rules::respond(site_ref, None, &mut r);
             return r;
         };
@@ -193,7 +195,8 @@ impl Service {
         } else {
             path.as_str()
         };
-        let mut resp = match &route.handler {
+        let method = req.method().clone();
+        let resp = match &route.handler {
             Handler::Redirect(rd) => crate::rewrite::redirect(rd, &req, sni),
             Handler::Static(_)
                 if route.strip_prefix && path == route.prefix && route.prefix != "/" =>
@@ -233,6 +236,8 @@ impl Service {
                 proxy.forward(req, &target, &self.client).await
             }
         };
+        let mut resp = crate::error_pages::apply(pages, routes, &method, resp);
+        crate::headers_rules::charset(site_ref, route, &mut resp);
         if matches!(route.handler, Handler::Static(_)) {
             crate::headers_rules::expires(&route.rules, &mut resp);
         }

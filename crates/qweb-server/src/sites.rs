@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use crate::config::{HeaderEdits, RewriteRule, RouteAction, SitesConfig};
+use crate::config::{ErrorPages, HeaderEdits, RewriteRule, RouteAction, SitesConfig};
 use crate::files::StaticFiles;
 use crate::proxy::Proxy;
 use crate::worker::{Handler, Route};
@@ -18,6 +18,10 @@ pub(crate) struct Site {
     certs: Vec<PathBuf>,
     /// Path rewrites before routing.
     rewrite: Vec<RewriteRule>,
+    /// Error pages.
+    error_pages: ErrorPages,
+    /// `charset` for text responses.
+    pub charset: Option<String>,
     /// Response header edits (before the route's).
     pub headers: HeaderEdits,
     /// Edits of forwarded requests (before the route's).
@@ -37,6 +41,8 @@ pub(crate) struct Sites {
     default: SiteId,
     /// The top-level `rewrite` rules.
     top_rewrite: Vec<RewriteRule>,
+    /// The top-level `error_pages`.
+    top_error_pages: ErrorPages,
 }
 
 impl Sites {
@@ -45,6 +51,7 @@ impl Sites {
         let mut sites = Sites {
             default: cfg.default,
             top_rewrite: cfg.rewrite.clone(),
+            top_error_pages: cfg.error_pages.clone(),
             ..Sites::default()
         };
         for (i, s) in cfg.sites.iter().enumerate() {
@@ -69,6 +76,8 @@ impl Sites {
                 };
             }
             sites.list.push(Site {
+                charset: s.charset.clone(),
+                error_pages: s.error_pages.clone(),
                 rewrite: s.rewrite.clone(),
                 routes,
                 headers: s.headers.clone(),
@@ -112,6 +121,14 @@ impl Sites {
         match site.and_then(|i| self.list.get(i)) {
             Some(s) => &s.rewrite,
             None => &self.top_rewrite,
+        }
+    }
+
+    /// The error pages of `site`.
+    pub(crate) fn error_pages(&self, site: SiteId) -> &ErrorPages {
+        match site.and_then(|i| self.list.get(i)) {
+            Some(s) => &s.error_pages,
+            None => &self.top_error_pages,
         }
     }
 

@@ -692,3 +692,205 @@ fn rewrite_and_try_files_keys_are_validated() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Error pages and charset
+
+/// Top-level error pages (404 and 5xx) for the top-level routes, one of which proxies to a
+/// port nobody listens on (502); site `e.test` with its own 404 page and `charset`.
+fn start_errors() -> TestServer {
+    // a port that refuses connections: bind, learn it, close
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let config = format!(
+        r#"
+error_pages = {{ 404 = "/errors/404.html", "5xx" = "/errors/50x.html", 403 = "/errors/missing.html" }}
+
+[[route]]
+prefix = "/"
+root = "{{dir}}/site"
+
+[[route]]
+prefix = "/legacy-utf8"
+root = "{{dir}}/site"
+strip_prefix = true
+charset = "utf-8"
+
+[[route]]
+prefix = "/app"
+upstreams = ["{dead}"]
+connect_timeout = "2s"
+
+[[site]]
+server_names = ["e.test"]
+error_pages = {{ 404 = "/site404.html" }}
+charset = "UTF-8"
+[[site.route]]
+prefix = "/"
+root = "{{dir}}/site"
+"#
+    );
+    common::start_with(&config, |d| {
+        std::fs::create_dir_all(d.join("site/errors")).unwrap();
+        std::fs::write(d.join("site/errors/404.html"), "custom 404").unwrap();
+        std::fs::write(d.join("site/errors/50x.html"), "custom 50x").unwrap();
+        std::fs::write(d.join("site/site404.html"), "site 404").unwrap();
+        std::fs::write(d.join("site/page.html"), "<p>page</p>").unwrap();
+        std::fs::write(d.join("site/data.json"), "{}").unwrap();
+        // windows-1252: "café" with é as the single byte 0xE9
+        std::fs::write(
+            d.join("site/legacy.html"),
+            b"<!doctype html><html><head><meta charset=\"windows-1252\"></head><body><p id=\"t\">caf\xe9</p></body></html>",
+        )
+        .unwrap();
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_pages_keep_the_original_status() {
+    let s = start_errors();
+    let c = common::client(&s.cert(), Proto::H1);
+    let r = c.get(format!("{}/nope", s.https())).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.text().await.unwrap(), "custom 404");
+    let r = c.get(format!("{}/app/x", s.https())).send().await.unwrap();
+    assert_eq!(r.status(), 502);
+    assert_eq!(r.text().await.unwrap(), "custom 50x");
+    // HEAD: the status and the page's type, no body
+    let r = c.head(format!("{}/nope", s.https())).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.headers()["content-type"], "text/html");
+    // a 405 keeps its Allow
+    let r = c
+        .post(format!("{}/page.html", s.https()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    assert!(r.headers().get("allow").is_some());
+    // a site's own pages
+    let r = common::plain_client()
+        .get(format!("{}/nope", s.http()))
+        .header("host", "e.test")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.text().await.unwrap(), "site 404");
+    // the page itself missing: the plain error stays (no loop)
+    let r = common::plain_client()
+        .get(format!("{}/errors/missing.html", s.http()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.text().await.unwrap(), "custom 404");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn charset_is_off_by_default_and_added_by_option() {
+    let s = start_errors();
+    let c = common::plain_client();
+    let ct = |r: &reqwest::Response| r.headers()["content-type"].to_str().unwrap().to_owned();
+    let r = c
+        .get(format!("{}/page.html", s.http()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ct(&r), "text/html");
+    let r = c
+        .get(format!("{}/legacy-utf8/page.html", s.http()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ct(&r), "text/html; charset=utf-8");
+    let r = c
+        .get(format!("{}/legacy-utf8/data.json", s.http()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ct(&r), "application/json; charset=utf-8");
+    let r = c
+        .get(format!("{}/data.json", s.http()))
+        .header("host", "e.test")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ct(&r), "application/json; charset=utf-8", "the site's");
+}
+
+/// The browser's view: a windows-1252 page with `<meta charset>` renders as intended when
+/// qweb names no charset, and as U+FFFD when `charset = "utf-8"` overrides the meta tag.
+#[test]
+fn legacy_page_renders_in_headless_chromium() {
+    let browser = std::env::var("QWEB_CHROMIUM").ok().or_else(|| {
+        ["chromium", "chromium-browser", "google-chrome"]
+            .into_iter()
+            .find(|b| {
+                std::process::Command::new(b)
+                    .arg("--version")
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            })
+            .map(str::to_owned)
+    });
+    let Some(browser) = browser else {
+        eprintln!("SKIPPED: no chromium (apt-get install chromium, or set QWEB_CHROMIUM)");
+        return;
+    };
+    let s = start_errors();
+    let profile = tempfile::tempdir().unwrap();
+    let dom = |path: &str| -> String {
+        let out = std::process::Command::new("timeout")
+            .arg("90")
+            .arg(&browser)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--ignore-certificate-errors",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg("--dump-dom")
+            .arg(format!("{}{path}", s.http()))
+            .output()
+            .expect("run chromium");
+        assert!(
+            out.status.success(),
+            "chromium failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("dom is utf-8")
+    };
+    let d = dom("/legacy.html");
+    assert!(d.contains("<p id=\"t\">café</p>"), "{d}");
+    let d = dom("/legacy-utf8/legacy.html");
+    assert!(d.contains("<p id=\"t\">caf\u{fffd}</p>"), "{d}");
+}
+
+#[test]
+fn error_page_and_charset_keys_are_validated() {
+    for (text, key) in [
+        ("error_pages = { 200 = \"/a.html\" }\n", "error_pages.200"),
+        ("error_pages = { \"6xx\" = \"/a.html\" }\n", "error_pages.6xx"),
+        ("error_pages = { 404 = \"a.html\" }\n", "error_pages.404"),
+        ("error_pages = { 404 = \"/../a.html\" }\n", "error_pages.404"),
+        (
+            "[[route]]\nprefix = \"/\"\nupstreams = [\"127.0.0.1:1\"]\ncharset = \"utf 8\"\n",
+            "route[0].charset",
+        ),
+        (
+            "[[route]]\nprefix = \"/\"\nupstreams = [\"127.0.0.1:1\"]\ncharset = \"utf-8\\r\\nX: y\"\n",
+            "route[0].charset",
+        ),
+    ] {
+        let e = qweb_server::Config::from_str_at(text, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("key `{key}`")), "want {key}: {e}\n{text}");
+    }
+}

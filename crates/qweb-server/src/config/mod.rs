@@ -17,7 +17,9 @@ use std::time::Duration;
 pub use compression::CompressionConfig;
 pub use error::ConfigError;
 use raw::{RawConfig, RawListener, RawRoute, Workers};
-pub use sites::{HeaderEdits, RedirectConfig, RewriteRule, RouteRules, SiteConfig, SitesConfig};
+pub use sites::{
+    ErrorPages, HeaderEdits, RedirectConfig, RewriteRule, RouteRules, SiteConfig, SitesConfig,
+};
 use toml::Spanned;
 
 /// A validated configuration.

@@ -29,6 +29,7 @@ pub(crate) struct RawConfig {
     #[serde(default, rename = "site")]
     pub sites: Vec<Spanned<super::sites::RawSite>>,
     pub rewrite: Option<Spanned<Vec<super::sites::RawRewrite>>>,
+    pub error_pages: Option<Spanned<std::collections::BTreeMap<String, String>>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -176,4 +177,5 @@ pub(crate) struct RawRoute {
     pub expires: Option<Spanned<std::collections::BTreeMap<String, Dur>>>,
     pub redirect: Option<Spanned<super::sites::RawRedirect>>,
     pub try_files: Option<Spanned<Vec<String>>>,
+    pub charset: Option<Spanned<String>>,
 }

@@ -26,6 +26,28 @@ pub(crate) struct RawSite {
     pub headers: Option<Spanned<RawHeaderEdits>>,
     pub request_headers: Option<Spanned<RawHeaderEdits>>,
     pub rewrite: Option<Spanned<Vec<RawRewrite>>>,
+    pub error_pages: Option<Spanned<std::collections::BTreeMap<String, String>>>,
+    pub charset: Option<Spanned<String>>,
+}
+
+/// `error_pages = { 404 = "/404.html", "5xx" = "/50x.html" }`: the page served (with the
+/// original status) for an error response, exact codes before classes. A page is a path
+/// served by one of the site's static routes.
+#[derive(Debug, Clone, Default)]
+pub struct ErrorPages {
+    /// (status or class, page path): `404` or `5` for `5xx`.
+    pub pages: Vec<(u16, String)>,
+}
+
+impl ErrorPages {
+    /// The page for `status`.
+    pub fn page(&self, status: u16) -> Option<&str> {
+        self.pages
+            .iter()
+            .find(|(s, _)| *s == status)
+            .or_else(|| self.pages.iter().find(|(s, _)| *s == status / 100))
+            .map(|(_, p)| p.as_str())
+    }
 }
 
 /// `rewrite = [{ from = "^/old/(.*)$", to = "/new/$1" }]` as written.
@@ -123,6 +145,8 @@ pub struct RouteRules {
     /// Static routes: the paths tried in turn (`{path}` is the request's), the last answering
     /// whatever it answers.
     pub try_files: Vec<String>,
+    /// `charset` added to text responses without one (over the site's).
+    pub charset: Option<String>,
 }
 
 /// A redirect (a route's or a whole listener's).
@@ -159,6 +183,8 @@ pub struct SitesConfig {
     pub sites: Vec<SiteConfig>,
     /// The top-level `rewrite` rules (for the top-level routes).
     pub rewrite: Vec<RewriteRule>,
+    /// The top-level `error_pages` (for the top-level routes).
+    pub error_pages: ErrorPages,
     /// The site that answers names no site claims: `None` is the top-level `[[route]]`s.
     pub default: Option<usize>,
 }
@@ -181,6 +207,10 @@ pub struct SiteConfig {
     pub routes: Vec<RouteConfig>,
     /// Path rewrites before routing.
     pub rewrite: Vec<RewriteRule>,
+    /// Error pages.
+    pub error_pages: ErrorPages,
+    /// `charset` added to text responses without one (`None`: nothing added).
+    pub charset: Option<String>,
 }
 
 /// Does the file have a site with certificates (then a TLS listener may name none)?
@@ -322,7 +352,17 @@ impl Validator<'_> {
                 Some(r) => self.rewrite(&format!("{key}.rewrite"), r)?,
                 None => Vec::new(),
             };
+            let error_pages = match &sr.error_pages {
+                Some(p) => self.error_pages(&format!("{key}.error_pages"), p)?,
+                None => ErrorPages::default(),
+            };
+            let charset = match &sr.charset {
+                Some(c) => Some(self.charset(&format!("{key}.charset"), c)?),
+                None => None,
+            };
             out.sites.push(SiteConfig {
+                charset,
+                error_pages,
                 rewrite,
                 headers,
                 request_headers,
@@ -330,6 +370,9 @@ impl Validator<'_> {
                 certificates,
                 routes,
             });
+        }
+        if let Some(p) = &raw.error_pages {
+            out.error_pages = self.error_pages("error_pages", p)?;
         }
         if let Some(r) = &raw.rewrite {
             out.rewrite = self.rewrite("rewrite", r)?;
@@ -445,6 +488,58 @@ impl Validator<'_> {
         })
     }
 
+    /// Validates a `charset` under `key` (a token, e.g. `utf-8`, `windows-1252`).
+    fn charset(&self, key: &str, raw: &Spanned<String>) -> Result<String, ConfigError> {
+        let c = raw.get_ref();
+        let ok = (1..=40).contains(&c.len())
+            && c.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
+        if !ok {
+            return Err(self.err(
+                Some(raw.span()),
+                key,
+                format!("`{c}` is not a charset name (e.g. \"utf-8\")"),
+            ));
+        }
+        Ok(c.to_ascii_lowercase())
+    }
+
+    /// Validates `error_pages` under `key`.
+    fn error_pages(
+        &self,
+        key: &str,
+        raw: &Spanned<std::collections::BTreeMap<String, String>>,
+    ) -> Result<ErrorPages, ConfigError> {
+        let mut out = ErrorPages::default();
+        for (code, page) in raw.get_ref() {
+            let k = format!("{key}.{code}");
+            let status =
+                match code.as_str() {
+                    "4xx" => 4,
+                    "5xx" => 5,
+                    c => match c.parse::<u16>() {
+                        Ok(n @ 400..=599) => n,
+                        _ => return Err(self.err(
+                            Some(raw.span()),
+                            k,
+                            format!(
+                                "`{code}` is not an error status (400 to 599, \"4xx\" or \"5xx\")"
+                            ),
+                        )),
+                    },
+                };
+            if !page.starts_with('/') || page.contains('?') || page.contains("..") {
+                return Err(self.err(
+                    Some(raw.span()),
+                    k,
+                    "an error page is a path served by a static route of the site: `/404.html`",
+                ));
+            }
+            out.pages.push((status, page.clone()));
+        }
+        Ok(out)
+    }
+
     /// Validates `rewrite` rules under `key`.
     fn rewrite(
         &self,
@@ -516,6 +611,9 @@ impl Validator<'_> {
                 ));
             }
             out.request_headers = self.header_edits(&format!("{key}.request_headers"), h)?;
+        }
+        if let Some(c) = &rr.charset {
+            out.charset = Some(self.charset(&format!("{key}.charset"), c)?);
         }
         if let Some(t) = &rr.try_files {
             if !matches!(action, super::RouteAction::Static(_)) {
