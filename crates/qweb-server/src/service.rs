@@ -210,10 +210,16 @@ impl Service {
                 } else {
                     ""
                 };
-                if route.rules.try_files.is_empty() {
+                let r = if route.rules.try_files.is_empty() {
                     files.serve(req.method(), req.headers(), mount, sub, req.uri().query())
                 } else {
                     crate::rewrite::try_files(files, &route.rules.try_files, &req, mount, sub)
+                };
+                match r.status() {
+                    StatusCode::FORBIDDEN if route.rules.autoindex => {
+                        files.listing(req.method(), sub, &path).unwrap_or(r)
+                    }
+                    _ => r,
                 }
             }
             Handler::Proxy(proxy) => {

@@ -894,3 +894,76 @@ fn error_page_and_charset_keys_are_validated() {
         assert!(e.contains(&format!("key `{key}`")), "want {key}: {e}\n{text}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Directory listing
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn autoindex_lists_sorted_and_escaped_and_is_off_by_default() {
+    let config = r#"
+[[route]]
+prefix = "/"
+root = "{dir}/site"
+
+[[route]]
+prefix = "/list"
+root = "{dir}/site"
+strip_prefix = true
+autoindex = true
+"#;
+    let s = common::start_with(config, |d| {
+        let f = d.join("site/files");
+        std::fs::create_dir_all(f.join("sub dir")).unwrap();
+        for n in [
+            "<script>.html",
+            "b.txt",
+            "A.txt",
+            ".hidden",
+            "javascript:alert(1)",
+            "q'\"&.txt",
+        ] {
+            std::fs::write(f.join(n), "x").unwrap();
+        }
+    });
+    let c = common::plain_client();
+    // off by default: a directory without an index is refused
+    let r = c.get(format!("{}/files/", s.http())).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    let r = c
+        .get(format!("{}/list/files/", s.http()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/html; charset=utf-8");
+    let html = r.text().await.unwrap();
+    assert!(!html.contains("<script>"), "{html}");
+    assert!(!html.contains(".hidden"), "{html}");
+    let items: Vec<&str> = html.lines().filter(|l| l.starts_with("<li>")).collect();
+    assert_eq!(
+        items,
+        [
+            "<li><a href=\"../\">../</a></li>",
+            "<li><a href=\"%3Cscript%3E.html\">&lt;script&gt;.html</a></li>",
+            "<li><a href=\"A.txt\">A.txt</a></li>",
+            "<li><a href=\"b.txt\">b.txt</a></li>",
+            "<li><a href=\"javascript%3Aalert%281%29\">javascript:alert(1)</a></li>",
+            "<li><a href=\"q%27%22%26.txt\">q&#39;&quot;&amp;.txt</a></li>",
+            "<li><a href=\"sub%20dir/\">sub dir/</a></li>",
+        ],
+        "{html}"
+    );
+    // the links work
+    let r = c
+        .get(format!("{}/list/files/%3Cscript%3E.html", s.http()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // a path through the listing cannot leave the root (raw: reqwest would resolve the dots)
+    let (st, body) = plain_get(&s, "/list/files/%2e%2e/%2e%2e/%2e%2e/").await;
+    assert_eq!(st, 400, "{body}");
+    let (st, body) = plain_get(&s, "/list/files/%2e%2e/").await;
+    assert_eq!(st, 200, "the listing of the root itself");
+    assert!(body.contains("files/") && !body.contains("site/"), "{body}");
+}

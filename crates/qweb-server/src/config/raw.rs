@@ -178,4 +178,5 @@ pub(crate) struct RawRoute {
     pub redirect: Option<Spanned<super::sites::RawRedirect>>,
     pub try_files: Option<Spanned<Vec<String>>>,
     pub charset: Option<Spanned<String>>,
+    pub autoindex: Option<Spanned<bool>>,
 }

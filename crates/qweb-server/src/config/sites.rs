@@ -147,6 +147,8 @@ pub struct RouteRules {
     pub try_files: Vec<String>,
     /// `charset` added to text responses without one (over the site's).
     pub charset: Option<String>,
+    /// Static routes: list directories without an index file.
+    pub autoindex: bool,
 }
 
 /// A redirect (a route's or a whole listener's).
@@ -513,21 +515,22 @@ impl Validator<'_> {
         let mut out = ErrorPages::default();
         for (code, page) in raw.get_ref() {
             let k = format!("{key}.{code}");
-            let status =
-                match code.as_str() {
-                    "4xx" => 4,
-                    "5xx" => 5,
-                    c => match c.parse::<u16>() {
-                        Ok(n @ 400..=599) => n,
-                        _ => return Err(self.err(
+            let status = match code.as_str() {
+                "4xx" => 4,
+                "5xx" => 5,
+                c => match c.parse::<u16>() {
+                    Ok(n @ 400..=599) => n,
+                    _ => {
+                        return Err(self.err(
                             Some(raw.span()),
                             k,
                             format!(
                                 "`{code}` is not an error status (400 to 599, \"4xx\" or \"5xx\")"
                             ),
-                        )),
-                    },
-                };
+                        ))
+                    }
+                },
+            };
             if !page.starts_with('/') || page.contains('?') || page.contains("..") {
                 return Err(self.err(
                     Some(raw.span()),
@@ -611,6 +614,16 @@ impl Validator<'_> {
                 ));
             }
             out.request_headers = self.header_edits(&format!("{key}.request_headers"), h)?;
+        }
+        if let Some(a) = &rr.autoindex {
+            if *a.get_ref() && !matches!(action, super::RouteAction::Static(_)) {
+                return Err(self.err(
+                    Some(a.span()),
+                    format!("{key}.autoindex"),
+                    "`autoindex` is for static routes (with `root`)",
+                ));
+            }
+            out.autoindex = *a.get_ref();
         }
         if let Some(c) = &rr.charset {
             out.charset = Some(self.charset(&format!("{key}.charset"), c)?);

@@ -1,6 +1,7 @@
 //! Static files: GET and HEAD, index files, redirects for directories, Content-Type, ETag and
 //! Last-Modified, conditional requests (304/412), single byte ranges (206/416).
 
+mod autoindex;
 mod body;
 mod conditional;
 mod open;
