@@ -809,9 +809,9 @@ mod tests {
         assert!(e.contains("key `site[0].server_names`"), "{e}");
         let e = parse("[[site]]\nserver_names = [\"a.test\"]\n").unwrap_err();
         assert!(e.contains("key `site[0].route`"), "{e}");
-        let e = parse(&format!(
-            "[[site]]\nserver_names = [\"a.test\"]\n[[site.route]]\nprefix = \"x\"\nroot = \"{{dir}}\"\n"
-        ))
+        let e = parse(
+            "[[site]]\nserver_names = [\"a.test\"]\n[[site.route]]\nprefix = \"x\"\nroot = \"{dir}\"\n",
+        )
         .unwrap_err();
         assert!(e.contains("key `site[0].route[0].prefix`"), "{e}");
         let e = parse(&format!(
