@@ -297,6 +297,9 @@ pub(crate) async fn serve(
                     Some(rustls::ProtocolVersion::TLSv1_2) => Some("TLSv1.2"),
                     _ => None,
                 });
+            if let Some(name) = tls.connection().server_name() {
+                let _ = state.sni.set(name.into());
+            }
             let io = Tracked::new(tls, &state, limits.write_burst);
             drive(io, true, h2, state, &listener, &worker).await;
         }
@@ -319,6 +322,7 @@ async fn drive<T>(
         state.clone(),
         tls,
         listener.local_addr,
+        listener.redirect.clone(),
     ));
     let service = service_fn(move |req| {
         let svc = svc.clone();

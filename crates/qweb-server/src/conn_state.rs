@@ -127,6 +127,8 @@ pub(crate) struct ConnState {
     flood: Cell<bool>,
     /// Woken when the deadline may have moved earlier, or the connection must close.
     pub changed: Notify,
+    /// The server name the TLS client sent (SNI), lower case.
+    pub sni: std::cell::OnceCell<Box<str>>,
 }
 
 impl ConnState {
@@ -146,6 +148,7 @@ impl ConnState {
             responses: RefCell::new(Vec::new()),
             flood: Cell::new(false),
             changed: Notify::new(),
+            sni: std::cell::OnceCell::new(),
         }
     }
 

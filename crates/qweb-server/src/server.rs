@@ -537,6 +537,7 @@ fn generation_for_worker(
             socket: sockets.get_mut(&i).and_then(|s| s.pop()),
             tls: setup.tls.clone(),
             async_engine: setup.async_engine.clone(),
+            redirect: config.listeners.get(i).and_then(|c| c.redirect.clone()),
         })
         .collect();
     Generation {

@@ -22,10 +22,12 @@ pub(crate) struct Service {
     worker: Rc<WorkerCtx>,
     conn: Rc<ConnState>,
     client: ClientInfo,
+    /// The listener redirects every request.
+    redirect: Option<Rc<crate::config::RedirectConfig>>,
 }
 
 /// Does `prefix` cover `path`? `/api` covers `/api` and `/api/...`, not `/apix`.
-fn covers(prefix: &str, path: &str) -> bool {
+pub(crate) fn covers(prefix: &str, path: &str) -> bool {
     prefix == "/"
         || (path.starts_with(prefix)
             && matches!(path.as_bytes().get(prefix.len()), None | Some(b'/')))
@@ -37,6 +39,7 @@ impl Service {
         conn: Rc<ConnState>,
         tls: bool,
         _local: SocketAddr,
+        redirect: Option<Rc<crate::config::RedirectConfig>>,
     ) -> Self {
         let client = ClientInfo {
             addr: conn.peer,
@@ -46,6 +49,7 @@ impl Service {
             worker,
             conn,
             client,
+            redirect,
         }
     }
 
@@ -69,7 +73,7 @@ impl Service {
         } else {
             String::new()
         };
-        let route_metrics = self.route_metrics(req.uri().path());
+        let route_metrics = self.route_metrics(&req);
         let version = req.version();
         let fields = self
             .worker
@@ -118,25 +122,28 @@ impl Service {
         Ok(())
     }
 
-    /// The `/metrics` handles of the route that serves `raw` (the unmatched ones when none).
-    fn route_metrics(&self, raw: &str) -> std::rc::Rc<crate::metrics::RouteMetrics> {
-        self.normalize(raw)
+    /// The `/metrics` handles of the route that the request's site and path (before
+    /// rewrites) select (the unmatched ones when none).
+    fn route_metrics(&self, req: &Request<Incoming>) -> std::rc::Rc<crate::metrics::RouteMetrics> {
+        let site = self.worker.sites.select(crate::sites::host_of(req));
+        let routes = self.worker.sites.routes(site, &self.worker.routes);
+        Self::normalize(routes, req.uri().path())
             .ok()
-            .and_then(|p| self.find_route(&p))
+            .and_then(|p| Self::find_route(routes, &p))
             .map_or_else(|| self.worker.unmatched.clone(), |r| r.metrics.clone())
     }
 
-    fn find_route(&self, path: &str) -> Option<&Route> {
-        self.worker.routes.iter().find(|r| covers(&r.prefix, path))
+    fn find_route<'a>(routes: &'a [Route], path: &str) -> Option<&'a Route> {
+        routes.iter().find(|r| covers(&r.prefix, path))
     }
 
     /// The normalised path; encoded separators pass only on their way to a route that
     /// forwards the raw path.
-    fn normalize(&self, raw: &str) -> Result<String, PathError> {
+    fn normalize(routes: &[Route], raw: &str) -> Result<String, PathError> {
         match crate::path::normalize(raw) {
             Err(PathError::Forbidden) => {
                 let lenient = crate::path::normalize_keeping_separators(raw)?;
-                match self.find_route(&lenient).map(|r| &r.handler) {
+                match Self::find_route(routes, &lenient).map(|r| &r.handler) {
                     Some(Handler::Proxy(p)) if p.pass_raw_path() => Ok(lenient),
                     _ => Err(PathError::Forbidden),
                 }
@@ -145,7 +152,7 @@ impl Service {
         }
     }
 
-    async fn route(&self, req: Request<Incoming>) -> Response<Body> {
+    async fn route(&self, mut req: Request<Incoming>) -> Response<Body> {
         if let Some(status) = head_too_large(&req, self.worker.limits.max_request_header_size) {
             let mut r = response::status(status);
             if req.version() <= Version::HTTP_11 {
@@ -155,14 +162,16 @@ impl Service {
             return r;
         }
         let checked = request_rules::check(&req).and_then(|a| self.check_framing(&req).map(|()| a));
-        let path = self.normalize(req.uri().path());
+        let site = self.worker.sites.select(crate::sites::host_of(&req));
+        let routes = self.worker.sites.routes(site, &self.worker.routes);
+        let path = Self::normalize(routes, req.uri().path());
         let authority = match checked {
             Ok(a) => a,
             Err(refusal) => {
                 tracing::debug!(peer = %self.conn.peer, "refused request: {}", refusal.reason);
                 let mut r = response::status(refusal.status);
                 if refusal.status == StatusCode::METHOD_NOT_ALLOWED {
-                    let route = path.as_ref().ok().and_then(|p| self.find_route(p));
+                    let route = path.as_ref().ok().and_then(|p| Self::find_route(routes, p));
                     let allow = match route.map(|r| &r.handler) {
                         Some(Handler::Proxy(_)) => PROXY_METHODS,
                         _ => "GET, HEAD",
@@ -177,16 +186,32 @@ impl Service {
                 return r;
             }
         };
-        let path = match path {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::debug!(peer = %self.conn.peer, "refused path: {e:?}");
-                return response::status(e.status());
+        if let Some(sni) = self.conn.sni.get() {
+            if self.worker.sites.misdirected(sni, site) {
+                tracing::debug!(peer = %self.conn.peer, %sni, "misdirected request");
+                return response::status(StatusCode::MISDIRECTED_REQUEST);
             }
-        };
-        let route = self.find_route(&path);
+        }
+        let sni = self.conn.sni.get().map(|s| &**s);
+        if let Some(rd) = &self.redirect {
+            return crate::rewrite::redirect(rd, &req, sni);
+        }
+        let site_ref = self.worker.sites.get(site);
+        let path =
+            match path.and_then(|p| crate::rewrite::rewrite(self.worker.sites.rewrites(site), p)) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::debug!(peer = %self.conn.peer, "refused path: {e:?}");
+                    return response::status(e.status());
+                }
+            };
+        let route = Self::find_route(routes, &path);
+        let pages = self.worker.sites.error_pages(site);
         let Some(route) = route else {
-            return response::status(StatusCode::NOT_FOUND);
+            let r = response::status(StatusCode::NOT_FOUND);
+            let mut r = crate::error_pages::apply(pages, routes, req.method(), r);
+            crate::headers_rules::respond(site_ref, None, &mut r);
+            return r;
         };
         let sub = if route.strip_prefix && route.prefix != "/" {
             match &path[route.prefix.len()..] {
@@ -196,7 +221,9 @@ impl Service {
         } else {
             path.as_str()
         };
-        match &route.handler {
+        let method = req.method().clone();
+        let resp = match &route.handler {
+            Handler::Redirect(rd) => crate::rewrite::redirect(rd, &req, sni),
             Handler::Static(_)
                 if route.strip_prefix && path == route.prefix && route.prefix != "/" =>
             {
@@ -209,9 +236,20 @@ impl Service {
                 } else {
                     ""
                 };
-                files.serve(req.method(), req.headers(), mount, sub, req.uri().query())
+                let r = if route.rules.try_files.is_empty() {
+                    files.serve(req.method(), req.headers(), mount, sub, req.uri().query())
+                } else {
+                    crate::rewrite::try_files(files, &route.rules.try_files, &req, mount, sub)
+                };
+                match r.status() {
+                    StatusCode::FORBIDDEN if route.rules.autoindex => {
+                        files.listing(req.method(), sub, &path).unwrap_or(r)
+                    }
+                    _ => r,
+                }
             }
             Handler::Proxy(proxy) => {
+                crate::headers_rules::forward(site_ref, route, req.headers_mut());
                 let pq = if proxy.pass_raw_path() {
                     req.uri()
                         .path_and_query()
@@ -229,7 +267,14 @@ impl Service {
                 };
                 proxy.forward(req, &target, &self.client).await
             }
+        };
+        let mut resp = crate::error_pages::apply(pages, routes, &method, resp);
+        crate::headers_rules::charset(site_ref, route, &mut resp);
+        if matches!(route.handler, Handler::Static(_)) {
+            crate::headers_rules::expires(&route.rules, &mut resp);
         }
+        crate::headers_rules::respond(site_ref, Some(route), &mut resp);
+        resp
     }
 }
 

@@ -31,6 +31,7 @@ use crate::proxy::Proxy;
 pub(crate) enum Handler {
     Static(StaticFiles),
     Proxy(Rc<Proxy>),
+    Redirect(crate::config::RedirectConfig),
 }
 
 /// A route on this worker.
@@ -40,6 +41,29 @@ pub(crate) struct Route {
     pub handler: Handler,
     /// Requests by status class and latency of this route (`/metrics`).
     pub metrics: Rc<RouteMetrics>,
+    /// Header edits and `expires`.
+    pub rules: crate::config::RouteRules,
+}
+
+/// Builds a route of this worker; its `/metrics` label is `label_prefix` (a site's first
+/// server name; empty for top-level routes) followed by the route's prefix.
+pub(crate) fn build_route(
+    r: &crate::config::RouteConfig,
+    registry: &crate::metrics::Metrics,
+    label_prefix: &str,
+) -> std::io::Result<Route> {
+    let handler = match &r.action {
+        RouteAction::Static(s) => Handler::Static(StaticFiles::new(s)?),
+        RouteAction::Proxy(p) => Handler::Proxy(Proxy::new(p)),
+        RouteAction::Redirect(d) => Handler::Redirect(d.clone()),
+    };
+    Ok(Route {
+        prefix: r.prefix.clone(),
+        strip_prefix: r.strip_prefix,
+        handler,
+        metrics: Rc::new(registry.route(&format!("{label_prefix}{}", r.prefix))),
+        rules: r.rules.clone(),
+    })
 }
 
 /// Worker-wide state of one configuration generation, shared by its connections through
@@ -47,6 +71,8 @@ pub(crate) struct Route {
 pub(crate) struct WorkerCtx {
     pub limits: Limits,
     pub routes: Vec<Route>,
+    /// The `[[site]]`s (`routes` are the top-level ones).
+    pub sites: crate::sites::Sites,
     pub access_log: bool,
     /// The access-log line format.
     pub log_format: crate::config::AccessFormat,
@@ -81,6 +107,8 @@ pub(crate) struct TlsListener {
 pub(crate) struct ListenerCtx {
     pub tls: Option<TlsListener>,
     pub local_addr: SocketAddr,
+    /// Every request on this listener is redirected.
+    pub redirect: Option<Rc<crate::config::RedirectConfig>>,
 }
 
 /// One listener of a generation, as handed to a worker.
@@ -92,6 +120,8 @@ pub(crate) struct GenListener {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Async offload: the engine and the per-op timeout.
     pub async_engine: Option<(Arc<dyn Engine>, Duration)>,
+    /// Every request on this listener is redirected.
+    pub redirect: Option<crate::config::RedirectConfig>,
 }
 
 /// A configuration generation for one worker.
@@ -203,22 +233,16 @@ impl Worker {
             enabled: config.offload.batch,
             max: config.offload.batch_max,
         };
-        let mut routes = Vec::new();
-        for r in &config.routes {
-            let handler = match &r.action {
-                RouteAction::Static(s) => Handler::Static(StaticFiles::new(s)?),
-                RouteAction::Proxy(p) => Handler::Proxy(Proxy::new(p)),
-            };
-            routes.push(Route {
-                prefix: r.prefix.clone(),
-                strip_prefix: r.strip_prefix,
-                handler,
-                metrics: Rc::new(self.extras.registry.route(&r.prefix)),
-            });
-        }
+        let routes = config
+            .routes
+            .iter()
+            .map(|r| build_route(r, &self.extras.registry, ""))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let sites = crate::sites::Sites::new(&config.sites, &self.extras.registry)?;
         let ctx = Rc::new(WorkerCtx {
             limits: config.limits.clone(),
             routes,
+            sites,
             access_log: config.log.access,
             log_format: config.log.format,
             shutdown: self.shutdown.clone(),
@@ -242,6 +266,7 @@ impl Worker {
             let lctx = Rc::new(ListenerCtx {
                 tls,
                 local_addr: l.bound,
+                redirect: l.redirect.map(Rc::new),
             });
             let current = Current {
                 listener: lctx,

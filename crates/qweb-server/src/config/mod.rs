@@ -8,6 +8,7 @@ mod error;
 mod log;
 mod proxy;
 mod raw;
+mod sites;
 pub mod units;
 
 use std::net::SocketAddr;
@@ -18,6 +19,9 @@ pub use compression::CompressionConfig;
 pub use error::ConfigError;
 pub use log::AccessFormat;
 use raw::{RawConfig, RawListener, RawRoute, Workers};
+pub use sites::{
+    ErrorPages, HeaderEdits, RedirectConfig, RewriteRule, RouteRules, SiteConfig, SitesConfig,
+};
 use toml::Spanned;
 
 /// A validated configuration.
@@ -45,6 +49,9 @@ pub struct Config {
     pub admin: Option<SocketAddr>,
     /// Response compression (`[compression]`).
     pub compression: CompressionConfig,
+    /// Virtual hosts (`[[site]]`); `routes` answer the names no site claims unless a site is
+    /// the default.
+    pub sites: SitesConfig,
 }
 
 /// Offload engines and how workers submit to them.
@@ -235,6 +242,8 @@ pub struct ListenerConfig {
     pub http2: bool,
     /// Offload of the TLS private-key operations (`None`: rustls signs in place).
     pub offload: Option<ListenerOffload>,
+    /// Every request on this listener is redirected (`redirect = { to = ... }`).
+    pub redirect: Option<RedirectConfig>,
 }
 
 /// Where a TLS listener's certificates come from.
@@ -267,6 +276,8 @@ pub struct RouteConfig {
     pub strip_prefix: bool,
     /// What serves the route.
     pub action: RouteAction,
+    /// Header edits and `expires` around the handler.
+    pub rules: RouteRules,
 }
 
 /// What serves a route.
@@ -276,6 +287,8 @@ pub enum RouteAction {
     Static(StaticConfig),
     /// Upstream HTTP/1.1 servers.
     Proxy(ProxyConfig),
+    /// A redirect (`redirect = { to = "https://{host}{uri}", status = 308 }`).
+    Redirect(RedirectConfig),
 }
 
 /// Static file serving.
@@ -386,7 +399,12 @@ impl Config {
                 inner.message().to_string(),
             )
         })?;
-        Validator { file, text }.validate(raw)
+        Validator {
+            file,
+            text,
+            site_certs: sites::any_certificates(&raw),
+        }
+        .validate(raw)
     }
 
     /// The configuration `qweb serve` uses without `--config`: HTTPS on 127.0.0.1:8443 with the
@@ -406,6 +424,7 @@ impl Config {
             offload: OffloadConfig::default(),
             admin: None,
             compression: CompressionConfig::default(),
+            sites: SitesConfig::default(),
         }
     }
 
@@ -425,12 +444,14 @@ fn default_listeners() -> Vec<ListenerConfig> {
             tls: Some(TlsConfig::SelfSigned),
             http2: true,
             offload: None,
+            redirect: None,
         },
         ListenerConfig {
             address: ([127, 0, 0, 1], 8080).into(),
             tls: None,
             http2: false,
             offload: None,
+            redirect: None,
         },
     ]
 }
@@ -453,6 +474,7 @@ fn default_routes(state_dir: &Path) -> Vec<RouteConfig> {
             symlinks: Symlinks::default(),
             open_method: OpenMethod::default(),
         }),
+        rules: RouteRules::default(),
     }]
 }
 
@@ -485,6 +507,8 @@ fn absolute(p: &Path) -> PathBuf {
 struct Validator<'a> {
     file: Option<&'a Path>,
     text: &'a str,
+    /// A `[[site]]` has certificates: a TLS listener may take those alone.
+    site_certs: bool,
 }
 
 impl Validator<'_> {
@@ -596,7 +620,7 @@ impl Validator<'_> {
         self.access_log(&raw.log, &mut log)?;
 
         let offload = self.offload(&raw.offload)?;
-        let listeners = match &raw.listeners {
+        let mut listeners = match &raw.listeners {
             Some(ls) => {
                 if ls.get_ref().is_empty() {
                     return Err(self.err(
@@ -640,6 +664,7 @@ impl Validator<'_> {
         routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
 
         let compression = self.compression(raw.compression.as_ref(), &offload)?;
+        let sites = self.sites(&raw, &mut listeners)?;
         Ok(Config {
             source: self.file.map(absolute),
             workers,
@@ -655,6 +680,7 @@ impl Validator<'_> {
             offload,
             admin: raw.admin.as_ref().map(|a| *a.address.get_ref()),
             compression,
+            sites,
         })
     }
 
@@ -895,6 +921,7 @@ impl Validator<'_> {
                             "use either `self_signed = true` or `certificates`, not both",
                         ))
                     }
+                    (false, true) if self.site_certs => Some(TlsConfig::Certificates(Vec::new())),
                     (false, true) => {
                         return Err(self.err(
                             Some(t.span()),
@@ -970,6 +997,10 @@ impl Validator<'_> {
             http2: http2 && tls.is_some(),
             tls,
             offload,
+            redirect: match &l.redirect {
+                Some(r) => Some(self.redirect(&format!("listener[{i}].redirect"), r)?),
+                None => None,
+            },
         })
     }
 
@@ -989,6 +1020,16 @@ impl Validator<'_> {
             prefix
         };
         let action = match (&rr.root, &rr.upstreams) {
+            (None, None) if rr.redirect.is_some() => {
+                RouteAction::Redirect(self.route_redirect(i, r)?)
+            }
+            (_, _) if rr.redirect.is_some() => {
+                return Err(self.err(
+                    Some(r.span()),
+                    format!("route[{i}].redirect"),
+                    "a redirect route has neither `root` nor `upstreams`",
+                ))
+            }
             (Some(_), Some(_)) | (None, None) => {
                 return Err(self.err(
                     Some(r.span()),
@@ -1029,10 +1070,12 @@ impl Validator<'_> {
                 "`index` is for static routes",
             ));
         }
+        let rules = self.route_rules(i, r, &action)?;
         Ok(RouteConfig {
             prefix,
             strip_prefix: rr.strip_prefix.unwrap_or(false),
             action,
+            rules,
         })
     }
 }

@@ -26,6 +26,10 @@ pub(crate) struct RawConfig {
     pub offload: RawOffload,
     pub admin: Option<RawAdmin>,
     pub compression: Option<Spanned<super::compression::RawCompression>>,
+    #[serde(default, rename = "site")]
+    pub sites: Vec<Spanned<super::sites::RawSite>>,
+    pub rewrite: Option<Spanned<Vec<super::sites::RawRewrite>>>,
+    pub error_pages: Option<Spanned<std::collections::BTreeMap<String, String>>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -135,6 +139,7 @@ pub(crate) struct RawListener {
     pub http2: Option<Spanned<bool>>,
     pub tls: Option<Spanned<RawTls>>,
     pub offload: Option<Spanned<RawListenerOffload>>,
+    pub redirect: Option<Spanned<super::sites::RawRedirect>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -170,4 +175,11 @@ pub(crate) struct RawRoute {
     pub underscores_in_headers: Option<bool>,
     pub trusted_proxies: Option<Vec<Spanned<String>>>,
     pub max_response_header_size: Option<Spanned<Size>>,
+    pub headers: Option<Spanned<super::sites::RawHeaderEdits>>,
+    pub request_headers: Option<Spanned<super::sites::RawHeaderEdits>>,
+    pub expires: Option<Spanned<std::collections::BTreeMap<String, Dur>>>,
+    pub redirect: Option<Spanned<super::sites::RawRedirect>>,
+    pub try_files: Option<Spanned<Vec<String>>>,
+    pub charset: Option<Spanned<String>>,
+    pub autoindex: Option<Spanned<bool>>,
 }

@@ -158,7 +158,7 @@ fn static_route_symlinks() {
     let d = dir.path().display();
     let symlinks = |text: &str| match &parse(text).unwrap().routes[0].action {
         RouteAction::Static(s) => s.symlinks,
-        RouteAction::Proxy(_) => panic!("not static"),
+        _ => panic!("not static"),
     };
     let route = format!("[[route]]\nprefix = \"/\"\nroot = \"{d}\"\n");
     assert_eq!(symlinks(&route), Symlinks::InsideRoot);

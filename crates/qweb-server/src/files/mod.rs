@@ -1,6 +1,7 @@
 //! Static files: GET and HEAD, index files, redirects for directories, Content-Type, ETag and
 //! Last-Modified, conditional requests (304/412), single byte ranges (206/416).
 
+mod autoindex;
 mod body;
 mod conditional;
 mod open;
@@ -242,17 +243,9 @@ fn etag(meta: &Metadata, mtime: SystemTime) -> String {
 }
 
 fn content_type(path: &Path) -> HeaderValue {
+    // No charset parameter (as nginx): the page's own `<meta charset>` decides, unless the
+    // route or site sets `charset` (see `crate::headers_rules::charset`).
     let mime = mime_guess::from_path(path).first_or_octet_stream();
-    let essence = mime.essence_str();
-    let textual = mime.type_() == mime_guess::mime::TEXT
-        || matches!(
-            essence,
-            "application/javascript" | "application/json" | "image/svg+xml" | "application/xml"
-        );
-    let value = if textual && mime.get_param("charset").is_none() {
-        format!("{essence}; charset=utf-8")
-    } else {
-        mime.to_string()
-    };
-    HeaderValue::from_str(&value).unwrap_or(HeaderValue::from_static("application/octet-stream"))
+    HeaderValue::from_str(mime.as_ref())
+        .unwrap_or(HeaderValue::from_static("application/octet-stream"))
 }

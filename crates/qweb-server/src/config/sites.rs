@@ -1,0 +1,871 @@
+//! `[[site]]`: virtual hosts. Each site answers for its `server_names` (exact names and
+//! `*.example.com` wildcards, matched on `Host`/`:authority` without the port) with its own
+//! `[[site.route]]`s; its `certificates` join every TLS listener's SNI table. The top-level
+//! `[[route]]`s are the default site (for names no site claims), unless a site says
+//! `default = true`; without top-level routes the first site is the default.
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::raw::{RawCertificate, RawConfig, RawRoute};
+use super::{CertificateConfig, ConfigError, ListenerConfig, RouteConfig, TlsConfig, Validator};
+
+/// Longest server name (RFC 1035: 253 characters in text form).
+const MAX_NAME: usize = 253;
+
+/// `[[site]]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSite {
+    pub server_names: Option<Spanned<Vec<Spanned<String>>>>,
+    pub default: Option<Spanned<bool>>,
+    #[serde(default)]
+    pub certificates: Vec<RawCertificate>,
+    #[serde(default, rename = "route")]
+    pub routes: Vec<Spanned<RawRoute>>,
+    pub headers: Option<Spanned<RawHeaderEdits>>,
+    pub request_headers: Option<Spanned<RawHeaderEdits>>,
+    pub rewrite: Option<Spanned<Vec<RawRewrite>>>,
+    pub error_pages: Option<Spanned<std::collections::BTreeMap<String, String>>>,
+    pub charset: Option<Spanned<String>>,
+}
+
+/// `error_pages = { 404 = "/404.html", "5xx" = "/50x.html" }`: the page served (with the
+/// original status) for an error response, exact codes before classes. A page is a path
+/// served by one of the site's static routes.
+#[derive(Debug, Clone, Default)]
+pub struct ErrorPages {
+    /// (status or class, page path): `404` or `5` for `5xx`.
+    pub pages: Vec<(u16, String)>,
+}
+
+impl ErrorPages {
+    /// The page for `status`.
+    pub fn page(&self, status: u16) -> Option<&str> {
+        self.pages
+            .iter()
+            .find(|(s, _)| *s == status)
+            .or_else(|| self.pages.iter().find(|(s, _)| *s == status / 100))
+            .map(|(_, p)| p.as_str())
+    }
+}
+
+/// `rewrite = [{ from = "^/old/(.*)$", to = "/new/$1" }]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRewrite {
+    pub from: String,
+    pub to: String,
+}
+
+/// Longest `rewrite` pattern, and the most memory its compiled form may take.
+const MAX_PATTERN: usize = 1024;
+const REGEX_SIZE_LIMIT: usize = 1 << 20;
+
+/// A path rewrite: the first rule whose `from` matches the normalised path replaces it with
+/// `to` (`$1`, `${name}` captures), before routing; the result is normalised again.
+#[derive(Debug, Clone)]
+pub struct RewriteRule {
+    /// The pattern.
+    pub from: regex::Regex,
+    /// The replacement (`regex` syntax: `$1`, `${name}`, `$$`).
+    pub to: String,
+}
+
+/// `headers = { set = {...}, add = {...}, remove = [...] }` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHeaderEdits {
+    #[serde(default)]
+    pub set: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub add: std::collections::BTreeMap<String, OneOrMany>,
+    #[serde(default)]
+    pub remove: Vec<String>,
+}
+
+/// A value or a list of values (`add = { Link = ["<a>", "<b>"] }`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `redirect = { to = "https://{host}{uri}", status = 308 }` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRedirect {
+    pub to: String,
+    pub status: Option<u16>,
+}
+
+/// Header edits: `remove` first, then `set` (replaces every value), then `add` (appends, so
+/// a name may repeat).
+#[derive(Debug, Clone, Default)]
+pub struct HeaderEdits {
+    /// Names and values that replace any present.
+    pub set: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// Names and values appended.
+    pub add: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// Names removed.
+    pub remove: Vec<http::HeaderName>,
+}
+
+impl HeaderEdits {
+    /// Applies the edits to `h`.
+    pub fn apply(&self, h: &mut http::HeaderMap) {
+        for n in &self.remove {
+            h.remove(n);
+        }
+        for (n, v) in &self.set {
+            h.insert(n.clone(), v.clone());
+        }
+        for (n, v) in &self.add {
+            h.append(n.clone(), v.clone());
+        }
+    }
+
+    /// No edits.
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.add.is_empty() && self.remove.is_empty()
+    }
+}
+
+/// What a route does around its handler (`headers`, `request_headers`, `expires`).
+#[derive(Debug, Clone, Default)]
+pub struct RouteRules {
+    /// Response header edits (after the site's).
+    pub headers: HeaderEdits,
+    /// Edits of the request forwarded upstream (proxy routes; after the site's).
+    pub request_headers: HeaderEdits,
+    /// Static routes: `Cache-Control: max-age` by content type (`"image/*"`, `"text/css"`,
+    /// `"*"`), most specific first; only where the response has no `Cache-Control`.
+    pub expires: Vec<(String, std::time::Duration)>,
+    /// Static routes: the paths tried in turn (`{path}` is the request's), the last answering
+    /// whatever it answers.
+    pub try_files: Vec<String>,
+    /// `charset` added to text responses without one (over the site's).
+    pub charset: Option<String>,
+    /// Static routes: list directories without an index file.
+    pub autoindex: bool,
+}
+
+/// A redirect (a route's or a whole listener's).
+#[derive(Debug, Clone)]
+pub struct RedirectConfig {
+    /// The `Location` template: `{host}` (the request's host without port), `{uri}` (the
+    /// request target as sent: path and query), `{path}` (the path as sent) and `{query}`
+    /// (`?` and the query, or nothing).
+    pub to: String,
+    /// 301, 302, 303, 307 or 308.
+    pub status: http::StatusCode,
+}
+
+/// Headers a rule may not touch: they frame the message or belong to one connection.
+const FRAMING: [&str; 9] = [
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+    "proxy-connection",
+    "host",
+];
+
+/// The placeholders a redirect's `to` may use.
+const PLACEHOLDERS: [&str; 4] = ["host", "uri", "path", "query"];
+
+/// The named sites (`[[site]]`).
+#[derive(Debug, Clone, Default)]
+pub struct SitesConfig {
+    /// Sites in file order.
+    pub sites: Vec<SiteConfig>,
+    /// The top-level `rewrite` rules (for the top-level routes).
+    pub rewrite: Vec<RewriteRule>,
+    /// The top-level `error_pages` (for the top-level routes).
+    pub error_pages: ErrorPages,
+    /// The site that answers names no site claims: `None` is the top-level `[[route]]`s.
+    pub default: Option<usize>,
+}
+
+/// One site.
+#[derive(Debug, Clone)]
+pub struct SiteConfig {
+    /// Response header edits for every route of the site (before the route's own).
+    pub headers: HeaderEdits,
+    /// Edits of requests the site's proxy routes forward (before the route's own).
+    pub request_headers: HeaderEdits,
+    /// Lower-case names without a trailing dot; `*.example.com` matches one label before
+    /// `example.com` (not `example.com` itself, not `a.b.example.com`).
+    pub server_names: Vec<String>,
+    /// The site's own certificates (also offered by SNI on every TLS listener with
+    /// `certificates`). Two sites whose lists share a file may answer each other's names on
+    /// one connection; sites with none share the listener's.
+    pub certificates: Vec<CertificateConfig>,
+    /// Routes, longest prefix first.
+    pub routes: Vec<RouteConfig>,
+    /// Path rewrites before routing.
+    pub rewrite: Vec<RewriteRule>,
+    /// Error pages.
+    pub error_pages: ErrorPages,
+    /// `charset` added to text responses without one (`None`: nothing added).
+    pub charset: Option<String>,
+}
+
+/// Does the file have a site with certificates (then a TLS listener may name none)?
+pub(crate) fn any_certificates(raw: &RawConfig) -> bool {
+    raw.sites
+        .iter()
+        .any(|s| !s.get_ref().certificates.is_empty())
+}
+
+/// `name` lower-cased and checked: ASCII letters, digits, `-` and `.` in labels of 1 to 63
+/// characters, optionally after `*.`; no port.
+fn server_name(raw: &str) -> Result<String, String> {
+    let name = raw.trim_end_matches('.').to_ascii_lowercase();
+    let labels = name.strip_prefix("*.").unwrap_or(&name);
+    if name.is_empty() || name.len() > MAX_NAME {
+        return Err(format!(
+            "`{raw}` is not a server name (1 to {MAX_NAME} characters)"
+        ));
+    }
+    let ok = labels.split('.').all(|l| {
+        (1..=63).contains(&l.len())
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    });
+    if !ok {
+        return Err(format!(
+            "`{raw}` is not a server name: use letters, digits, `-` and `.` (IDNs in their \
+             xn-- form), a leading `*.` for a wildcard, and no port"
+        ));
+    }
+    if name.starts_with("*.") && !labels.contains('.') {
+        return Err(format!(
+            "`{raw}`: a wildcard needs at least two labels after `*.` (`*.example.com`)"
+        ));
+    }
+    Ok(name)
+}
+
+impl Validator<'_> {
+    /// Validates `[[site]]`, and adds the sites' certificates to the TLS listeners that have
+    /// `certificates` (the default site's first, so clients without SNI get it).
+    pub(super) fn sites(
+        &self,
+        raw: &RawConfig,
+        listeners: &mut [ListenerConfig],
+    ) -> Result<SitesConfig, ConfigError> {
+        let mut out = SitesConfig::default();
+        // name -> the key that claimed it
+        let mut claimed: std::collections::HashMap<String, String> = Default::default();
+        let mut default_key: Option<String> = None;
+        for (s, site) in raw.sites.iter().enumerate() {
+            let sr = site.get_ref();
+            let key = format!("site[{s}]");
+            let mut names = Vec::new();
+            if let Some(list) = &sr.server_names {
+                for (j, n) in list.get_ref().iter().enumerate() {
+                    let nkey = format!("{key}.server_names[{j}]");
+                    let name = server_name(n.get_ref())
+                        .map_err(|m| self.err(Some(n.span()), nkey.clone(), m))?;
+                    if let Some(other) = claimed.get(&name) {
+                        return Err(self.err(
+                            Some(n.span()),
+                            nkey,
+                            format!("`{name}` is already claimed by {other}"),
+                        ));
+                    }
+                    claimed.insert(name.clone(), nkey);
+                    names.push(name);
+                }
+            }
+            if let Some(d) = sr.default.as_ref().filter(|d| *d.get_ref()) {
+                let dkey = format!("{key}.default");
+                if let Some(other) = &default_key {
+                    return Err(self.err(
+                        Some(d.span()),
+                        dkey,
+                        format!("only one site may be the default; {other} already is"),
+                    ));
+                }
+                if !raw.routes.is_empty() {
+                    return Err(self.err(
+                        Some(d.span()),
+                        dkey,
+                        "the top-level [[route]]s are the default site; move them into a [[site]] or drop `default = true`",
+                    ));
+                }
+                default_key = Some(dkey);
+                out.default = Some(s);
+            } else if names.is_empty() {
+                return Err(self.err(
+                    Some(site.span()),
+                    format!("{key}.server_names"),
+                    "a site needs `server_names = [\"example.com\", \"*.example.com\"]` (or `default = true`)",
+                ));
+            }
+            if sr.routes.is_empty() {
+                return Err(self.err(
+                    Some(site.span()),
+                    format!("{key}.route"),
+                    "a site needs at least one [[site.route]]",
+                ));
+            }
+            let mut routes: Vec<RouteConfig> = Vec::new();
+            for (i, r) in sr.routes.iter().enumerate() {
+                let route = self.route(i, r).map_err(|mut e| {
+                    // route() names keys `route[i]...`: put them under this site
+                    if e.key.starts_with("route[") {
+                        e.key = format!("{key}.{}", e.key);
+                    }
+                    e
+                })?;
+                if routes.iter().any(|o| o.prefix == route.prefix) {
+                    return Err(self.err(
+                        Some(r.get_ref().prefix.span()),
+                        format!("{key}.route[{i}].prefix"),
+                        format!(
+                            "prefix `{}` is used by another route of this site",
+                            route.prefix
+                        ),
+                    ));
+                }
+                routes.push(route);
+            }
+            routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+            let mut certificates = Vec::new();
+            for (j, c) in sr.certificates.iter().enumerate() {
+                certificates.push(self.site_certificate(&format!("{key}.certificates[{j}]"), c)?);
+            }
+            let headers = match &sr.headers {
+                Some(h) => self.header_edits(&format!("{key}.headers"), h)?,
+                None => HeaderEdits::default(),
+            };
+            let request_headers = match &sr.request_headers {
+                Some(h) => self.header_edits(&format!("{key}.request_headers"), h)?,
+                None => HeaderEdits::default(),
+            };
+            let rewrite = match &sr.rewrite {
+                Some(r) => self.rewrite(&format!("{key}.rewrite"), r)?,
+                None => Vec::new(),
+            };
+            let error_pages = match &sr.error_pages {
+                Some(p) => self.error_pages(&format!("{key}.error_pages"), p)?,
+                None => ErrorPages::default(),
+            };
+            let charset = match &sr.charset {
+                Some(c) => Some(self.charset(&format!("{key}.charset"), c)?),
+                None => None,
+            };
+            out.sites.push(SiteConfig {
+                charset,
+                error_pages,
+                rewrite,
+                headers,
+                request_headers,
+                server_names: names,
+                certificates,
+                routes,
+            });
+        }
+        if let Some(p) = &raw.error_pages {
+            out.error_pages = self.error_pages("error_pages", p)?;
+        }
+        if let Some(r) = &raw.rewrite {
+            out.rewrite = self.rewrite("rewrite", r)?;
+        }
+        if out.default.is_none() && raw.routes.is_empty() && !out.sites.is_empty() {
+            out.default = Some(0);
+        }
+        self.add_site_certificates(raw, &out, listeners)?;
+        Ok(out)
+    }
+
+    /// Validates header edits under `key`.
+    pub(super) fn header_edits(
+        &self,
+        key: &str,
+        raw: &Spanned<RawHeaderEdits>,
+    ) -> Result<HeaderEdits, ConfigError> {
+        let r = raw.get_ref();
+        let span = || Some(raw.span());
+        let name = |part: &str, n: &str| -> Result<http::HeaderName, ConfigError> {
+            let k = format!("{key}.{part}");
+            let hn = http::HeaderName::from_bytes(n.as_bytes())
+                .map_err(|_| self.err(span(), k.clone(), format!("`{n}` is not a header name")))?;
+            if FRAMING.contains(&hn.as_str()) {
+                return Err(self.err(
+                    span(),
+                    k,
+                    format!("`{n}` frames the message or belongs to the connection: qweb sets it"),
+                ));
+            }
+            Ok(hn)
+        };
+        let value = |part: &str, n: &str, v: &str| -> Result<http::HeaderValue, ConfigError> {
+            http::HeaderValue::from_str(v).map_err(|_| {
+                self.err(
+                    span(),
+                    format!("{key}.{part}"),
+                    format!("the value for `{n}` is not a header value (control characters?)"),
+                )
+            })
+        };
+        let mut out = HeaderEdits::default();
+        for (n, v) in &r.set {
+            out.set.push((name("set", n)?, value("set", n, v)?));
+        }
+        for (n, vs) in &r.add {
+            let hn = name("add", n)?;
+            let list = match vs {
+                OneOrMany::One(v) => std::slice::from_ref(v),
+                OneOrMany::Many(v) => v.as_slice(),
+            };
+            for v in list {
+                out.add.push((hn.clone(), value("add", n, v)?));
+            }
+        }
+        for n in &r.remove {
+            out.remove.push(name("remove", n)?);
+        }
+        Ok(out)
+    }
+
+    /// Validates a redirect under `key`.
+    pub(super) fn redirect(
+        &self,
+        key: &str,
+        raw: &Spanned<RawRedirect>,
+    ) -> Result<RedirectConfig, ConfigError> {
+        let r = raw.get_ref();
+        let status = match r.status.unwrap_or(308) {
+            s @ (301 | 302 | 303 | 307 | 308) => {
+                http::StatusCode::from_u16(s).unwrap_or(http::StatusCode::PERMANENT_REDIRECT)
+            }
+            s => {
+                return Err(self.err(
+                    Some(raw.span()),
+                    format!("{key}.status"),
+                    format!("{s} is not a redirect status (use 301, 302, 303, 307 or 308)"),
+                ))
+            }
+        };
+        let mut rest = r.to.as_str();
+        let mut literal = String::new();
+        while let Some(open) = rest.find('{') {
+            literal.push_str(&rest[..open]);
+            let Some(close) = rest[open..].find('}') else {
+                return Err(self.err(
+                    Some(raw.span()),
+                    format!("{key}.to"),
+                    "a `{` without its `}`",
+                ));
+            };
+            let name = &rest[open + 1..open + close];
+            if !PLACEHOLDERS.contains(&name) {
+                return Err(self.err(
+                    Some(raw.span()),
+                    format!("{key}.to"),
+                    format!("unknown placeholder `{{{name}}}` (use {{host}}, {{uri}}, {{path}}, {{query}})"),
+                ));
+            }
+            rest = &rest[open + close + 1..];
+        }
+        literal.push_str(rest);
+        if r.to.is_empty() || http::HeaderValue::from_str(&literal).is_err() {
+            return Err(self.err(
+                Some(raw.span()),
+                format!("{key}.to"),
+                "not a Location value (empty, or control characters)",
+            ));
+        }
+        Ok(RedirectConfig {
+            to: r.to.clone(),
+            status,
+        })
+    }
+
+    /// Validates a `charset` under `key` (a token, e.g. `utf-8`, `windows-1252`).
+    fn charset(&self, key: &str, raw: &Spanned<String>) -> Result<String, ConfigError> {
+        let c = raw.get_ref();
+        let ok = (1..=40).contains(&c.len())
+            && c.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
+        if !ok {
+            return Err(self.err(
+                Some(raw.span()),
+                key,
+                format!("`{c}` is not a charset name (e.g. \"utf-8\")"),
+            ));
+        }
+        Ok(c.to_ascii_lowercase())
+    }
+
+    /// Validates `error_pages` under `key`.
+    fn error_pages(
+        &self,
+        key: &str,
+        raw: &Spanned<std::collections::BTreeMap<String, String>>,
+    ) -> Result<ErrorPages, ConfigError> {
+        let mut out = ErrorPages::default();
+        for (code, page) in raw.get_ref() {
+            let k = format!("{key}.{code}");
+            let status = match code.as_str() {
+                "4xx" => 4,
+                "5xx" => 5,
+                c => match c.parse::<u16>() {
+                    Ok(n @ 400..=599) => n,
+                    _ => {
+                        return Err(self.err(
+                            Some(raw.span()),
+                            k,
+                            format!(
+                                "`{code}` is not an error status (400 to 599, \"4xx\" or \"5xx\")"
+                            ),
+                        ))
+                    }
+                },
+            };
+            if !page.starts_with('/') || page.contains('?') || page.contains("..") {
+                return Err(self.err(
+                    Some(raw.span()),
+                    k,
+                    "an error page is a path served by a static route of the site: `/404.html`",
+                ));
+            }
+            out.pages.push((status, page.clone()));
+        }
+        Ok(out)
+    }
+
+    /// Validates `rewrite` rules under `key`.
+    fn rewrite(
+        &self,
+        key: &str,
+        raw: &Spanned<Vec<RawRewrite>>,
+    ) -> Result<Vec<RewriteRule>, ConfigError> {
+        let mut out = Vec::new();
+        for (j, r) in raw.get_ref().iter().enumerate() {
+            let k = format!("{key}[{j}]");
+            if r.from.len() > MAX_PATTERN {
+                return Err(self.err(
+                    Some(raw.span()),
+                    format!("{k}.from"),
+                    format!("longer than {MAX_PATTERN} characters"),
+                ));
+            }
+            let from = regex::RegexBuilder::new(&r.from)
+                .size_limit(REGEX_SIZE_LIMIT)
+                .build()
+                .map_err(|e| self.err(Some(raw.span()), format!("{k}.from"), e.to_string()))?;
+            if !r.to.starts_with('/') || r.to.contains('?') || r.to.contains('#') {
+                return Err(self.err(
+                    Some(raw.span()),
+                    format!("{k}.to"),
+                    "a rewrite's `to` is a path: it starts with `/` and has no `?` or `#` (the query is kept)",
+                ));
+            }
+            out.push(RewriteRule {
+                from,
+                to: r.to.clone(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The redirect of route `i`.
+    pub(super) fn route_redirect(
+        &self,
+        i: usize,
+        r: &Spanned<RawRoute>,
+    ) -> Result<RedirectConfig, ConfigError> {
+        let key = format!("route[{i}].redirect");
+        match &r.get_ref().redirect {
+            Some(rd) => self.redirect(&key, rd),
+            None => Err(self.err(Some(r.span()), key, "missing")),
+        }
+    }
+
+    /// `headers`, `request_headers` and `expires` of route `i` (a static route for
+    /// `expires`, a proxy route for `request_headers`).
+    pub(super) fn route_rules(
+        &self,
+        i: usize,
+        r: &Spanned<RawRoute>,
+        action: &super::RouteAction,
+    ) -> Result<RouteRules, ConfigError> {
+        let rr = r.get_ref();
+        let key = format!("route[{i}]");
+        let mut out = RouteRules::default();
+        if let Some(h) = &rr.headers {
+            out.headers = self.header_edits(&format!("{key}.headers"), h)?;
+        }
+        if let Some(h) = &rr.request_headers {
+            if !matches!(action, super::RouteAction::Proxy(_)) {
+                return Err(self.err(
+                    Some(h.span()),
+                    format!("{key}.request_headers"),
+                    "`request_headers` is for proxy routes (with `upstreams`)",
+                ));
+            }
+            out.request_headers = self.header_edits(&format!("{key}.request_headers"), h)?;
+        }
+        if let Some(a) = &rr.autoindex {
+            if *a.get_ref() && !matches!(action, super::RouteAction::Static(_)) {
+                return Err(self.err(
+                    Some(a.span()),
+                    format!("{key}.autoindex"),
+                    "`autoindex` is for static routes (with `root`)",
+                ));
+            }
+            out.autoindex = *a.get_ref();
+        }
+        if let Some(c) = &rr.charset {
+            out.charset = Some(self.charset(&format!("{key}.charset"), c)?);
+        }
+        if let Some(t) = &rr.try_files {
+            if !matches!(action, super::RouteAction::Static(_)) {
+                return Err(self.err(
+                    Some(t.span()),
+                    format!("{key}.try_files"),
+                    "`try_files` is for static routes (with `root`)",
+                ));
+            }
+            let bad = |c: &String| !c.starts_with('/') && !c.starts_with("{path}");
+            if t.get_ref().is_empty() || t.get_ref().iter().any(bad) {
+                return Err(self.err(
+                    Some(t.span()),
+                    format!("{key}.try_files"),
+                    "list paths that start with `/` or `{path}`, e.g. [\"{path}\", \"{path}/index.html\", \"/index.html\"]",
+                ));
+            }
+            out.try_files = t.get_ref().clone();
+        }
+        if let Some(e) = &rr.expires {
+            if !matches!(action, super::RouteAction::Static(_)) {
+                return Err(self.err(
+                    Some(e.span()),
+                    format!("{key}.expires"),
+                    "`expires` is for static routes (with `root`)",
+                ));
+            }
+            for (t, d) in e.get_ref() {
+                let ok = t == "*"
+                    || t.split_once('/').is_some_and(|(a, b)| {
+                        !a.is_empty() && !b.is_empty() && !a.contains('*') && !t.contains(';')
+                    });
+                if !ok {
+                    return Err(self.err(
+                        Some(e.span()),
+                        format!("{key}.expires"),
+                        format!("`{t}` is not a content type (`text/css`, `image/*` or `*`)"),
+                    ));
+                }
+                out.expires.push((t.to_ascii_lowercase(), d.0));
+            }
+            // exact types, then `type/*`, then `*`
+            out.expires
+                .sort_by_key(|(t, _)| (t == "*", t.ends_with("/*")));
+        }
+        Ok(out)
+    }
+
+    fn site_certificate(
+        &self,
+        key: &str,
+        c: &RawCertificate,
+    ) -> Result<CertificateConfig, ConfigError> {
+        let cert = self.path(c.cert.get_ref());
+        let Some(k) = &c.key else {
+            return Err(self.err(
+                Some(c.cert.span()),
+                format!("{key}.key"),
+                "missing: a site's certificate needs its key file",
+            ));
+        };
+        let keyp = self.path(k.get_ref());
+        if let Err(e) = qweb_tls::load_certified_key(&cert, &keyp, &qweb_tls::provider()) {
+            let (span, which) = match &e {
+                qweb_tls::TlsError::Key { .. } => (k.span(), "key"),
+                qweb_tls::TlsError::Read { path, .. } | qweb_tls::TlsError::Pem { path, .. }
+                    if *path == keyp =>
+                {
+                    (k.span(), "key")
+                }
+                _ => (c.cert.span(), "cert"),
+            };
+            return Err(self.err(Some(span), format!("{key}.{which}"), e.to_string()));
+        }
+        Ok(CertificateConfig {
+            cert,
+            key: Some(keyp),
+        })
+    }
+
+    fn add_site_certificates(
+        &self,
+        raw: &RawConfig,
+        sites: &SitesConfig,
+        listeners: &mut [ListenerConfig],
+    ) -> Result<(), ConfigError> {
+        let order = sites
+            .default
+            .into_iter()
+            .chain((0..sites.sites.len()).filter(|i| Some(*i) != sites.default));
+        let mut all: Vec<&CertificateConfig> = Vec::new();
+        let mut first_with: Option<usize> = None;
+        for s in order {
+            for c in &sites.sites[s].certificates {
+                first_with.get_or_insert(s);
+                if !all.iter().any(|o| o.cert == c.cert) {
+                    all.push(c);
+                }
+            }
+        }
+        if all.is_empty() {
+            return Ok(());
+        }
+        for (i, l) in listeners.iter_mut().enumerate() {
+            match &mut l.tls {
+                Some(TlsConfig::Certificates(list)) => {
+                    for c in &all {
+                        if !list.iter().any(|o| o.cert == c.cert) {
+                            list.push((*c).clone());
+                        }
+                    }
+                }
+                Some(TlsConfig::SelfSigned) => {
+                    let s = first_with.unwrap_or(0);
+                    let span = raw
+                        .sites
+                        .get(s)
+                        .and_then(|site| site.get_ref().certificates.first())
+                        .map(|c| c.cert.span());
+                    return Err(self.err(
+                        span,
+                        format!("site[{s}].certificates"),
+                        format!(
+                            "listener[{i}] uses `self_signed = true`; sites' certificates need TLS listeners with `certificates` (an empty list takes the sites')"
+                        ),
+                    ));
+                }
+                None => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::server_name;
+    use crate::config::Config;
+
+    fn parse(text: &str) -> Result<Config, String> {
+        let dir = std::env::temp_dir();
+        let text = text.replace("{dir}", &dir.display().to_string());
+        Config::from_str_at(&text, Some(&dir.join("test.toml"))).map_err(|e| e.to_string())
+    }
+
+    const SITE: &str = "[[site.route]]\nprefix = \"/\"\nroot = \"{dir}\"\n";
+
+    #[test]
+    fn two_sites_claiming_one_name_are_refused_naming_both_keys() {
+        let text = format!(
+            "[[site]]\nserver_names = [\"a.test\", \"b.test\"]\n{SITE}\
+             [[site]]\nserver_names = [\"B.Test.\"]\n{SITE}"
+        );
+        let e = parse(&text).unwrap_err();
+        assert!(e.contains("key `site[1].server_names[0]`"), "{e}");
+        assert!(
+            e.contains("already claimed by site[0].server_names[1]"),
+            "{e}"
+        );
+        assert!(e.contains("test.toml:7:"), "{e}");
+        // a wildcard and an exact name under it are different names
+        let ok = format!(
+            "[[site]]\nserver_names = [\"*.a.test\"]\n{SITE}\
+             [[site]]\nserver_names = [\"x.a.test\"]\n{SITE}"
+        );
+        parse(&ok).unwrap();
+    }
+
+    #[test]
+    fn site_keys_are_validated() {
+        let e = parse(&format!(
+            "[[site]]\nserver_names = [\"a.test:443\"]\n{SITE}"
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("key `site[0].server_names[0]`") && e.contains("no port"),
+            "{e}"
+        );
+        let e = parse(&format!("[[site]]\n{SITE}")).unwrap_err();
+        assert!(e.contains("key `site[0].server_names`"), "{e}");
+        let e = parse("[[site]]\nserver_names = [\"a.test\"]\n").unwrap_err();
+        assert!(e.contains("key `site[0].route`"), "{e}");
+        let e = parse(
+            "[[site]]\nserver_names = [\"a.test\"]\n[[site.route]]\nprefix = \"x\"\nroot = \"{dir}\"\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("key `site[0].route[0].prefix`"), "{e}");
+        let e = parse(&format!(
+            "[[site]]\ndefault = true\n{SITE}[[site]]\ndefault = true\n{SITE}"
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("key `site[1].default`") && e.contains("site[0].default"),
+            "{e}"
+        );
+        let e = parse(&format!(
+            "[[route]]\nprefix = \"/\"\nroot = \"{{dir}}\"\n[[site]]\ndefault = true\n{SITE}"
+        ))
+        .unwrap_err();
+        assert!(e.contains("key `site[0].default`"), "{e}");
+        let e = parse(&format!(
+            "[[site]]\nserver_names = [\"a.test\"]\ncertificates = [{{ cert = \"/nonexistent.crt\", key = \"/nonexistent.key\" }}]\n{SITE}"
+        ))
+        .unwrap_err();
+        assert!(e.contains("key `site[0].certificates[0].cert`"), "{e}");
+    }
+
+    #[test]
+    fn default_site_is_the_top_level_routes_else_the_first() {
+        let two = format!(
+            "[[site]]\nserver_names = [\"a.test\"]\n{SITE}[[site]]\nserver_names = [\"b.test\"]\n{SITE}"
+        );
+        assert_eq!(parse(&two).unwrap().sites.default, Some(0));
+        let with_top = format!("[[route]]\nprefix = \"/\"\nroot = \"{{dir}}\"\n{two}");
+        assert_eq!(parse(&with_top).unwrap().sites.default, None);
+        let chosen = format!(
+            "[[site]]\nserver_names = [\"a.test\"]\n{SITE}[[site]]\nserver_names = [\"b.test\"]\ndefault = true\n{SITE}"
+        );
+        assert_eq!(parse(&chosen).unwrap().sites.default, Some(1));
+    }
+
+    #[test]
+    fn names_are_checked_and_lowered() {
+        assert_eq!(server_name("Example.COM.").unwrap(), "example.com");
+        assert_eq!(server_name("*.example.com").unwrap(), "*.example.com");
+        for bad in [
+            "",
+            "*",
+            "*.com",
+            "a.*.com",
+            "example.com:443",
+            "exa mple.com",
+            "-a.com",
+            "a..com",
+            "café.com",
+            "a/b",
+        ] {
+            assert!(server_name(bad).is_err(), "{bad:?} passed");
+        }
+        assert!(server_name(&"a".repeat(64)).is_err());
+    }
+}

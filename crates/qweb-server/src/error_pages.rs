@@ -1,0 +1,84 @@
+//! `error_pages`: an error response's body replaced by a page from one of the site's static
+//! routes, keeping the original status (and the original's headers that are not about the
+//! body, such as `Allow` or `Retry-After`).
+
+use http::{header, HeaderMap, Method, Response};
+
+use crate::body::Body;
+use crate::config::ErrorPages;
+use crate::worker::{Handler, Route};
+
+/// Headers of the page that describe the file rather than the error.
+const PAGE_ONLY: [header::HeaderName; 4] = [
+    header::ETAG,
+    header::LAST_MODIFIED,
+    header::ACCEPT_RANGES,
+    header::CACHE_CONTROL,
+];
+
+/// `resp` with its body replaced by the configured page, when there is one for its status
+/// and a static route of `routes` serves it (200); else `resp` unchanged.
+pub(crate) fn apply(
+    pages: &ErrorPages,
+    routes: &[Route],
+    method: &Method,
+    resp: Response<Body>,
+) -> Response<Body> {
+    let status = resp.status();
+    if pages.pages.is_empty() || !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let Some(page) = pages.page(status.as_u16()) else {
+        return resp;
+    };
+    let Some(route) = routes
+        .iter()
+        .find(|r| crate::service::covers(&r.prefix, page))
+    else {
+        return resp;
+    };
+    let Handler::Static(files) = &route.handler else {
+        return resp;
+    };
+    let (mount, sub) = if route.strip_prefix && route.prefix != "/" {
+        match &page[route.prefix.len()..] {
+            "" => (route.prefix.as_str(), "/"),
+            rest => (route.prefix.as_str(), rest),
+        }
+    } else {
+        ("", page)
+    };
+    let m = if method == Method::HEAD {
+        Method::HEAD
+    } else {
+        Method::GET
+    };
+    let served = files.serve(&m, &HeaderMap::new(), mount, sub, None);
+    if served.status() != http::StatusCode::OK {
+        tracing::debug!(
+            page,
+            status = served.status().as_u16(),
+            "error page not served"
+        );
+        return resp;
+    }
+    let (mut parts, body) = served.into_parts();
+    parts.status = status;
+    for h in &PAGE_ONLY {
+        parts.headers.remove(h);
+    }
+    let (orig, _) = resp.into_parts();
+    for name in orig.headers.keys() {
+        if !parts.headers.contains_key(name)
+            && *name != header::CONTENT_LENGTH
+            && *name != header::CONTENT_ENCODING
+            && *name != header::TRANSFER_ENCODING
+            && *name != header::CONTENT_RANGE
+        {
+            for v in orig.headers.get_all(name) {
+                parts.headers.append(name.clone(), v.clone());
+            }
+        }
+    }
+    Response::from_parts(parts, body)
+}

@@ -1,0 +1,254 @@
+//! The README's "Recipes": each config block is read from README.md, given test addresses,
+//! folders and certificates, loaded, started, and exercised over real TLS with SNI.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use qweb_server::{Config, RunningServer, Server};
+
+/// The ```toml blocks of the README's "## Recipes" section, in order.
+fn recipes() -> Vec<String> {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
+            .unwrap();
+    let start = readme.find("\n## Recipes\n").expect("a Recipes section");
+    let section = &readme[start + 1..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+    let mut out = Vec::new();
+    let mut rest = section;
+    while let Some(i) = rest.find("```toml\n") {
+        let body = &rest[i + 8..];
+        let end = body.find("```").unwrap();
+        out.push(body[..end].to_owned());
+        rest = &body[end..][3..];
+    }
+    out
+}
+
+fn cert(dir: &Path, name: &str, names: &[&str]) {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let c = rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    std::fs::write(dir.join(format!("{name}.crt")), c.pem()).unwrap();
+    std::fs::write(dir.join(format!("{name}.key")), key.serialize_pem()).unwrap();
+}
+
+struct Recipe {
+    server: Option<RunningServer>,
+    addrs: Vec<SocketAddr>,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Recipe {
+    fn drop(&mut self) {
+        if let Some(s) = self.server.take() {
+            std::thread::spawn(move || s.shutdown());
+        }
+    }
+}
+
+/// Starts recipe `text` with its addresses on 127.0.0.1:0, `/srv` and `/etc/qweb` in a
+/// temporary folder (with the files the tests fetch), and `upstream` for 127.0.0.1:3000.
+fn start(text: &str, upstream: Option<SocketAddr>) -> Recipe {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("etc")).unwrap();
+    cert(
+        &d.join("etc"),
+        "example.com",
+        &["example.com", "www.example.com"],
+    );
+    cert(
+        &d.join("etc"),
+        "example.org",
+        &["example.org", "*.example.org"],
+    );
+    for (path, body) in [
+        ("www/index.html", "www index"),
+        ("www/assets/app.css", "p{}"),
+        ("www/assets/logo.png", "png"),
+        ("www/assets/data.bin", "bin"),
+        ("app/dist/index.html", "spa shell"),
+        ("app/dist/app.js", "js"),
+        ("app/dist/50x.html", "down"),
+        ("example.com/index.html", "example.com site"),
+        ("example.org/index.html", "example.org site"),
+    ] {
+        let p = d.join("srv").join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, body).unwrap();
+    }
+    let mut text = text
+        .replace("0.0.0.0:443", "127.0.0.1:0")
+        .replace("0.0.0.0:80", "127.0.0.1:0")
+        .replace("/srv/", &format!("{}/srv/", d.display()))
+        .replace("/etc/qweb/", &format!("{}/etc/", d.display()));
+    if let Some(u) = upstream {
+        text = text.replace("127.0.0.1:3000", &u.to_string());
+    }
+    let text = format!("workers = 1\nstate_dir = \"{}/state\"\n{text}", d.display());
+    let config = Config::from_str_at(&text, None).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let server = Server::start(config).unwrap();
+    Recipe {
+        addrs: server.local_addrs().to_vec(),
+        server: Some(server),
+        dir,
+    }
+}
+
+/// A client trusting both test certificates, resolving the example names to `addr`.
+fn client(r: &Recipe, addr: SocketAddr) -> reqwest::Client {
+    common::install_provider();
+    let mut roots = rustls::RootCertStore::empty();
+    for f in ["example.com.crt", "example.org.crt"] {
+        for c in qweb_tls::load_certs(&r.dir.path().join("etc").join(f)).unwrap() {
+            roots.add(c).unwrap();
+        }
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let mut b = reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .redirect(reqwest::redirect::Policy::none());
+    for n in [
+        "example.com",
+        "www.example.com",
+        "example.org",
+        "blog.example.org",
+    ] {
+        b = b.resolve(n, addr);
+    }
+    b.build().unwrap()
+}
+
+fn header(r: &reqwest::Response, name: &str) -> String {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default()
+}
+
+#[test]
+fn readme_has_five_recipes() {
+    assert_eq!(recipes().len(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recipe_1_static_site_with_https_redirect_and_hsts() {
+    let r = start(&recipes()[0], None);
+    let port = r.addrs[0].port();
+    let c = client(&r, r.addrs[0]);
+    let resp = c
+        .get(format!("https://example.com:{port}/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        header(&resp, "strict-transport-security"),
+        "max-age=63072000; includeSubDomains"
+    );
+    assert_eq!(resp.text().await.unwrap(), "www index");
+    let resp = common::plain_client()
+        .get(format!("http://{}/docs/a?x=1&y=2", r.addrs[1]))
+        .header("host", "example.com")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 308);
+    assert_eq!(
+        header(&resp, "location"),
+        "https://example.com/docs/a?x=1&y=2"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recipe_2_single_page_app() {
+    let r = start(&recipes()[1], None);
+    let port = r.addrs[0].port();
+    let c = client(&r, r.addrs[0]);
+    for (path, want) in [
+        ("/", "spa shell"),
+        ("/users/42", "spa shell"),
+        ("/app.js", "js"),
+    ] {
+        let resp = c
+            .get(format!("https://example.com:{port}{path}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+        assert_eq!(resp.text().await.unwrap(), want, "{path}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recipe_3_reverse_proxy() {
+    let up = common::recorder::start().await;
+    let r = start(&recipes()[2], Some(up.addr));
+    let port = r.addrs[0].port();
+    let c = client(&r, r.addrs[0]);
+    let resp = c
+        .get(format!("https://example.com:{port}/api/items?page=2"))
+        .header("x-env", "dev")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "x-frame-options"), "DENY");
+    let got = up.take();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].target(), "/api/items?page=2");
+    assert_eq!(got[0].header_all("x-env"), ["production"]);
+    assert_eq!(got[0].header("x-forwarded-proto").as_deref(), Some("https"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recipe_4_two_sites_on_one_ip() {
+    let r = start(&recipes()[3], None);
+    let port = r.addrs[0].port();
+    let c = client(&r, r.addrs[0]);
+    for (host, want) in [
+        ("example.com", "example.com site"),
+        ("www.example.com", "example.com site"),
+        ("example.org", "example.org site"),
+        ("blog.example.org", "example.org site"),
+    ] {
+        let resp = c
+            .get(format!("https://{host}:{port}/"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{host}");
+        assert_eq!(resp.text().await.unwrap(), want, "{host}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recipe_5_caching_headers_for_assets() {
+    let r = start(&recipes()[4], None);
+    let port = r.addrs[0].port();
+    let c = client(&r, r.addrs[0]);
+    for (path, want) in [
+        ("/", "no-cache"),
+        ("/assets/app.css", "max-age=31536000"),
+        ("/assets/logo.png", "max-age=2592000"),
+        ("/assets/data.bin", "max-age=3600"),
+    ] {
+        let resp = c
+            .get(format!("https://example.com:{port}{path}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+        assert_eq!(header(&resp, "cache-control"), want, "{path}");
+    }
+}
