@@ -123,6 +123,8 @@ pub(crate) struct ConnState {
     flood: Cell<bool>,
     /// Woken when the deadline may have moved earlier, or the connection must close.
     pub changed: Notify,
+    /// An upgrade the proxy accepted: run once the HTTP/1 exchange is over.
+    pub tunnel: crate::proxy::TunnelSlot,
 }
 
 impl ConnState {
@@ -140,6 +142,7 @@ impl ConnState {
             responses: RefCell::new(Vec::new()),
             flood: Cell::new(false),
             changed: Notify::new(),
+            tunnel: Default::default(),
         }
     }
 

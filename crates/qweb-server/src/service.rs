@@ -41,6 +41,7 @@ impl Service {
         let client = ClientInfo {
             addr: conn.peer,
             tls,
+            conn: conn.clone(),
         };
         Service {
             worker,

@@ -330,6 +330,15 @@ pub struct ProxyConfig {
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Largest upstream response head; larger is a 502.
     pub max_response_header_size: usize,
+    /// HTTP/1.1 `Upgrade` tokens passed through to the upstream (lowercase; default
+    /// `["websocket"]`); other upgrades are stripped.
+    pub upgrade: Vec<String>,
+    /// An upgraded connection with no bytes moving either way for this long is closed.
+    pub upgrade_idle_timeout: Duration,
+    /// Largest request body (413 beyond); `None`: no limit.
+    pub max_body_size: Option<u64>,
+    /// Read the whole request body before sending it, with a `Content-Length`.
+    pub buffer_request_body: bool,
 }
 
 /// One upstream server.

@@ -11,6 +11,9 @@ use super::{ConfigError, ProxyConfig, Upstream, Validator};
 /// Smallest upstream response head limit: hyper's HTTP/1 client cannot buffer less.
 const MIN_RESPONSE_HEADER_SIZE: u64 = 8 * 1024;
 
+/// Largest body `buffer_request_body` may hold in memory.
+const MAX_BUFFERED_BODY: u64 = 1 << 30;
+
 impl Validator<'_> {
     /// The proxy part of route `i` (its `upstreams` are `ups`).
     pub(super) fn proxy_route(
@@ -62,7 +65,52 @@ impl Validator<'_> {
                 "`pass_raw_path` forwards the client's path as sent: it cannot be combined with `strip_prefix`",
             ));
         }
+        let upgrade = self.upgrade_tokens(i, rr)?;
+        let upgrade_idle_timeout = match &rr.upgrade_idle_timeout {
+            None => Duration::from_secs(300),
+            Some(d) if d.get_ref().0.is_zero() => {
+                return Err(self.err(
+                    Some(d.span()),
+                    format!("route[{i}].upgrade_idle_timeout"),
+                    "must be more than 0",
+                ))
+            }
+            Some(d) => d.get_ref().0,
+        };
+        let max_body_size = match &rr.max_body_size {
+            None => None,
+            Some(s) if s.get_ref().0 == 0 => {
+                return Err(self.err(
+                    Some(s.span()),
+                    format!("route[{i}].max_body_size"),
+                    "must be more than 0 (leave it out for no limit)",
+                ))
+            }
+            Some(s) => Some(s.get_ref().0),
+        };
+        let buffer_request_body = rr.buffer_request_body.unwrap_or(false);
+        match max_body_size {
+            None if buffer_request_body => {
+                return Err(self.err(
+                    None,
+                    format!("route[{i}].buffer_request_body"),
+                    "`buffer_request_body` holds the body in memory: set `max_body_size` too",
+                ))
+            }
+            Some(n) if buffer_request_body && n > MAX_BUFFERED_BODY => {
+                return Err(self.err(
+                    rr.max_body_size.as_ref().map(|s| s.span()),
+                    format!("route[{i}].max_body_size"),
+                    "with `buffer_request_body`, at most 1GiB",
+                ))
+            }
+            _ => {}
+        }
         Ok(ProxyConfig {
+            upgrade,
+            upgrade_idle_timeout,
+            max_body_size,
+            buffer_request_body,
             upstreams,
             connect_timeout: rr
                 .connect_timeout
@@ -98,6 +146,10 @@ impl Validator<'_> {
                 "max_response_header_size",
                 rr.max_response_header_size.is_some(),
             ),
+            ("upgrade", rr.upgrade.is_some()),
+            ("upgrade_idle_timeout", rr.upgrade_idle_timeout.is_some()),
+            ("max_body_size", rr.max_body_size.is_some()),
+            ("buffer_request_body", rr.buffer_request_body.is_some()),
         ];
         match set.iter().find(|(_, on)| *on) {
             Some((key, _)) => Err(self.err(
@@ -107,6 +159,44 @@ impl Validator<'_> {
             )),
             None => Ok(()),
         }
+    }
+}
+
+impl Validator<'_> {
+    /// `upgrade = ["websocket", ...]`: protocol tokens (RFC 9110 §7.8), lowercased; `h2c` is
+    /// refused (an h2c upgrade through a proxy reaches the upstream's HTTP/2 side without the
+    /// proxy's request checks: request smuggling).
+    fn upgrade_tokens(&self, i: usize, rr: &RawRoute) -> Result<Vec<String>, ConfigError> {
+        let Some(list) = &rr.upgrade else {
+            return Ok(vec!["websocket".to_owned()]);
+        };
+        let mut out = Vec::new();
+        for (j, t) in list.get_ref().iter().enumerate() {
+            let key = format!("route[{i}].upgrade[{j}]");
+            let v = t.get_ref().trim();
+            let name = v.split('/').next().unwrap_or("");
+            let token = |s: &str| {
+                !s.is_empty()
+                    && s.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+            };
+            if !v.split('/').all(token) || v.split('/').count() > 2 {
+                return Err(self.err(
+                    Some(t.span()),
+                    key,
+                    format!("`{v}` is not a protocol token (e.g. \"websocket\")"),
+                ));
+            }
+            if name.eq_ignore_ascii_case("h2c") {
+                return Err(self.err(
+                    Some(t.span()),
+                    key,
+                    "`h2c` upgrades are never passed (they smuggle requests past the proxy)",
+                ));
+            }
+            out.push(v.to_ascii_lowercase());
+        }
+        Ok(out)
     }
 }
 
@@ -142,4 +232,66 @@ pub(super) fn parse_upstream(s: &str) -> Result<Upstream, String> {
         name: hostport.to_owned(),
         addr,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::{Config, ProxyConfig, RouteAction};
+
+    fn route(keys: &str) -> Result<ProxyConfig, String> {
+        let text = format!("[[route]]\nprefix = \"/api\"\nupstreams = [\"127.0.0.1:9\"]\n{keys}\n");
+        let c = Config::from_str_at(&text, Some(Path::new("/etc/qweb/test.toml")))
+            .map_err(|e| e.to_string())?;
+        match &c.routes.iter().find(|r| r.prefix == "/api").unwrap().action {
+            RouteAction::Proxy(p) => Ok(p.clone()),
+            RouteAction::Static(_) => panic!("not a proxy route"),
+        }
+    }
+
+    #[test]
+    fn upgrade_and_body_defaults() {
+        let p = route("").unwrap();
+        assert_eq!(p.upgrade, vec!["websocket".to_owned()]);
+        assert_eq!(p.upgrade_idle_timeout, std::time::Duration::from_secs(300));
+        assert_eq!(p.max_body_size, None);
+        assert!(!p.buffer_request_body);
+        let p = route(
+            "upgrade = [\"WebSocket\", \"foo/2\"]\nupgrade_idle_timeout = \"30s\"\n\
+             max_body_size = \"1MiB\"\nbuffer_request_body = true",
+        )
+        .unwrap();
+        assert_eq!(p.upgrade, vec!["websocket".to_owned(), "foo/2".to_owned()]);
+        assert_eq!(p.upgrade_idle_timeout, std::time::Duration::from_secs(30));
+        assert_eq!(p.max_body_size, Some(1 << 20));
+        assert!(p.buffer_request_body);
+        assert!(route("upgrade = []").unwrap().upgrade.is_empty());
+    }
+
+    #[test]
+    fn upgrade_and_body_errors_name_the_key() {
+        let e = route("upgrade = [\"websocket\", \"h2c\"]").unwrap_err();
+        assert!(
+            e.contains(":4:") && e.contains("key `route[0].upgrade[1]`"),
+            "{e}"
+        );
+        assert!(e.contains("smuggle"), "{e}");
+        let e = route("upgrade = [\"web socket\"]").unwrap_err();
+        assert!(e.contains("key `route[0].upgrade[0]`"), "{e}");
+        let e = route("upgrade_idle_timeout = \"0s\"").unwrap_err();
+        assert!(e.contains("key `route[0].upgrade_idle_timeout`"), "{e}");
+        let e = route("max_body_size = 0").unwrap_err();
+        assert!(
+            e.contains(":4:") && e.contains("key `route[0].max_body_size`"),
+            "{e}"
+        );
+        let e = route("buffer_request_body = true").unwrap_err();
+        assert!(e.contains("key `route[0].buffer_request_body`"), "{e}");
+        let e = route("buffer_request_body = true\nmax_body_size = \"2GiB\"").unwrap_err();
+        assert!(e.contains("key `route[0].max_body_size`"), "{e}");
+        let text = "[[route]]\nprefix = \"/\"\nroot = \"/tmp\"\nmax_body_size = \"1MiB\"\n";
+        let e = Config::from_str_at(text, None).unwrap_err().to_string();
+        assert!(e.contains("key `route[0].max_body_size`"), "{e}");
+    }
 }

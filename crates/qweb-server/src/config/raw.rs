@@ -167,4 +167,8 @@ pub(crate) struct RawRoute {
     pub underscores_in_headers: Option<bool>,
     pub trusted_proxies: Option<Vec<Spanned<String>>>,
     pub max_response_header_size: Option<Spanned<Size>>,
+    pub upgrade: Option<Spanned<Vec<Spanned<String>>>>,
+    pub upgrade_idle_timeout: Option<Spanned<Dur>>,
+    pub max_body_size: Option<Spanned<Size>>,
+    pub buffer_request_body: Option<bool>,
 }

@@ -21,6 +21,7 @@
 mod body;
 mod headers;
 mod pool;
+mod upgrade;
 
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -41,6 +42,7 @@ use body::{ClientBody, ClientBodyError, Progress, UpstreamBody};
 pub(crate) use headers::strip_hop_by_hop;
 use headers::Forwarding;
 use pool::{Pool, SharedSocket, UpstreamConn};
+pub(crate) use upgrade::{run as run_tunnel, TunnelSlot};
 
 /// One proxy route on one worker.
 pub(crate) struct Proxy {
@@ -53,6 +55,8 @@ pub(crate) struct Proxy {
 pub(crate) struct ClientInfo {
     pub addr: SocketAddr,
     pub tls: bool,
+    /// The client connection (an accepted upgrade leaves its tunnel there).
+    pub conn: Rc<crate::conn_state::ConnState>,
 }
 
 /// What the client asked for, after the request rules and path normalisation.
@@ -112,13 +116,27 @@ impl Proxy {
         client: &ClientInfo,
     ) -> Response<Body> {
         let head = req.method() == Method::HEAD;
+        if let Some(r) = self.body_too_large(&req) {
+            return r;
+        }
+        let upgrade = if req.version() == Version::HTTP_11 {
+            upgrade::requested(req.headers()).filter(|t| upgrade::allowed(t, &self.cfg.upgrade))
+        } else {
+            None
+        };
+        if let Some(token) = upgrade {
+            return self.upgrade(req, token, target, client).await;
+        }
+        let req = match self.buffer_body(req).await {
+            Ok(r) => r,
+            Err(r) => return r,
+        };
         let (mut req, progress) = match upstream_request(req, target, client, &self.cfg) {
             Ok(r) => r,
             Err(code) => return response::status(code),
         };
         let n = self.cfg.upstreams.len();
-        let mut idx = self.next.get() % n;
-        self.next.set((idx + 1) % n);
+        let mut idx = self.pick();
         let mut tries = 0;
         let mut last = Failure::new(StatusCode::BAD_GATEWAY, Retry::No);
         while tries < n {
@@ -127,7 +145,9 @@ impl Proxy {
                 Err(f) => Err((f, Some(req))),
             };
             match attempt {
-                Ok(answer) => return self.respond(answer, idx, head, progress),
+                Ok(answer) => {
+                    return self.respond(answer.resp, Some(answer.conn), idx, head, progress)
+                }
                 Err((failure, unsent)) => {
                     let retry = failure.retry;
                     last = failure;
@@ -146,13 +166,21 @@ impl Proxy {
         let mut r = response::status(last.status);
         if matches!(
             last.status,
-            StatusCode::BAD_REQUEST | StatusCode::REQUEST_TIMEOUT
+            StatusCode::BAD_REQUEST | StatusCode::REQUEST_TIMEOUT | StatusCode::PAYLOAD_TOO_LARGE
         ) {
             // the client's body framing is broken or abandoned: do not read on
             r.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         r
+    }
+
+    /// The upstream to try first (round-robin).
+    fn pick(&self) -> usize {
+        let n = self.cfg.upstreams.len();
+        let idx = self.next.get() % n;
+        self.next.set((idx + 1) % n);
+        idx
     }
 
     /// An idle pooled connection to upstream `idx` (`true`: reused), or a new one.
@@ -163,7 +191,9 @@ impl Proxy {
         self.connect(idx).await.map(|c| (c, false))
     }
 
-    async fn connect(&self, idx: usize) -> Result<UpstreamConn, Failure> {
+    /// A TCP connection to upstream `idx` (`TCP_NODELAY` set: requests and small writes of a
+    /// streamed body go out at once, whatever the upstream's own Nagle does).
+    async fn dial(&self, idx: usize) -> Result<TcpStream, Failure> {
         let up = &self.cfg.upstreams[idx];
         let tcp = match tokio::time::timeout(self.cfg.connect_timeout, TcpStream::connect(up.addr))
             .await
@@ -182,7 +212,12 @@ impl Proxy {
             Ok(Ok(t)) => t,
         };
         let _ = tcp.set_nodelay(true);
-        let socket = Rc::new(tcp);
+        Ok(tcp)
+    }
+
+    async fn connect(&self, idx: usize) -> Result<UpstreamConn, Failure> {
+        let up = &self.cfg.upstreams[idx];
+        let socket = Rc::new(self.dial(idx).await?);
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
             .max_buf_size(self.cfg.max_response_header_size)
             .handshake::<_, ClientBody>(TokioIo::new(SharedSocket(socket.clone())))
@@ -246,10 +281,7 @@ impl Proxy {
             Err(mut e) => {
                 let unsent = e.take_message();
                 if let Some(client) = progress.client_error.get() {
-                    let status = match client {
-                        ClientBodyError::Malformed => StatusCode::BAD_REQUEST,
-                        ClientBodyError::Timeout => StatusCode::REQUEST_TIMEOUT,
-                    };
+                    let status = client_status(client);
                     tracing::debug!(upstream = %name, "client request body failed: {}", e.error());
                     return Err((Failure::new(status, Retry::No), None));
                 }
@@ -269,12 +301,13 @@ impl Proxy {
     /// Checks and rewrites the response head; wraps the body.
     fn respond(
         self: &Rc<Self>,
-        answer: Answer,
+        resp: Response<Incoming>,
+        conn: Option<UpstreamConn>,
         idx: usize,
         head: bool,
         request: Rc<Progress>,
     ) -> Response<Body> {
-        let (mut parts, body) = answer.resp.into_parts();
+        let (mut parts, body) = resp.into_parts();
         if parts.status == StatusCode::SWITCHING_PROTOCOLS {
             // qweb never asks for an upgrade (it strips Upgrade): a 101 is a broken upstream
             tracing::warn!(upstream = %self.cfg.upstreams[idx].name, "upstream switched protocols unasked");
@@ -284,7 +317,7 @@ impl Proxy {
         parts.version = Version::HTTP_11;
         let body = UpstreamBody {
             inner: body,
-            conn: Some(answer.conn),
+            conn,
             proxy: self.clone(),
             idx,
             request,
@@ -301,7 +334,7 @@ impl Proxy {
 /// progress; a body of unknown length is sent chunked whatever the method (hyper would
 /// otherwise send a GET's body as empty).
 fn upstream_request(
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     target: &Target<'_>,
     client: &ClientInfo,
     cfg: &ProxyConfig,
@@ -315,8 +348,12 @@ fn upstream_request(
     // hyper names the upstream by address when the config gave no name
     let name = cfg.upstreams.first().map(|u| u.name.as_str()).unwrap_or("");
     headers::rewrite_request(&mut parts.headers, cfg, &from, name);
-    let unknown_length = !http_body::Body::is_end_stream(&body)
-        && http_body::Body::size_hint(&body).exact().is_none();
+    let unknown_length = match &body {
+        RequestBody::Stream(b) => {
+            !http_body::Body::is_end_stream(b) && http_body::Body::size_hint(b).exact().is_none()
+        }
+        RequestBody::Whole(_) => false,
+    };
     if unknown_length {
         parts.headers.remove(header::CONTENT_LENGTH);
         parts.headers.insert(
@@ -326,11 +363,83 @@ fn upstream_request(
     }
     parts.uri = Uri::try_from(target.path_and_query).map_err(|_| StatusCode::BAD_REQUEST)?;
     parts.version = Version::HTTP_11;
-    let (body, progress) = ClientBody::new(body, cfg.client_body_timeout);
+    let (body, progress) = match body {
+        RequestBody::Stream(b) => ClientBody::new(b, cfg.client_body_timeout, cfg.max_body_size),
+        RequestBody::Whole(b) => {
+            parts.headers.remove(header::TRANSFER_ENCODING);
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(b.len()));
+            ClientBody::buffered(b)
+        }
+    };
     Ok((Request::from_parts(parts, body), progress))
 }
 
+/// The client's request body, streamed or read whole beforehand.
+enum RequestBody {
+    Stream(Incoming),
+    Whole(bytes::Bytes),
+}
+
+/// The status for a client body that failed.
+fn client_status(e: ClientBodyError) -> StatusCode {
+    match e {
+        ClientBodyError::Malformed => StatusCode::BAD_REQUEST,
+        ClientBodyError::Timeout => StatusCode::REQUEST_TIMEOUT,
+        ClientBodyError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+    }
+}
+
+/// A refusal of the client's request that also ends its HTTP/1 connection (the rest of the
+/// request body is not read).
+fn refuse_closing(status: StatusCode, version: Version) -> Response<Body> {
+    let mut r = response::status(status);
+    if version <= Version::HTTP_11 {
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    r
+}
+
 impl Proxy {
+    /// 413 when the request's `Content-Length` is over `max_body_size`, before anything is
+    /// read or sent upstream.
+    fn body_too_large(&self, req: &Request<Incoming>) -> Option<Response<Body>> {
+        let limit = self.cfg.max_body_size?;
+        let declared = http_body::Body::size_hint(req.body()).exact().or_else(|| {
+            req.headers()
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        });
+        if declared.is_some_and(|n| n > limit) {
+            tracing::debug!("request body over max_body_size: {declared:?} > {limit}");
+            return Some(refuse_closing(StatusCode::PAYLOAD_TOO_LARGE, req.version()));
+        }
+        None
+    }
+
+    /// With `buffer_request_body`, the whole body read before an upstream is chosen.
+    async fn buffer_body(
+        &self,
+        req: Request<Incoming>,
+    ) -> Result<Request<RequestBody>, Response<Body>> {
+        let (parts, body) = req.into_parts();
+        let limit = match self.cfg.max_body_size {
+            Some(limit)
+                if self.cfg.buffer_request_body && !http_body::Body::is_end_stream(&body) =>
+            {
+                limit
+            }
+            _ => return Ok(Request::from_parts(parts, RequestBody::Stream(body))),
+        };
+        match body::read_whole(body, limit, self.cfg.client_body_timeout).await {
+            Ok(b) => Ok(Request::from_parts(parts, RequestBody::Whole(b))),
+            Err(e) => Err(refuse_closing(client_status(e), parts.version)),
+        }
+    }
+
     /// The route forwards the client's path as sent (`pass_raw_path`).
     pub(crate) fn pass_raw_path(&self) -> bool {
         self.cfg.pass_raw_path
