@@ -314,6 +314,9 @@ impl Proxy {
             return response::status(StatusCode::BAD_GATEWAY);
         }
         strip_hop_by_hop(&mut parts.headers);
+        if unbuffered(&mut parts.headers) {
+            parts.extensions.insert(Unbuffered);
+        }
         parts.version = Version::HTTP_11;
         let body = UpstreamBody {
             inner: body,
@@ -374,6 +377,26 @@ fn upstream_request(
         }
     };
     Ok((Request::from_parts(parts, body), progress))
+}
+
+/// Marks a proxied response that must reach the client as the upstream writes it (an event
+/// stream, or `X-Accel-Buffering: no`): compression, when it applies, flushes at every pause
+/// of the upstream instead of waiting for `flush_interval`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Unbuffered;
+
+/// A response of type `text/event-stream` or with `X-Accel-Buffering: no` (the header is
+/// for qweb, as for nginx: removed).
+fn unbuffered(h: &mut http::HeaderMap) -> bool {
+    let accel = h
+        .remove("x-accel-buffering")
+        .is_some_and(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"no"));
+    let events = h
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"));
+    accel || events
 }
 
 /// The client's request body, streamed or read whole beforehand.
