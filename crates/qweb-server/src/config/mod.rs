@@ -339,6 +339,11 @@ pub struct ProxyConfig {
     pub max_body_size: Option<u64>,
     /// Read the whole request body before sending it, with a `Content-Length`.
     pub buffer_request_body: bool,
+    /// TLS to the `https://` upstreams (roots, client certificate), when there are any.
+    pub upstream_tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    /// The name `https://` upstreams are verified against (and sent as SNI) instead of the
+    /// URL's host (`upstream_server_name`).
+    pub upstream_server_name: Option<String>,
 }
 
 /// One upstream server.
@@ -348,6 +353,10 @@ pub struct Upstream {
     pub name: String,
     /// Resolved when the configuration is loaded.
     pub addr: SocketAddr,
+    /// `https://`: TLS to the upstream.
+    pub tls: bool,
+    /// The URL's host (the TLS server name unless `upstream_server_name` says otherwise).
+    pub host: String,
 }
 
 impl Config {

@@ -1,6 +1,7 @@
 //! The keys of a proxy route (`[[route]]` with `upstreams`), validated.
 
 use std::net::ToSocketAddrs;
+use std::sync::Arc;
 use std::time::Duration;
 
 use toml::Spanned;
@@ -106,7 +107,13 @@ impl Validator<'_> {
             }
             _ => {}
         }
+        let upstream_tls = self.upstream_tls(i, rr, upstreams.iter().any(|u| u.tls))?;
         Ok(ProxyConfig {
+            upstream_tls,
+            upstream_server_name: rr
+                .upstream_server_name
+                .as_ref()
+                .map(|s| s.get_ref().clone()),
             upgrade,
             upgrade_idle_timeout,
             max_body_size,
@@ -150,6 +157,10 @@ impl Validator<'_> {
             ("upgrade_idle_timeout", rr.upgrade_idle_timeout.is_some()),
             ("max_body_size", rr.max_body_size.is_some()),
             ("buffer_request_body", rr.buffer_request_body.is_some()),
+            ("upstream_ca", rr.upstream_ca.is_some()),
+            ("upstream_server_name", rr.upstream_server_name.is_some()),
+            ("upstream_client_cert", rr.upstream_client_cert.is_some()),
+            ("upstream_client_key", rr.upstream_client_key.is_some()),
         ];
         match set.iter().find(|(_, on)| *on) {
             Some((key, _)) => Err(self.err(
@@ -163,6 +174,127 @@ impl Validator<'_> {
 }
 
 impl Validator<'_> {
+    /// The TLS client configuration for a route's `https://` upstreams: `upstream_ca` (PEM)
+    /// or the system's roots, the client certificate of `upstream_client_cert` and
+    /// `upstream_client_key` (mTLS), `upstream_server_name` checked. `None` without `https://`
+    /// upstreams (the keys are then refused).
+    fn upstream_tls(
+        &self,
+        i: usize,
+        rr: &RawRoute,
+        any_tls: bool,
+    ) -> Result<Option<Arc<rustls::ClientConfig>>, ConfigError> {
+        if !any_tls {
+            let set = [
+                ("upstream_ca", rr.upstream_ca.as_ref().map(|s| s.span())),
+                (
+                    "upstream_server_name",
+                    rr.upstream_server_name.as_ref().map(|s| s.span()),
+                ),
+                (
+                    "upstream_client_cert",
+                    rr.upstream_client_cert.as_ref().map(|s| s.span()),
+                ),
+                (
+                    "upstream_client_key",
+                    rr.upstream_client_key.as_ref().map(|s| s.span()),
+                ),
+            ];
+            if let Some((key, span)) = set.into_iter().find(|(_, s)| s.is_some()) {
+                return Err(self.err(
+                    span,
+                    format!("route[{i}].{key}"),
+                    format!("`{key}` is for https:// upstreams; this route has none"),
+                ));
+            }
+            return Ok(None);
+        }
+        if let Some(n) = &rr.upstream_server_name {
+            if rustls::pki_types::ServerName::try_from(n.get_ref().as_str()).is_err() {
+                return Err(self.err(
+                    Some(n.span()),
+                    format!("route[{i}].upstream_server_name"),
+                    format!("`{}` is not a DNS name or IP address", n.get_ref()),
+                ));
+            }
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        match &rr.upstream_ca {
+            Some(ca) => {
+                let key = format!("route[{i}].upstream_ca");
+                let path = self.path(ca.get_ref());
+                let certs = qweb_tls::load_certs(&path)
+                    .map_err(|e| self.err(Some(ca.span()), key.clone(), e.to_string()))?;
+                for c in certs {
+                    roots.add(c).map_err(|e| {
+                        self.err(
+                            Some(ca.span()),
+                            key.clone(),
+                            format!("{}: not a usable CA certificate: {e}", path.display()),
+                        )
+                    })?;
+                }
+            }
+            None => {
+                let found = rustls_native_certs::load_native_certs();
+                let (added, _) = roots.add_parsable_certificates(found.certs);
+                if added == 0 {
+                    return Err(self.err(
+                        None,
+                        format!("route[{i}].upstream_ca"),
+                        "no system CA certificates found for the https:// upstreams: set `upstream_ca`",
+                    ));
+                }
+            }
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| self.err(None, format!("route[{i}].upstreams"), e.to_string()))?
+            .with_root_certificates(roots);
+        let mut cfg = match (&rr.upstream_client_cert, &rr.upstream_client_key) {
+            (None, None) => builder.with_no_client_auth(),
+            (Some(c), Some(k)) => {
+                let certs = qweb_tls::load_certs(&self.path(c.get_ref())).map_err(|e| {
+                    self.err(
+                        Some(c.span()),
+                        format!("route[{i}].upstream_client_cert"),
+                        e.to_string(),
+                    )
+                })?;
+                let key = qweb_tls::load_private_key(&self.path(k.get_ref())).map_err(|e| {
+                    self.err(
+                        Some(k.span()),
+                        format!("route[{i}].upstream_client_key"),
+                        e.to_string(),
+                    )
+                })?;
+                builder.with_client_auth_cert(certs, key).map_err(|e| {
+                    self.err(
+                        Some(k.span()),
+                        format!("route[{i}].upstream_client_key"),
+                        format!("does not match upstream_client_cert: {e}"),
+                    )
+                })?
+            }
+            (Some(c), None) => {
+                return Err(self.err(
+                    Some(c.span()),
+                    format!("route[{i}].upstream_client_key"),
+                    "`upstream_client_cert` needs `upstream_client_key`",
+                ))
+            }
+            (None, Some(k)) => {
+                return Err(self.err(
+                    Some(k.span()),
+                    format!("route[{i}].upstream_client_cert"),
+                    "`upstream_client_key` needs `upstream_client_cert`",
+                ))
+            }
+        };
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Some(Arc::new(cfg)))
+    }
+
     /// `upgrade = ["websocket", ...]`: protocol tokens (RFC 9110 §7.8), lowercased; `h2c` is
     /// refused (an h2c upgrade through a proxy reaches the upstream's HTTP/2 side without the
     /// proxy's request checks: request smuggling).
@@ -210,27 +342,53 @@ fn parse_cidr(s: &str) -> Result<ipnet::IpNet, String> {
         .map_err(|_| format!("`{s}` is not an address or CIDR block (e.g. 10.0.0.0/8)"))
 }
 
-/// `host:port` or `http://host:port`, resolved now.
+/// `host:port`, `http://host:port` or `https://host:port` (default port 443), resolved now.
 pub(super) fn parse_upstream(s: &str) -> Result<Upstream, String> {
-    let hostport = if let Some(rest) = s.strip_prefix("http://") {
-        rest.trim_end_matches('/')
-    } else if s.starts_with("https://") {
-        return Err("https upstreams are not supported yet; use http://host:port".into());
+    let (tls, rest) = if let Some(rest) = s.strip_prefix("http://") {
+        (false, rest)
+    } else if let Some(rest) = s.strip_prefix("https://") {
+        (true, rest)
+    } else if s.contains("://") {
+        return Err(format!(
+            "`{s}`: an upstream is host:port, http://host:port or https://host:port"
+        ));
     } else {
-        s
+        (false, s)
     };
+    let hostport = rest.trim_end_matches('/');
     if hostport.contains('/') {
         return Err(format!("`{s}`: an upstream is `host:port` without a path"));
     }
+    let has_port = hostport.rsplit_once(':').is_some_and(|(h, p)| {
+        !p.is_empty()
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && (!h.starts_with('[') || h.ends_with(']'))
+    });
+    let hostport = if has_port || !tls {
+        hostport.to_owned()
+    } else {
+        format!("{hostport}:443")
+    };
     let mut addrs = hostport
         .to_socket_addrs()
         .map_err(|e| format!("`{s}` is not a reachable host:port: {e}"))?;
     let addr = addrs
         .next()
         .ok_or_else(|| format!("`{s}` resolves to no address"))?;
+    let host = hostport
+        .rsplit_once(':')
+        .map_or(hostport.as_str(), |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    if tls && rustls::pki_types::ServerName::try_from(host.as_str()).is_err() {
+        return Err(format!("`{s}`: `{host}` is not a TLS server name"));
+    }
     Ok(Upstream {
-        name: hostport.to_owned(),
+        name: hostport,
         addr,
+        tls,
+        host,
     })
 }
 

@@ -171,4 +171,8 @@ pub(crate) struct RawRoute {
     pub upgrade_idle_timeout: Option<Spanned<Dur>>,
     pub max_body_size: Option<Spanned<Size>>,
     pub buffer_request_body: Option<bool>,
+    pub upstream_ca: Option<Spanned<PathBuf>>,
+    pub upstream_server_name: Option<Spanned<String>>,
+    pub upstream_client_cert: Option<Spanned<PathBuf>>,
+    pub upstream_client_key: Option<Spanned<PathBuf>>,
 }

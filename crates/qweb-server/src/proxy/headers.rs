@@ -161,6 +161,8 @@ mod tests {
             upgrade_idle_timeout: Duration::from_secs(1),
             max_body_size: None,
             buffer_request_body: false,
+            upstream_tls: None,
+            upstream_server_name: None,
         }
     }
 

@@ -21,6 +21,7 @@
 mod body;
 mod headers;
 mod pool;
+mod tls;
 mod upgrade;
 
 use std::cell::Cell;
@@ -31,6 +32,7 @@ use std::rc::Rc;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -215,12 +217,28 @@ impl Proxy {
         Ok(tcp)
     }
 
+    /// A new pooled connection to upstream `idx` (TLS first for an `https://` upstream).
     async fn connect(&self, idx: usize) -> Result<UpstreamConn, Failure> {
-        let up = &self.cfg.upstreams[idx];
         let socket = Rc::new(self.dial(idx).await?);
+        let io = SharedSocket(socket.clone());
+        let sender = if self.cfg.upstreams[idx].tls {
+            let tls = self.tls_handshake(idx, io).await?;
+            self.http1(idx, TokioIo::new(tls)).await?
+        } else {
+            self.http1(idx, TokioIo::new(io)).await?
+        };
+        Ok(UpstreamConn { sender, socket })
+    }
+
+    /// An HTTP/1.1 client connection on `io`, its task spawned on the worker.
+    async fn http1<IO>(&self, idx: usize, io: IO) -> Result<SendRequest<ClientBody>, Failure>
+    where
+        IO: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
+    {
+        let up = &self.cfg.upstreams[idx];
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
             .max_buf_size(self.cfg.max_response_header_size)
-            .handshake::<_, ClientBody>(TokioIo::new(SharedSocket(socket.clone())))
+            .handshake::<_, ClientBody>(io)
             .await
             .map_err(|e| {
                 tracing::warn!(upstream = %up.name, "upstream handshake failed: {e}");
@@ -232,7 +250,7 @@ impl Proxy {
                 tracing::debug!(upstream = %name, "upstream connection ended: {e}");
             }
         });
-        Ok(UpstreamConn { sender, socket })
+        Ok(sender)
     }
 
     /// Sends `req` on `conn` and waits for the response head. Timing: while the request body

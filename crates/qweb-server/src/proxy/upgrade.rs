@@ -23,6 +23,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
@@ -145,23 +146,18 @@ impl Proxy {
             Err(status) => return response::status(status),
         };
         let name = self.cfg.upstreams[idx].name.clone();
-        let handshake = hyper::client::conn::http1::Builder::new()
-            .max_buf_size(self.cfg.max_response_header_size)
-            .handshake::<_, ClientBody>(TokioIo::new(tcp))
-            .await;
-        let (mut sender, conn) = match handshake {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::warn!(upstream = %name, "upstream handshake failed: {e}");
-                return response::status(StatusCode::BAD_GATEWAY);
+        let max_buf = self.cfg.max_response_header_size;
+        let handshake = if self.cfg.upstreams[idx].tls {
+            match self.tls_handshake(idx, tcp).await {
+                Ok(tls) => open(TokioIo::new(tls), max_buf, &name).await,
+                Err(f) => return response::status(f.status),
             }
+        } else {
+            open(TokioIo::new(tcp), max_buf, &name).await
         };
-        let task_name = name.clone();
-        tokio::task::spawn_local(async move {
-            if let Err(e) = conn.with_upgrades().await {
-                tracing::debug!(upstream = %task_name, "upstream connection ended: {e}");
-            }
-        });
+        let Some(mut sender) = handshake else {
+            return response::status(StatusCode::BAD_GATEWAY);
+        };
         let sent = tokio::time::timeout(self.cfg.timeout, sender.send_request(req)).await;
         let mut resp = match sent {
             Ok(Ok(r)) => r,
@@ -205,6 +201,31 @@ impl Proxy {
         *r.headers_mut() = headers;
         r
     }
+}
+
+/// An HTTP/1.1 client connection on `io` that can be upgraded, its task spawned.
+async fn open<IO>(io: IO, max_buf: usize, name: &str) -> Option<SendRequest<ClientBody>>
+where
+    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (sender, conn) = match hyper::client::conn::http1::Builder::new()
+        .max_buf_size(max_buf)
+        .handshake::<_, ClientBody>(io)
+        .await
+    {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(upstream = %name, "upstream handshake failed: {e}");
+            return None;
+        }
+    };
+    let name = name.to_owned();
+    tokio::task::spawn_local(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(upstream = %name, "upstream connection ended: {e}");
+        }
+    });
+    Some(sender)
 }
 
 /// Runs an accepted upgrade: `down` is the client connection as hyper left it, `early` the
