@@ -137,6 +137,11 @@ pub(crate) fn run(
                 ctx.clone(),
             )));
         }
+        for r in &ctx.routes {
+            if let Handler::Proxy(p) = &r.handler {
+                p.start_health_checks();
+            }
+        }
         tracing::debug!(worker = id, "worker started");
         let mut sd = shutdown.clone();
         let _ = sd.wait_for(|s| *s).await;

@@ -243,6 +243,8 @@ pub struct CertificateConfig {
     pub key: Option<PathBuf>,
 }
 
+pub use proxy::{Balance, HashKey, HealthCheck};
+
 /// A path prefix and what serves it.
 #[derive(Debug, Clone)]
 pub struct RouteConfig {
@@ -344,6 +346,16 @@ pub struct ProxyConfig {
     /// The name `https://` upstreams are verified against (and sent as SNI) instead of the
     /// URL's host (`upstream_server_name`).
     pub upstream_server_name: Option<String>,
+    /// How an upstream is chosen (`balance`, `hash_key`).
+    pub balance: Balance,
+    /// Each upstream's weight (`weights`, default 1 each).
+    pub weights: Vec<u32>,
+    /// Connect failures in a row that take an upstream out (0: never).
+    pub max_fails: u32,
+    /// How long an upstream that failed `max_fails` times is skipped.
+    pub fail_timeout: Duration,
+    /// Active health checks (`health_check`).
+    pub health_check: Option<HealthCheck>,
 }
 
 /// One upstream server.

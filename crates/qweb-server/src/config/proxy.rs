@@ -108,7 +108,16 @@ impl Validator<'_> {
             _ => {}
         }
         let upstream_tls = self.upstream_tls(i, rr, upstreams.iter().any(|u| u.tls))?;
+        let (balance, weights, health_check) = self.balancing(i, rr, upstreams.len())?;
         Ok(ProxyConfig {
+            balance,
+            weights,
+            max_fails: rr.max_fails.unwrap_or(1),
+            fail_timeout: rr
+                .fail_timeout
+                .as_ref()
+                .map_or(Duration::from_secs(10), |d| d.get_ref().0),
+            health_check,
             upstream_tls,
             upstream_server_name: rr
                 .upstream_server_name
@@ -161,6 +170,12 @@ impl Validator<'_> {
             ("upstream_server_name", rr.upstream_server_name.is_some()),
             ("upstream_client_cert", rr.upstream_client_cert.is_some()),
             ("upstream_client_key", rr.upstream_client_key.is_some()),
+            ("balance", rr.balance.is_some()),
+            ("hash_key", rr.hash_key.is_some()),
+            ("weights", rr.weights.is_some()),
+            ("max_fails", rr.max_fails.is_some()),
+            ("fail_timeout", rr.fail_timeout.is_some()),
+            ("health_check", rr.health_check.is_some()),
         ];
         match set.iter().find(|(_, on)| *on) {
             Some((key, _)) => Err(self.err(
@@ -173,7 +188,187 @@ impl Validator<'_> {
     }
 }
 
+/// How a proxy route chooses an upstream (`balance`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Balance {
+    /// In turn, by weight (smooth weighted round-robin).
+    RoundRobin,
+    /// The fewest requests in flight on this worker, relative to weight.
+    LeastConn,
+    /// By a key of the request, consistently (rendezvous hashing: adding an upstream moves
+    /// only the keys it wins).
+    Hash(HashKey),
+}
+
+/// What `balance = "hash"` hashes (`hash_key`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashKey {
+    /// The client's address (`"client_ip"`, the default).
+    ClientIp,
+    /// A request header's value (`"header:X-User"`).
+    Header(http::HeaderName),
+    /// A cookie's value (`"cookie:session"`).
+    Cookie(String),
+}
+
+/// Active health checks (`health_check = { path, interval, expect, timeout }`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// Path (and query) requested with GET.
+    pub path: String,
+    /// Time between two checks of an upstream.
+    pub interval: Duration,
+    /// The status a healthy upstream answers.
+    pub expect: u16,
+    /// Time a check may take (default: the interval).
+    pub timeout: Duration,
+}
+
+/// `health_check` as written.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHealthCheck {
+    pub path: Spanned<String>,
+    pub interval: Option<Spanned<super::units::Dur>>,
+    pub expect: Option<Spanned<u16>>,
+    pub timeout: Option<Spanned<super::units::Dur>>,
+}
+
 impl Validator<'_> {
+    /// `balance`, `hash_key`, `weights` (one per upstream), `health_check`.
+    fn balancing(
+        &self,
+        i: usize,
+        rr: &RawRoute,
+        n: usize,
+    ) -> Result<(Balance, Vec<u32>, Option<HealthCheck>), ConfigError> {
+        let hash_key = match &rr.hash_key {
+            None => HashKey::ClientIp,
+            Some(k) => {
+                let key = format!("route[{i}].hash_key");
+                let v = k.get_ref().trim();
+                if v == "client_ip" {
+                    HashKey::ClientIp
+                } else if let Some(h) = v.strip_prefix("header:") {
+                    HashKey::Header(http::HeaderName::from_bytes(h.trim().as_bytes()).map_err(
+                        |_| {
+                            self.err(
+                                Some(k.span()),
+                                key.clone(),
+                                format!("`{h}` is not a header name"),
+                            )
+                        },
+                    )?)
+                } else if let Some(c) = v.strip_prefix("cookie:").filter(|c| !c.trim().is_empty()) {
+                    HashKey::Cookie(c.trim().to_owned())
+                } else {
+                    return Err(self.err(
+                        Some(k.span()),
+                        key,
+                        "use \"client_ip\", \"header:NAME\" or \"cookie:NAME\"",
+                    ));
+                }
+            }
+        };
+        let balance = match rr.balance.as_ref().map(|b| (b, b.get_ref().as_str())) {
+            None | Some((_, "round_robin")) => Balance::RoundRobin,
+            Some((_, "least_conn")) => Balance::LeastConn,
+            Some((_, "hash")) => Balance::Hash(hash_key),
+            Some((b, other)) => {
+                return Err(self.err(
+                    Some(b.span()),
+                    format!("route[{i}].balance"),
+                    format!("`{other}`: use \"round_robin\", \"least_conn\" or \"hash\""),
+                ))
+            }
+        };
+        if rr.hash_key.is_some() && !matches!(balance, Balance::Hash(_)) {
+            return Err(self.err(
+                rr.hash_key.as_ref().map(|k| k.span()),
+                format!("route[{i}].hash_key"),
+                "`hash_key` is for `balance = \"hash\"`",
+            ));
+        }
+        let weights = match &rr.weights {
+            None => vec![1; n],
+            Some(w) => {
+                if w.get_ref().len() != n {
+                    return Err(self.err(
+                        Some(w.span()),
+                        format!("route[{i}].weights"),
+                        format!(
+                            "one weight per upstream: {n} upstreams, {} weights",
+                            w.get_ref().len()
+                        ),
+                    ));
+                }
+                let mut out = Vec::new();
+                for (j, x) in w.get_ref().iter().enumerate() {
+                    if *x.get_ref() == 0 || *x.get_ref() > 1000 {
+                        return Err(self.err(
+                            Some(x.span()),
+                            format!("route[{i}].weights[{j}]"),
+                            "a weight is from 1 to 1000",
+                        ));
+                    }
+                    out.push(*x.get_ref());
+                }
+                out
+            }
+        };
+        let health_check = match &rr.health_check {
+            None => None,
+            Some(h) => {
+                let key = format!("route[{i}].health_check");
+                let raw = h.get_ref();
+                let path = raw.path.get_ref();
+                if !path.starts_with('/')
+                    || http::uri::PathAndQuery::try_from(path.as_str()).is_err()
+                {
+                    return Err(self.err(
+                        Some(raw.path.span()),
+                        format!("{key}.path"),
+                        format!("`{path}` is not a path (e.g. \"/healthz\")"),
+                    ));
+                }
+                let interval = raw
+                    .interval
+                    .as_ref()
+                    .map_or(Duration::from_secs(5), |d| d.get_ref().0);
+                if interval < Duration::from_millis(10) {
+                    return Err(self.err(
+                        raw.interval.as_ref().map(|d| d.span()),
+                        format!("{key}.interval"),
+                        "at least 10ms",
+                    ));
+                }
+                let expect = raw.expect.as_ref().map_or(200, |e| *e.get_ref());
+                if !(100..=599).contains(&expect) {
+                    return Err(self.err(
+                        raw.expect.as_ref().map(|e| e.span()),
+                        format!("{key}.expect"),
+                        "an HTTP status (100 to 599)",
+                    ));
+                }
+                let timeout = raw.timeout.as_ref().map_or(interval, |d| d.get_ref().0);
+                if timeout.is_zero() {
+                    return Err(self.err(
+                        raw.timeout.as_ref().map(|d| d.span()),
+                        format!("{key}.timeout"),
+                        "must be more than 0",
+                    ));
+                }
+                Some(HealthCheck {
+                    path: path.clone(),
+                    interval,
+                    expect,
+                    timeout,
+                })
+            }
+        };
+        Ok((balance, weights, health_check))
+    }
+
     /// The TLS client configuration for a route's `https://` upstreams: `upstream_ca` (PEM)
     /// or the system's roots, the client certificate of `upstream_client_cert` and
     /// `upstream_client_key` (mTLS), `upstream_server_name` checked. `None` without `https://`

@@ -175,4 +175,10 @@ pub(crate) struct RawRoute {
     pub upstream_server_name: Option<Spanned<String>>,
     pub upstream_client_cert: Option<Spanned<PathBuf>>,
     pub upstream_client_key: Option<Spanned<PathBuf>>,
+    pub balance: Option<Spanned<String>>,
+    pub hash_key: Option<Spanned<String>>,
+    pub weights: Option<Spanned<Vec<Spanned<u32>>>>,
+    pub max_fails: Option<u32>,
+    pub fail_timeout: Option<Spanned<Dur>>,
+    pub health_check: Option<Spanned<super::proxy::RawHealthCheck>>,
 }

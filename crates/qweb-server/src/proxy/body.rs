@@ -212,6 +212,8 @@ impl HttpBody for ClientBody {
 pub(super) struct UpstreamBody {
     pub inner: Incoming,
     pub conn: Option<UpstreamConn>,
+    /// Counts the request as in flight to its upstream until the body is dropped.
+    pub _load: Option<super::balance::Load>,
     pub proxy: Rc<Proxy>,
     pub idx: usize,
     pub request: Rc<Progress>,

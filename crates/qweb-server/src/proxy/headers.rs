@@ -163,6 +163,11 @@ mod tests {
             buffer_request_body: false,
             upstream_tls: None,
             upstream_server_name: None,
+            balance: crate::config::Balance::RoundRobin,
+            weights: vec![],
+            max_fails: 1,
+            fail_timeout: Duration::from_secs(1),
+            health_check: None,
         }
     }
 

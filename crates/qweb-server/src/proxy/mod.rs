@@ -18,13 +18,14 @@
 //! Statuses: 502 when no upstream can be reached or one answers wrongly, 504 on upstream
 //! timeouts, 400 for a malformed client body, 408 when the client's body stalls.
 
+mod balance;
 mod body;
 mod headers;
+mod health;
 mod pool;
 mod tls;
 mod upgrade;
 
-use std::cell::Cell;
 use std::net::SocketAddr;
 use std::pin::pin;
 use std::rc::Rc;
@@ -40,6 +41,7 @@ use tokio::time::Instant;
 use crate::body::Body;
 use crate::config::ProxyConfig;
 use crate::response;
+use balance::{Balancer, Load};
 use body::{ClientBody, ClientBodyError, Progress, UpstreamBody};
 pub(crate) use headers::strip_hop_by_hop;
 use headers::Forwarding;
@@ -49,7 +51,7 @@ pub(crate) use upgrade::{run as run_tunnel, TunnelSlot};
 /// One proxy route on one worker.
 pub(crate) struct Proxy {
     cfg: ProxyConfig,
-    next: Cell<usize>,
+    balancer: Balancer,
     pool: Pool,
 }
 
@@ -106,7 +108,7 @@ impl Proxy {
         Rc::new(Proxy {
             pool: Pool::new(cfg.upstreams.len(), cfg.keepalive),
             cfg: cfg.clone(),
-            next: Cell::new(0),
+            balancer: Balancer::new(cfg),
         })
     }
 
@@ -118,6 +120,9 @@ impl Proxy {
         client: &ClientInfo,
     ) -> Response<Body> {
         let head = req.method() == Method::HEAD;
+        let order = self
+            .balancer
+            .order(self.balancer.key(req.headers(), client.addr.ip()));
         if let Some(r) = self.body_too_large(&req) {
             return r;
         }
@@ -127,7 +132,7 @@ impl Proxy {
             None
         };
         if let Some(token) = upgrade {
-            return self.upgrade(req, token, target, client).await;
+            return self.upgrade(req, token, target, client, &order).await;
         }
         let req = match self.buffer_body(req).await {
             Ok(r) => r,
@@ -137,28 +142,39 @@ impl Proxy {
             Ok(r) => r,
             Err(code) => return response::status(code),
         };
-        let n = self.cfg.upstreams.len();
-        let mut idx = self.pick();
+        let Some((&first, _)) = order.split_first() else {
+            return self.all_down();
+        };
+        let mut idx = first;
         let mut tries = 0;
         let mut last = Failure::new(StatusCode::BAD_GATEWAY, Retry::No);
-        while tries < n {
+        while tries < order.len() {
+            let load = Load::new(self, idx);
             let attempt = match self.connection(idx).await {
                 Ok((conn, reused)) => self.exchange(conn, reused, req, idx, &progress).await,
                 Err(f) => Err((f, Some(req))),
             };
             match attempt {
                 Ok(answer) => {
-                    return self.respond(answer.resp, Some(answer.conn), idx, head, progress)
+                    self.balancer.succeeded(idx);
+                    let conn = Some(answer.conn);
+                    return self.respond(answer.resp, conn, Some(load), idx, head, progress);
                 }
                 Err((failure, unsent)) => {
                     let retry = failure.retry;
                     last = failure;
+                    if retry == Retry::NextUpstream {
+                        self.balancer.failed(idx);
+                    }
                     req = match (retry, unsent) {
                         (Retry::No, _) | (_, None) => break,
                         (Retry::SameUpstream, Some(r)) => r,
                         (Retry::NextUpstream, Some(r)) => {
                             tries += 1;
-                            idx = (idx + 1) % n;
+                            match order.get(tries) {
+                                Some(&i) => idx = i,
+                                None => break,
+                            }
                             r
                         }
                     };
@@ -177,12 +193,13 @@ impl Proxy {
         r
     }
 
-    /// The upstream to try first (round-robin).
-    fn pick(&self) -> usize {
-        let n = self.cfg.upstreams.len();
-        let idx = self.next.get() % n;
-        self.next.set((idx + 1) % n);
-        idx
+    /// Every upstream is down (health checks, or passive time-outs): 502 at once.
+    fn all_down(&self) -> Response<Body> {
+        tracing::warn!(
+            upstreams = self.cfg.upstreams.len(),
+            "all upstreams of the route are down"
+        );
+        response::status(StatusCode::BAD_GATEWAY)
     }
 
     /// An idle pooled connection to upstream `idx` (`true`: reused), or a new one.
@@ -321,6 +338,7 @@ impl Proxy {
         self: &Rc<Self>,
         resp: Response<Incoming>,
         conn: Option<UpstreamConn>,
+        load: Option<Load>,
         idx: usize,
         head: bool,
         request: Rc<Progress>,
@@ -339,6 +357,7 @@ impl Proxy {
         let body = UpstreamBody {
             inner: body,
             conn,
+            _load: load,
             proxy: self.clone(),
             idx,
             request,

@@ -117,7 +117,11 @@ impl Proxy {
         token: HeaderValue,
         target: &Target<'_>,
         client: &ClientInfo,
+        order: &[usize],
     ) -> Response<Body> {
+        if order.is_empty() {
+            return self.all_down();
+        }
         let req = req.map(RequestBody::Stream);
         let (mut req, progress) = match upstream_request(req, target, client, &self.cfg) {
             Ok(r) => r,
@@ -126,18 +130,18 @@ impl Proxy {
         req.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         req.headers_mut().insert(header::UPGRADE, token.clone());
-        let n = self.cfg.upstreams.len();
-        let mut idx = self.pick();
+        let mut idx = order[0];
         let mut tcp = Err(StatusCode::BAD_GATEWAY);
-        for _ in 0..n {
-            match self.dial(idx).await {
+        for &i in order {
+            idx = i;
+            match self.dial(i).await {
                 Ok(t) => {
                     tcp = Ok(t);
                     break;
                 }
                 Err(f) => {
+                    self.balancer.failed(i);
                     tcp = Err(f.status);
-                    idx = (idx + 1) % n;
                 }
             }
         }
@@ -175,7 +179,7 @@ impl Proxy {
         };
         if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
             // declined (426, 200, 4xx...): an ordinary response on a connection not reused
-            return self.respond(resp, None, idx, false, progress);
+            return self.respond(resp, None, None, idx, false, progress);
         }
         let Some(answer) = resp
             .headers()
