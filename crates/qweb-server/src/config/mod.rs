@@ -260,6 +260,8 @@ pub struct RouteConfig {
 
 /// What serves a route.
 #[derive(Debug, Clone)]
+// a handful per configuration, built once: the size of the proxy variant costs nothing
+#[allow(clippy::large_enum_variant)]
 pub enum RouteAction {
     /// Files under a directory.
     Static(StaticConfig),

@@ -648,3 +648,88 @@ mod tests {
         assert!(e.contains("key `route[0].max_body_size`"), "{e}");
     }
 }
+
+#[cfg(test)]
+mod balance_tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use crate::config::{Balance, Config, HashKey, RouteAction};
+
+    fn route(keys: &str) -> Result<crate::config::ProxyConfig, String> {
+        let text = format!(
+            "[[route]]\nprefix = \"/api\"\nupstreams = [\"127.0.0.1:9\", \"127.0.0.1:10\"]\n{keys}\n"
+        );
+        let c = Config::from_str_at(&text, Some(Path::new("/etc/qweb/test.toml")))
+            .map_err(|e| e.to_string())?;
+        match &c.routes.iter().find(|r| r.prefix == "/api").unwrap().action {
+            RouteAction::Proxy(p) => Ok(p.clone()),
+            RouteAction::Static(_) => panic!("not a proxy route"),
+        }
+    }
+
+    #[test]
+    fn defaults_and_every_key() {
+        let p = route("").unwrap();
+        assert_eq!(p.balance, Balance::RoundRobin);
+        assert_eq!(p.weights, vec![1, 1]);
+        assert_eq!((p.max_fails, p.fail_timeout), (1, Duration::from_secs(10)));
+        assert!(p.health_check.is_none());
+        let p = route(
+            "balance = \"hash\"\nhash_key = \"cookie:sid\"\nweights = [2, 3]\nmax_fails = 0\n\
+             fail_timeout = \"1s\"\n\
+             health_check = { path = \"/hz?x=1\", interval = \"2s\", expect = 204, timeout = \"1s\" }",
+        )
+        .unwrap();
+        assert_eq!(p.balance, Balance::Hash(HashKey::Cookie("sid".into())));
+        assert_eq!(p.weights, vec![2, 3]);
+        assert_eq!((p.max_fails, p.fail_timeout), (0, Duration::from_secs(1)));
+        let hc = p.health_check.unwrap();
+        assert_eq!(
+            (hc.path.as_str(), hc.interval, hc.expect, hc.timeout),
+            (
+                "/hz?x=1",
+                Duration::from_secs(2),
+                204,
+                Duration::from_secs(1)
+            )
+        );
+        let p = route("balance = \"hash\"").unwrap();
+        assert_eq!(p.balance, Balance::Hash(HashKey::ClientIp));
+        let p = route("balance = \"least_conn\"\nhealth_check = { path = \"/\" }").unwrap();
+        assert_eq!(p.balance, Balance::LeastConn);
+        assert_eq!(p.health_check.unwrap().interval, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases = [
+            ("balance = \"random\"", "key `route[0].balance`"),
+            (
+                "balance = \"hash\"\nhash_key = \"ip\"",
+                "key `route[0].hash_key`",
+            ),
+            ("hash_key = \"client_ip\"", "key `route[0].hash_key`"),
+            ("weights = [1]", "key `route[0].weights`"),
+            ("weights = [1, 0]", "key `route[0].weights[1]`"),
+            (
+                "health_check = { path = \"hz\" }",
+                "key `route[0].health_check.path`",
+            ),
+            (
+                "health_check = { path = \"/\", expect = 99 }",
+                "key `route[0].health_check.expect`",
+            ),
+            (
+                "health_check = { path = \"/\", interval = \"1ms\" }",
+                "key `route[0].health_check.interval`",
+            ),
+            ("health_check = { path = \"/\", every = \"1s\" }", "every"),
+        ];
+        for (keys, want) in cases {
+            let e = route(keys).unwrap_err();
+            assert!(e.contains(want), "{keys}: {e}");
+            assert!(e.starts_with("/etc/qweb/test.toml:"), "{e}");
+        }
+    }
+}

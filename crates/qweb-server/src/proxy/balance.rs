@@ -164,7 +164,7 @@ impl Balancer {
     /// The result of an active health check of upstream `i`.
     pub(super) fn checked(&self, i: usize, healthy: bool) {
         let s = &self.state[i];
-        if s.check_down.get() != !healthy {
+        if s.check_down.get() == healthy {
             if healthy {
                 tracing::info!(upstream = %self.names[i], "upstream passed its health check: up");
             } else {
