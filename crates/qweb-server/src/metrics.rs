@@ -25,6 +25,8 @@ pub(crate) struct Registry {
     pub engines: Vec<Arc<dyn Engine>>,
     /// Response compression counters, when compression is on.
     pub compression: Option<Arc<qweb_compress::CompressMetrics>>,
+    /// Proxy upstream health, per proxy route (prefix, upstream names, gauges).
+    pub upstreams: Vec<(String, Vec<String>, Arc<crate::config::UpstreamGauges>)>,
 }
 
 impl Registry {
@@ -74,6 +76,7 @@ impl Registry {
         if let Some(c) = &self.compression {
             c.write_prometheus(&mut out);
         }
+        crate::proxy::write_upstream_metrics(&mut out, &self.upstreams, self.workers.len());
         out
     }
 }

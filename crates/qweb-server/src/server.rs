@@ -258,6 +258,7 @@ impl Server {
             workers: worker_metrics.clone(),
             engines: engine_list,
             compression: compression.as_ref().map(|c| c.metrics.clone()),
+            upstreams: crate::proxy::upstream_gauges(&config),
         });
         let admin = match config.admin {
             Some(addr) => {

@@ -268,14 +268,20 @@ async fn active_health_checks_take_out_and_bring_back_and_all_down_is_502_at_onc
     let a = named("a", Duration::ZERO).await;
     let b = named("b", Duration::ZERO).await;
     let t = common::start_with(
-        &route(
-            &[a.addr, b.addr],
-            "health_check = { path = \"/healthz\", interval = \"200ms\", expect = 200 }",
+        &format!(
+            "[admin]\naddress = \"127.0.0.1:0\"\n{}",
+            route(
+                &[a.addr, b.addr],
+                "health_check = { path = \"/healthz\", interval = \"200ms\", expect = 200 }",
+            )
         ),
         |_| {},
     );
     let c = common::plain_client();
     let url = format!("{}/", t.http());
+    let metrics_url = format!("http://{}/metrics", t.admin.expect("admin"));
+    let up_line =
+        |up: SocketAddr, v: u8| format!("qweb_upstream_up{{route=\"/\",upstream=\"{up}\"}} {v}");
     let mut got = Vec::new();
     for _ in 0..4 {
         got.push(get(&c, url.clone(), None).await.1);
@@ -301,6 +307,9 @@ async fn active_health_checks_take_out_and_bring_back_and_all_down_is_502_at_onc
         assert_eq!(get(&c, url.clone(), None).await.1, "b");
     }
     assert_eq!(a.requests.load(Ordering::SeqCst), before);
+    let m = get(&c, metrics_url.clone(), None).await.1;
+    assert!(m.contains(&up_line(a.addr, 0)), "{m}");
+    assert!(m.contains(&up_line(b.addr, 1)), "{m}");
 
     // a passes again: back within 1.5 s
     a.health.store(200, Ordering::SeqCst);

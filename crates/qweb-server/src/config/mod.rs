@@ -243,7 +243,7 @@ pub struct CertificateConfig {
     pub key: Option<PathBuf>,
 }
 
-pub use proxy::{Balance, HashKey, HealthCheck};
+pub use proxy::{Balance, HashKey, HealthCheck, UpstreamGauges};
 
 /// A path prefix and what serves it.
 #[derive(Debug, Clone)]
@@ -358,6 +358,8 @@ pub struct ProxyConfig {
     pub fail_timeout: Duration,
     /// Active health checks (`health_check`).
     pub health_check: Option<HealthCheck>,
+    /// Upstream health as all workers see it (not a key: filled for `/metrics`).
+    pub gauges: std::sync::Arc<UpstreamGauges>,
 }
 
 /// One upstream server.
@@ -371,6 +373,9 @@ pub struct Upstream {
     pub tls: bool,
     /// The URL's host (the TLS server name unless `upstream_server_name` says otherwise).
     pub host: String,
+    /// Spoken to in HTTP/2: `h2c://` (prior knowledge), or `https://` with
+    /// `upstream_http2 = true` (ALPN h2).
+    pub h2: bool,
 }
 
 impl Config {

@@ -30,7 +30,7 @@ impl Validator<'_> {
                 "at least one upstream is needed",
             ));
         }
-        let mut upstreams = Vec::new();
+        let mut upstreams: Vec<Upstream> = Vec::new();
         for (j, u) in ups.get_ref().iter().enumerate() {
             let up = parse_upstream(u.get_ref())
                 .map_err(|m| self.err(Some(u.span()), format!("route[{i}].upstreams[{j}]"), m))?;
@@ -107,9 +107,22 @@ impl Validator<'_> {
             }
             _ => {}
         }
+        if let Some(h2) = &rr.upstream_http2 {
+            if !upstreams.iter().any(|u| u.tls) {
+                return Err(self.err(
+                    Some(h2.span()),
+                    format!("route[{i}].upstream_http2"),
+                    "`upstream_http2` is for https:// upstreams (use h2c://host:port for cleartext HTTP/2)",
+                ));
+            }
+            for u in upstreams.iter_mut().filter(|u| u.tls) {
+                u.h2 = *h2.get_ref();
+            }
+        }
         let upstream_tls = self.upstream_tls(i, rr, upstreams.iter().any(|u| u.tls))?;
         let (balance, weights, health_check) = self.balancing(i, rr, upstreams.len())?;
         Ok(ProxyConfig {
+            gauges: UpstreamGauges::new(upstreams.len()),
             balance,
             weights,
             max_fails: rr.max_fails.unwrap_or(1),
@@ -176,6 +189,7 @@ impl Validator<'_> {
             ("max_fails", rr.max_fails.is_some()),
             ("fail_timeout", rr.fail_timeout.is_some()),
             ("health_check", rr.health_check.is_some()),
+            ("upstream_http2", rr.upstream_http2.is_some()),
         ];
         match set.iter().find(|(_, on)| *on) {
             Some((key, _)) => Err(self.err(
@@ -185,6 +199,25 @@ impl Validator<'_> {
             )),
             None => Ok(()),
         }
+    }
+}
+
+/// Health of a route's upstreams as the workers see it, shared by all of them (for
+/// `/metrics`): how many workers have each upstream down.
+#[derive(Debug, Default)]
+pub struct UpstreamGauges {
+    /// Per upstream (config order): workers that skip it now.
+    pub down_workers: Vec<std::sync::atomic::AtomicI64>,
+    /// Per upstream: connect failures and failed health checks, all workers.
+    pub failures: Vec<std::sync::atomic::AtomicU64>,
+}
+
+impl UpstreamGauges {
+    fn new(n: usize) -> Arc<Self> {
+        Arc::new(UpstreamGauges {
+            down_workers: (0..n).map(|_| Default::default()).collect(),
+            failures: (0..n).map(|_| Default::default()).collect(),
+        })
     }
 }
 
@@ -486,7 +519,11 @@ impl Validator<'_> {
                 ))
             }
         };
-        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        cfg.alpn_protocols = if rr.upstream_http2.as_ref().is_some_and(|h| *h.get_ref()) {
+            vec![b"h2".to_vec()]
+        } else {
+            vec![b"http/1.1".to_vec()]
+        };
         Ok(Some(Arc::new(cfg)))
     }
 
@@ -539,16 +576,18 @@ fn parse_cidr(s: &str) -> Result<ipnet::IpNet, String> {
 
 /// `host:port`, `http://host:port` or `https://host:port` (default port 443), resolved now.
 pub(super) fn parse_upstream(s: &str) -> Result<Upstream, String> {
-    let (tls, rest) = if let Some(rest) = s.strip_prefix("http://") {
-        (false, rest)
+    let (tls, h2, rest) = if let Some(rest) = s.strip_prefix("http://") {
+        (false, false, rest)
     } else if let Some(rest) = s.strip_prefix("https://") {
-        (true, rest)
+        (true, false, rest)
+    } else if let Some(rest) = s.strip_prefix("h2c://") {
+        (false, true, rest)
     } else if s.contains("://") {
         return Err(format!(
-            "`{s}`: an upstream is host:port, http://host:port or https://host:port"
+            "`{s}`: an upstream is host:port, http://host:port, https://host:port or h2c://host:port"
         ));
     } else {
-        (false, s)
+        (false, false, s)
     };
     let hostport = rest.trim_end_matches('/');
     if hostport.contains('/') {
@@ -584,6 +623,7 @@ pub(super) fn parse_upstream(s: &str) -> Result<Upstream, String> {
         addr,
         tls,
         host,
+        h2,
     })
 }
 

@@ -181,4 +181,5 @@ pub(crate) struct RawRoute {
     pub max_fails: Option<u32>,
     pub fail_timeout: Option<Spanned<Dur>>,
     pub health_check: Option<Spanned<super::proxy::RawHealthCheck>>,
+    pub upstream_http2: Option<Spanned<bool>>,
 }

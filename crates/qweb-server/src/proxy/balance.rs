@@ -10,13 +10,15 @@ use std::cell::Cell;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{self, HeaderMap};
 use tokio::time::Instant;
 
 use super::Proxy;
-use crate::config::{Balance, HashKey, ProxyConfig};
+use crate::config::{Balance, HashKey, ProxyConfig, UpstreamGauges};
 
 #[derive(Default)]
 struct UpState {
@@ -29,6 +31,8 @@ struct UpState {
     down_until: Cell<Option<Instant>>,
     /// The last active health check failed.
     check_down: Cell<bool>,
+    /// This worker counts it in the shared `down_workers` gauge.
+    reported_down: Cell<bool>,
 }
 
 /// The balancing and health state of one route on one worker.
@@ -41,6 +45,7 @@ pub(super) struct Balancer {
     state: Vec<UpState>,
     /// Rotates the ties of `least_conn`.
     turn: Cell<usize>,
+    gauges: Arc<UpstreamGauges>,
 }
 
 impl Balancer {
@@ -56,6 +61,25 @@ impl Balancer {
             fail_timeout: cfg.fail_timeout,
             state: (0..n).map(|_| UpState::default()).collect(),
             turn: Cell::new(0),
+            gauges: cfg.gauges.clone(),
+        }
+    }
+
+    /// Brings the shared gauge in line with this worker's view of upstream `i`.
+    fn report(&self, i: usize, now: Instant) {
+        let down = !self.is_up(i, now);
+        let s = &self.state[i];
+        if down != s.reported_down.get() {
+            s.reported_down.set(down);
+            if let Some(g) = self.gauges.down_workers.get(i) {
+                g.fetch_add(if down { 1 } else { -1 }, Relaxed);
+            }
+        }
+    }
+
+    fn count_failure(&self, i: usize) {
+        if let Some(g) = self.gauges.failures.get(i) {
+            g.fetch_add(1, Relaxed);
         }
     }
 
@@ -83,6 +107,9 @@ impl Balancer {
     /// The upstreams that are up, best first. Empty when all are down.
     pub(super) fn order(&self, key: Option<u64>) -> Vec<usize> {
         let now = Instant::now();
+        for i in 0..self.state.len() {
+            self.report(i, now);
+        }
         let up: Vec<usize> = (0..self.state.len())
             .filter(|&i| self.is_up(i, now))
             .collect();
@@ -146,12 +173,14 @@ impl Balancer {
         if self.max_fails == 0 {
             return;
         }
+        self.count_failure(i);
         let s = &self.state[i];
         s.fails.set(s.fails.get().saturating_add(1));
         if s.fails.get() >= self.max_fails {
             s.down_until.set(Some(Instant::now() + self.fail_timeout));
             tracing::warn!(upstream = %self.names[i], fails = s.fails.get(), "upstream down for {:?}", self.fail_timeout);
         }
+        self.report(i, Instant::now());
     }
 
     /// Upstream `i` answered.
@@ -159,6 +188,7 @@ impl Balancer {
         let s = &self.state[i];
         s.fails.set(0);
         s.down_until.set(None);
+        self.report(i, Instant::now());
     }
 
     /// The result of an active health check of upstream `i`.
@@ -174,7 +204,10 @@ impl Balancer {
         s.check_down.set(!healthy);
         if healthy {
             self.succeeded(i);
+        } else {
+            self.count_failure(i);
         }
+        self.report(i, Instant::now());
     }
 }
 
@@ -234,6 +267,7 @@ mod tests {
                 addr: "127.0.0.1:9".parse().unwrap(),
                 tls: false,
                 host: String::new(),
+                h2: false,
             })
             .collect();
         p.balance = balance;

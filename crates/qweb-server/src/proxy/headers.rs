@@ -168,6 +168,7 @@ mod tests {
             max_fails: 1,
             fail_timeout: Duration::from_secs(1),
             health_check: None,
+            gauges: Default::default(),
         }
     }
 

@@ -74,3 +74,93 @@ async fn check_once(weak: &Weak<Proxy>, idx: usize) -> bool {
     proxy.balancer.checked(idx, healthy);
     true
 }
+
+/// Every proxy route's upstream gauges, for the metrics registry.
+pub(crate) fn upstream_gauges(
+    config: &crate::config::Config,
+) -> Vec<(
+    String,
+    Vec<String>,
+    std::sync::Arc<crate::config::UpstreamGauges>,
+)> {
+    config
+        .routes
+        .iter()
+        .filter_map(|r| match &r.action {
+            crate::config::RouteAction::Proxy(p) => Some((
+                r.prefix.clone(),
+                p.upstreams.iter().map(|u| u.name.clone()).collect(),
+                p.gauges.clone(),
+            )),
+            crate::config::RouteAction::Static(_) => None,
+        })
+        .collect()
+}
+
+/// The upstream families of `/metrics`: `qweb_upstream_up` (1 when no worker skips it),
+/// `qweb_upstream_down_workers`, `qweb_upstream_failures_total`.
+pub(crate) fn write_upstream_metrics(
+    out: &mut String,
+    routes: &[(
+        String,
+        Vec<String>,
+        std::sync::Arc<crate::config::UpstreamGauges>,
+    )],
+    workers: usize,
+) {
+    use std::fmt::Write;
+    use std::sync::atomic::Ordering::Relaxed;
+    if routes.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "# HELP qweb_upstream_up Proxy upstream up on every worker (health checks, passive failures).\n# TYPE qweb_upstream_up gauge"
+    );
+    let label = |route: &str, up: &str| {
+        format!(
+            "route=\"{}\",upstream=\"{}\"",
+            route.replace(['\\', '"'], "_"),
+            up.replace(['\\', '"'], "_")
+        )
+    };
+    for (route, names, g) in routes {
+        for (i, n) in names.iter().enumerate() {
+            let down = g.down_workers.get(i).map_or(0, |d| d.load(Relaxed));
+            let _ = writeln!(
+                out,
+                "qweb_upstream_up{{{}}} {}",
+                label(route, n),
+                i64::from(down <= 0)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP qweb_upstream_down_workers Workers (of {workers}) that skip the upstream now.\n# TYPE qweb_upstream_down_workers gauge"
+    );
+    for (route, names, g) in routes {
+        for (i, n) in names.iter().enumerate() {
+            let down = g.down_workers.get(i).map_or(0, |d| d.load(Relaxed));
+            let _ = writeln!(
+                out,
+                "qweb_upstream_down_workers{{{}}} {down}",
+                label(route, n)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP qweb_upstream_failures_total Upstream connect failures and failed health checks.\n# TYPE qweb_upstream_failures_total counter"
+    );
+    for (route, names, g) in routes {
+        for (i, n) in names.iter().enumerate() {
+            let f = g.failures.get(i).map_or(0, |d| d.load(Relaxed));
+            let _ = writeln!(
+                out,
+                "qweb_upstream_failures_total{{{}}} {f}",
+                label(route, n)
+            );
+        }
+    }
+}

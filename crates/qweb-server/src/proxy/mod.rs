@@ -20,6 +20,7 @@
 
 mod balance;
 mod body;
+mod h2;
 mod headers;
 mod health;
 mod pool;
@@ -45,6 +46,7 @@ use balance::{Balancer, Load};
 use body::{ClientBody, ClientBodyError, Progress, UpstreamBody};
 pub(crate) use headers::strip_hop_by_hop;
 use headers::Forwarding;
+pub(crate) use health::{upstream_gauges, write_upstream_metrics};
 use pool::{Pool, SharedSocket, UpstreamConn};
 pub(crate) use upgrade::{run as run_tunnel, TunnelSlot};
 
@@ -53,6 +55,8 @@ pub(crate) struct Proxy {
     cfg: ProxyConfig,
     balancer: Balancer,
     pool: Pool,
+    /// HTTP/2 upstreams' connections.
+    h2: h2::H2Conns,
 }
 
 /// Facts about the client connection the upstream is told.
@@ -100,7 +104,8 @@ impl Failure {
 /// A successful exchange's response head, with what its body needs.
 struct Answer {
     resp: Response<Incoming>,
-    conn: UpstreamConn,
+    /// The pooled HTTP/1.1 connection (`None` for HTTP/2, whose connection is shared).
+    conn: Option<UpstreamConn>,
 }
 
 impl Proxy {
@@ -109,6 +114,7 @@ impl Proxy {
             pool: Pool::new(cfg.upstreams.len(), cfg.keepalive),
             cfg: cfg.clone(),
             balancer: Balancer::new(cfg),
+            h2: h2::H2Conns::new(cfg.upstreams.len()),
         })
     }
 
@@ -126,11 +132,14 @@ impl Proxy {
         if let Some(r) = self.body_too_large(&req) {
             return r;
         }
-        let upgrade = if req.version() == Version::HTTP_11 {
+        // an upgrade needs an HTTP/1.1 upstream
+        let h1_first = order.first().is_some_and(|&i| !self.cfg.upstreams[i].h2);
+        let upgrade = if req.version() == Version::HTTP_11 && h1_first {
             upgrade::requested(req.headers()).filter(|t| upgrade::allowed(t, &self.cfg.upgrade))
         } else {
             None
         };
+        let trailers = h2::wants_trailers(req.headers());
         if let Some(token) = upgrade {
             return self.upgrade(req, token, target, client, &order).await;
         }
@@ -150,14 +159,20 @@ impl Proxy {
         let mut last = Failure::new(StatusCode::BAD_GATEWAY, Retry::No);
         while tries < order.len() {
             let load = Load::new(self, idx);
-            let attempt = match self.connection(idx).await {
-                Ok((conn, reused)) => self.exchange(conn, reused, req, idx, &progress).await,
-                Err(f) => Err((f, Some(req))),
+            let attempt = if self.cfg.upstreams[idx].h2 {
+                self.h2_exchange(idx, req, &progress, trailers)
+                    .await
+                    .map(|resp| Answer { resp, conn: None })
+            } else {
+                match self.connection(idx).await {
+                    Ok((conn, reused)) => self.exchange(conn, reused, req, idx, &progress).await,
+                    Err(f) => Err((f, Some(req))),
+                }
             };
             match attempt {
                 Ok(answer) => {
                     self.balancer.succeeded(idx);
-                    let conn = Some(answer.conn);
+                    let conn = answer.conn;
                     return self.respond(answer.resp, conn, Some(load), idx, head, progress);
                 }
                 Err((failure, unsent)) => {
@@ -312,7 +327,10 @@ impl Proxy {
             }
         };
         match result {
-            Ok(resp) => Ok(Answer { resp, conn }),
+            Ok(resp) => Ok(Answer {
+                resp,
+                conn: Some(conn),
+            }),
             Err(mut e) => {
                 let unsent = e.take_message();
                 if let Some(client) = progress.client_error.get() {
