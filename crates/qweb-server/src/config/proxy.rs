@@ -765,6 +765,7 @@ mod balance_tests {
                 "key `route[0].health_check.interval`",
             ),
             ("health_check = { path = \"/\", every = \"1s\" }", "every"),
+            ("upstream_http2 = true", "key `route[0].upstream_http2`"),
         ];
         for (keys, want) in cases {
             let e = route(keys).unwrap_err();
