@@ -303,6 +303,8 @@ async fn drive<T>(
             .timer(TokioTimer::new())
             .max_concurrent_streams(limits.max_concurrent_streams)
             .max_header_list_size(limits.max_request_header_size as u32)
+            // WebSocket over HTTP/2 (RFC 8441), for proxy routes
+            .enable_connect_protocol()
             .serve_connection(io, service);
         let mut conn = pin!(conn);
         let mut closing = false;

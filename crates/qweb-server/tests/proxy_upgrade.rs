@@ -360,3 +360,79 @@ async fn client_that_never_reads_does_not_hold_the_tunnel() {
     assert!(sent < 64 * 1024 * 1024, "{sent}");
     talker.abort();
 }
+
+/// An HTTP/2 connection to qweb's TLS listener (ALPN h2).
+async fn h2_connection(
+    t: &common::TestServer,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>> {
+    common::install_provider();
+    let cfg = common::tls_client_config(&t.cert(), common::Proto::H2);
+    let tcp = TcpStream::connect(t.addrs[0]).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+fn extended_connect(protocol: &'static str) -> hyper::Request<http_body_util::Empty<bytes::Bytes>> {
+    let mut req = hyper::Request::builder()
+        .method("CONNECT")
+        .uri("https://localhost/chat")
+        .header("sec-websocket-version", "13")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    req.extensions_mut()
+        .insert(hyper::ext::Protocol::from_static(protocol));
+    req
+}
+
+#[tokio::test]
+async fn websocket_over_http2_extended_connect_to_an_http1_upstream() {
+    let echo = ws_echo().await;
+    let t = common::start_with(&proxy_route(&[echo], ""), |_| {});
+    let mut c = h2_connection(&t).await;
+    let mut resp = c.send_request(extended_connect("websocket")).await.unwrap();
+    assert_eq!(resp.status(), 200, "{resp:?}");
+    assert!(!resp.headers().contains_key("sec-websocket-accept"));
+    let stream = hyper::upgrade::on(&mut resp).await.unwrap();
+    let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+        hyper_util::rt::TokioIo::new(stream),
+        tokio_tungstenite::tungstenite::protocol::Role::Client,
+        None,
+    )
+    .await;
+    for i in 0..5 {
+        ws.send(Message::text(format!("h2 {i}"))).await.unwrap();
+        let m = tokio::time::timeout(Duration::from_secs(5), ws.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.into_text().unwrap(), format!("h2 {i}"));
+    }
+    // the same connection still serves other streams
+    let mut c2 = c.clone();
+    let mut other = c2
+        .send_request(extended_connect("websocket"))
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 200);
+    drop(hyper::upgrade::on(&mut other));
+    // a protocol the route does not allow, and a plain CONNECT
+    let r = c.send_request(extended_connect("foo")).await.unwrap();
+    assert_eq!(r.status(), 501);
+    let plain = hyper::Request::builder()
+        .method("CONNECT")
+        .uri("localhost:443")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    let r = c.send_request(plain).await.unwrap();
+    assert_eq!(r.status(), 405);
+}

@@ -20,6 +20,7 @@
 
 mod balance;
 mod body;
+mod connect;
 mod h2;
 mod headers;
 mod health;
@@ -141,7 +142,11 @@ impl Proxy {
         };
         let trailers = h2::wants_trailers(req.headers());
         if let Some(token) = upgrade {
-            return self.upgrade(req, token, target, client, &order).await;
+            let req = req.map(RequestBody::Stream);
+            return self.upgrade(req, token, target, client, &order, None).await;
+        }
+        if req.method() == Method::CONNECT {
+            return self.extended_connect(req, target, client, &order).await;
         }
         let req = match self.buffer_body(req).await {
             Ok(r) => r,

@@ -22,7 +22,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -111,22 +110,29 @@ impl Proxy {
     /// Step 1 and 2: sends an upgrade request for `token` on a connection of its own, and
     /// answers the upstream's 101 with a 101 (the tunnel left in the client's slot), or
     /// passes any other answer on.
+    ///
+    /// With `h2_client` (an HTTP/2 extended CONNECT, RFC 8441), the client's side is its
+    /// stream: the upstream's 101 becomes a 200 and the tunnel starts once hyper hands the
+    /// stream over.
     pub(super) async fn upgrade(
         self: &Rc<Self>,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         token: HeaderValue,
         target: &Target<'_>,
         client: &ClientInfo,
         order: &[usize],
+        h2_client: Option<hyper::upgrade::OnUpgrade>,
     ) -> Response<Body> {
         if order.is_empty() {
             return self.all_down();
         }
-        let req = req.map(RequestBody::Stream);
         let (mut req, progress) = match upstream_request(req, target, client, &self.cfg) {
             Ok(r) => r,
             Err(code) => return response::status(code),
         };
+        if h2_client.is_some() {
+            req.headers_mut().remove(header::CONTENT_LENGTH);
+        }
         req.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         req.headers_mut().insert(header::UPGRADE, token.clone());
@@ -193,13 +199,26 @@ impl Proxy {
         let upstream = hyper::upgrade::on(&mut resp);
         let mut headers = std::mem::take(resp.headers_mut());
         strip_hop_by_hop(&mut headers);
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        headers.insert(header::UPGRADE, answer);
-        client.conn.tunnel.set(Tunnel {
+        let tunnel = Tunnel {
             upstream,
             idle: self.cfg.upgrade_idle_timeout,
             name,
-        });
+        };
+        if let Some(down) = h2_client {
+            headers.remove("sec-websocket-accept");
+            tokio::task::spawn_local(async move {
+                match tokio::time::timeout(HANDOFF_TIMEOUT, down).await {
+                    Ok(Ok(d)) => run(TokioIo::new(d), Bytes::new(), tunnel).await,
+                    _ => tracing::debug!(upstream = %tunnel.name, "client stream not handed over"),
+                }
+            });
+            let mut r = Response::new(crate::body::empty());
+            *r.headers_mut() = headers;
+            return r;
+        }
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, answer);
+        client.conn.tunnel.set(tunnel);
         let mut r = Response::new(crate::body::empty());
         *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
         *r.headers_mut() = headers;
