@@ -4,7 +4,7 @@
 //!
 //! | rule | answer |
 //! |---|---|
-//! | `CONNECT`, `TRACE` | 405 (never forwarded) |
+//! | `CONNECT` (except HTTP/2 extended CONNECT, RFC 8441), `TRACE` | 405 (never forwarded) |
 //! | HTTP/1.1 without `Host`, with two, or with an invalid value (RFC 9112 §3.2) | 400 |
 //! | HTTP/2 `host` that differs from `:authority` (RFC 9113 §8.3.1), or neither present | 400 |
 //! | `Transfer-Encoding` other than exactly `chunked` (RFC 9112 §6.1) | 501, connection closed |
