@@ -346,3 +346,68 @@ async fn ordinary_streamed_text_still_waits_for_flush_interval() {
         "{delays:?}"
     );
 }
+
+/// python's http.server as a keep-alive upstream (HTTP/1.1): it writes a response's head and
+/// body in two `send`s with Nagle on, so the body waits for the ACK of the head.
+fn python_upstream(dir: &std::path::Path) -> (std::process::Child, u16) {
+    use std::io::Read;
+    let mut py = std::process::Command::new("python3")
+        .args(["-u", "-m", "http.server", "0", "--bind", "127.0.0.1"])
+        .args(["--protocol", "HTTP/1.1", "--directory"])
+        .arg(dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("python3 is needed for this test");
+    let mut out = py.stdout.take().unwrap();
+    let mut seen = Vec::new();
+    let mut b = [0u8; 1];
+    while out.read(&mut b).unwrap_or(0) == 1 {
+        seen.push(b[0]);
+        let s = String::from_utf8_lossy(&seen);
+        if let Some(rest) = s.split(" port ").nth(1) {
+            if let Some(p) = rest.split(' ').next().filter(|_| rest.contains(' ')) {
+                let port = p.parse::<u16>().unwrap();
+                // the pipe stays open: python dies of EPIPE if it is closed under a print
+                std::mem::forget(out);
+                return (py, port);
+            }
+        }
+    }
+    panic!(
+        "python http.server did not start: {}",
+        String::from_utf8_lossy(&seen)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_connections_to_a_nagle_upstream_are_not_delayed() {
+    let docs = tempfile::tempdir().unwrap();
+    std::fs::write(docs.path().join("a.txt"), "small").unwrap();
+    let dir = docs.path().to_owned();
+    let (mut py, port) = tokio::task::spawn_blocking(move || python_upstream(&dir))
+        .await
+        .unwrap();
+    let up: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let t = common::start_with(&proxy_route(&[up], ""), |_| {});
+    let c = common::plain_client();
+    let mut times = Vec::new();
+    for _ in 0..20 {
+        let start = Instant::now();
+        let r = c.get(format!("{}/a.txt", t.http())).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.text().await.unwrap(), "small");
+        times.push(start.elapsed());
+    }
+    let _ = py.kill();
+    let _ = py.wait();
+    let mut sorted = times.clone();
+    sorted.sort();
+    let median = sorted[sorted.len() / 2];
+    eprintln!("python upstream through qweb: median {median:?}, all {times:?}");
+    // a delayed ACK costs 40 ms per request
+    assert!(
+        median < Duration::from_millis(20),
+        "median {median:?}: {times:?}"
+    );
+}
