@@ -349,6 +349,8 @@ async fn ordinary_streamed_text_still_waits_for_flush_interval() {
 
 /// python's http.server as a keep-alive upstream (HTTP/1.1): it writes a response's head and
 /// body in two `send`s with Nagle on, so the body waits for the ACK of the head.
+// the child goes to the caller, who kills and waits for it
+#[allow(clippy::zombie_processes)]
 fn python_upstream(dir: &std::path::Path) -> (std::process::Child, u16) {
     use std::io::Read;
     let mut py = std::process::Command::new("python3")
