@@ -417,6 +417,13 @@ pub(crate) fn finish(neg: Option<Negotiated>, mut resp: Response<Body>) -> Respo
         // boundaries (so the encoded bytes behind one ETag) depend on timing.
         flush_after: if file.is_some() {
             None
+        } else if resp
+            .extensions()
+            .get::<crate::proxy::Unbuffered>()
+            .is_some()
+        {
+            // an event stream: every pause of the upstream is a flush
+            Some(std::time::Duration::ZERO)
         } else {
             Some(cfg.flush_interval)
         },

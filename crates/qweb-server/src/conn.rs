@@ -326,7 +326,9 @@ async fn drive<T>(
     ));
     let service = service_fn(move |req| {
         let svc = svc.clone();
-        async move { Ok::<_, Infallible>(svc.handle(req).await) }
+        // boxed: an HTTP/1 connection is polled without its shutdown (to be taken apart
+        // after an upgrade), which needs an `Unpin` future
+        Box::pin(async move { Ok::<_, Infallible>(svc.handle(req).await) })
     });
     let mut shutdown = worker.shutdown.clone();
     // A connection that completed its handshake after shutdown began (it was paused) still
@@ -344,6 +346,8 @@ async fn drive<T>(
             .timer(TokioTimer::new())
             .max_concurrent_streams(limits.max_concurrent_streams)
             .max_header_list_size(limits.max_request_header_size as u32)
+            // WebSocket over HTTP/2 (RFC 8441), for proxy routes
+            .enable_connect_protocol()
             .serve_connection(io, service);
         let mut conn = pin!(conn);
         let mut closing = false;
@@ -484,18 +488,20 @@ async fn drive<T>(
             .max_headers((limits.max_request_header_size / 32).max(100))
             .keep_alive(true)
             .serve_connection(io, service);
-        let mut conn = pin!(conn);
+        // Not pinned: once the exchange is over it is taken apart (an upgraded connection
+        // goes on as a tunnel; any other is shut down here).
+        let mut conn = conn;
         let mut closing = false;
         // Shutdown began while a request head was arriving: close after that request.
         let mut close_after_request = false;
         loop {
             if close_after_request && state.phase() == Phase::Serving {
-                conn.as_mut().graceful_shutdown();
+                Pin::new(&mut conn).graceful_shutdown();
                 close_after_request = false;
             }
             let deadline = state.deadline(timeouts);
             tokio::select! {
-                r = conn.as_mut() => {
+                r = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => {
                     if let Err(e) = r {
                         tracing::debug!(peer = %state.peer, "HTTP/1 connection error: {e}");
                         if worker.access_log && (e.is_parse() || e.is_parse_too_large()) {
@@ -503,8 +509,9 @@ async fn drive<T>(
                             let status = if e.is_parse_too_large() { 431 } else { 400 };
                             crate::access_log::refused(worker.log_format, state.peer, status);
                         }
+                        return;
                     }
-                    return;
+                    break;
                 }
                 _ = state.changed.notified() => {}
                 _ = sleep_or_never(deadline.map(|d| d.0)) => {
@@ -524,10 +531,19 @@ async fn drive<T>(
                         // hyper would close before reading the head: let it arrive first
                         // (bounded by header_read_timeout).
                         Phase::ReadingHead => close_after_request = true,
-                        Phase::Serving => conn.as_mut().graceful_shutdown(),
+                        Phase::Serving => Pin::new(&mut conn).graceful_shutdown(),
                     }
                 }
 
+            }
+        }
+        let parts = conn.into_parts();
+        let mut io = parts.io.into_inner();
+        match state.tunnel.take() {
+            Some(t) => crate::proxy::run_tunnel(io, parts.read_buf, t).await,
+            None => {
+                let shut = tokio::io::AsyncWriteExt::shutdown(&mut io);
+                let _ = tokio::time::timeout(limits.send_timeout, shut).await;
             }
         }
     }

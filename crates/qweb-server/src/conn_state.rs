@@ -129,6 +129,8 @@ pub(crate) struct ConnState {
     pub changed: Notify,
     /// The server name the TLS client sent (SNI), lower case.
     pub sni: std::cell::OnceCell<Box<str>>,
+    /// An upgrade the proxy accepted: run once the HTTP/1 exchange is over.
+    pub tunnel: crate::proxy::TunnelSlot,
 }
 
 impl ConnState {
@@ -149,6 +151,7 @@ impl ConnState {
             flood: Cell::new(false),
             changed: Notify::new(),
             sni: std::cell::OnceCell::new(),
+            tunnel: Default::default(),
         }
     }
 

@@ -58,6 +58,8 @@ pub(crate) struct Metrics {
     durations: Family<RouteLabels, Histogram>,
     reloads: Family<ResultLabels, Counter>,
     config: Arc<ConfigInfo>,
+    /// Proxy upstream health (replaced on reload).
+    pub upstreams: Arc<UpstreamsCollector>,
 }
 
 /// A route's counters, resolved once when a worker builds its routes: a request only bumps
@@ -160,6 +162,71 @@ impl Collector for WorkersCollector {
     }
 }
 
+/// One proxy route's upstreams for `/metrics`: its label, the upstreams' names, the gauges
+/// its workers share.
+pub(crate) type UpstreamRoute = (String, Vec<String>, Arc<crate::config::UpstreamGauges>);
+
+/// Reads the proxy routes' upstream health at each scrape; the routes are replaced on reload.
+#[derive(Debug, Default)]
+pub(crate) struct UpstreamsCollector {
+    routes: Mutex<Vec<UpstreamRoute>>,
+    workers: usize,
+}
+
+impl UpstreamsCollector {
+    /// The routes of the configuration now in use.
+    pub(crate) fn set(&self, routes: Vec<UpstreamRoute>) {
+        *self.routes.lock().unwrap_or_else(PoisonError::into_inner) = routes;
+    }
+}
+
+impl Collector for UpstreamsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+        if routes.is_empty() {
+            return Ok(());
+        }
+        type Get = fn(&crate::config::UpstreamGauges, usize) -> i64;
+        let down_help = format!("Workers (of {}) that skip the upstream now.", self.workers);
+        let families: [(&str, MetricType, &str, Get); 3] = [
+            (
+                "qweb_upstream_up",
+                MetricType::Gauge,
+                "Proxy upstream up on every worker (health checks, passive failures).",
+                |g, i| i64::from(g.down_workers.get(i).map_or(0, |d| d.load(Relaxed)) <= 0),
+            ),
+            (
+                "qweb_upstream_down_workers",
+                MetricType::Gauge,
+                &down_help,
+                |g, i| g.down_workers.get(i).map_or(0, |d| d.load(Relaxed)),
+            ),
+            (
+                "qweb_upstream_failures",
+                MetricType::Counter,
+                "Upstream connect failures and failed health checks.",
+                |g, i| g.failures.get(i).map_or(0, |d| d.load(Relaxed)) as i64,
+            ),
+        ];
+        for (name, kind, help, get) in families {
+            let counter = matches!(kind, MetricType::Counter);
+            let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+            for (route, names, g) in routes.iter() {
+                for (i, n) in names.iter().enumerate() {
+                    let labels = [("route", route.clone()), ("upstream", n.clone())];
+                    let sample = family.encode_family(&labels)?;
+                    if counter {
+                        ConstCounter::new(get(g, i).max(0) as u64).encode(sample)?;
+                    } else {
+                        ConstGauge::new(get(g, i)).encode(sample)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Metrics {
     /// The registry for `workers`, the engines of `engines` and the compression counters;
     /// `config_hash` names the configuration loaded at start.
@@ -186,6 +253,11 @@ impl Metrics {
             "Configuration reloads (SIGHUP, `qweb reload`) by result; a failed one left the running configuration in place.",
             reloads.clone(),
         );
+        let upstreams = Arc::new(UpstreamsCollector {
+            routes: Mutex::default(),
+            workers: workers.len(),
+        });
+        registry.register_collector(Box::new(upstreams.clone()));
         registry.register_collector(Box::new(WorkersCollector(workers)));
         let requests = Family::<RouteClassLabels, Counter>::default();
         registry.register(
@@ -211,6 +283,7 @@ impl Metrics {
             durations,
             reloads,
             config,
+            upstreams,
         }
     }
 

@@ -4,7 +4,7 @@
 //!
 //! | rule | answer |
 //! |---|---|
-//! | `CONNECT`, `TRACE` | 405 (never forwarded) |
+//! | `CONNECT` (except HTTP/2 extended CONNECT, RFC 8441), `TRACE` | 405 (never forwarded) |
 //! | HTTP/1.1 without `Host`, with two, or with an invalid value (RFC 9112 §3.2) | 400 |
 //! | HTTP/2 `host` that differs from `:authority` (RFC 9113 §8.3.1), or neither present | 400 |
 //! | `Transfer-Encoding` other than exactly `chunked` (RFC 9112 §6.1) | 501, connection closed |
@@ -41,7 +41,9 @@ impl Refusal {
 /// Checks `req` against the table above; on success returns the authority the request names
 /// (`None`: an HTTP/1.0 request without `Host`, or an empty `Host`).
 pub(crate) fn check<B>(req: &Request<B>) -> Result<Option<HeaderValue>, Refusal> {
-    if req.method() == Method::CONNECT || req.method() == Method::TRACE {
+    // an HTTP/2 extended CONNECT (RFC 8441, WebSocket) goes on to its route
+    let extended = req.extensions().get::<hyper::ext::Protocol>().is_some();
+    if (req.method() == Method::CONNECT && !extended) || req.method() == Method::TRACE {
         return Err(Refusal {
             status: StatusCode::METHOD_NOT_ALLOWED,
             close: false,

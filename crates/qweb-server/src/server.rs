@@ -182,6 +182,9 @@ impl Server {
             compression_metrics,
             config_hash(&config),
         ));
+        metrics
+            .upstreams
+            .set(crate::proxy::upstream_gauges(&config));
         let admin = match config.admin {
             Some(addr) => bind_reuseport(addr, 1)
                 .map_err(|source| ServerError::Bind { addr, source })?
@@ -715,6 +718,9 @@ impl RunningServer {
             }
         }
         self.metrics.engines.set(engine_list(&built.engines));
+        self.metrics
+            .upstreams
+            .set(crate::proxy::upstream_gauges(config));
         self.engines = built.engines;
         self.addrs = listeners.iter().map(|l| l.bound).collect();
         self.listeners = listeners;

@@ -44,6 +44,7 @@ impl Service {
         let client = ClientInfo {
             addr: conn.peer,
             tls,
+            conn: conn.clone(),
         };
         Service {
             worker,

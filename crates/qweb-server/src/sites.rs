@@ -103,6 +103,11 @@ impl Sites {
     }
 
     /// The routes of `site` (`top`: the top-level routes).
+    /// Every site's routes.
+    pub(crate) fn all_routes(&self) -> impl Iterator<Item = &Route> {
+        self.list.iter().flat_map(|s| s.routes.iter())
+    }
+
     pub(crate) fn routes<'a>(&'a self, site: SiteId, top: &'a [Route]) -> &'a [Route] {
         match site.and_then(|i| self.list.get(i)) {
             Some(s) => &s.routes,

@@ -301,6 +301,11 @@ impl Worker {
             };
             next.insert(l.bound, accepting);
         }
+        for r in ctx.routes.iter().chain(ctx.sites.all_routes()) {
+            if let Handler::Proxy(p) = &r.handler {
+                p.start_health_checks();
+            }
+        }
         // listeners the generation does not have: their sockets close now
         for (addr, a) in self.accepting.drain() {
             tracing::debug!(worker = self.id, listener = %addr, "listener closed by reload");

@@ -234,7 +234,8 @@ fn h1_cases() -> Vec<Case> {
         case("X-Forwarded-For appended", "GET /up/x HTTP/1.1\nHost: localhost\nX-Forwarded-For: 10.0.0.1\nX-Forwarded-For: 10.0.0.2\n\n", 200, Got(|r| r.header_all("x-forwarded-for") == ["10.0.0.1, 10.0.0.2, 127.0.0.1"])),
         case("Forwarded dropped", "GET /up/x HTTP/1.1\nHost: localhost\nForwarded: for=6.6.6.6\n\n", 200, Got(|r| r.header("forwarded").is_none())),
         case("X-Real-IP replaced", "GET /up/x HTTP/1.1\nHost: localhost\nX-Real-IP: 6.6.6.6\n\n", 200, Got(|r| r.header_all("x-real-ip") == ["127.0.0.1"])),
-        case("Upgrade stripped", "GET /up/x HTTP/1.1\nHost: localhost\nUpgrade: websocket\nConnection: Upgrade\n\n", 200, Got(|r| r.header("upgrade").is_none() && r.header("connection").is_none())),
+        // (WebSocket upgrades pass by default since the proxy passes upgrades: see proxy_upgrade.rs)
+        case("Upgrade h2c stripped", "GET /up/x HTTP/1.1\nHost: localhost\nUpgrade: h2c\nConnection: Upgrade, HTTP2-Settings\nHTTP2-Settings: AAMAAABkAAQAAP__\n\n", 200, Got(|r| r.header("upgrade").is_none() && r.header("connection").is_none() && r.header("http2-settings").is_none())),
         case("Proxy-Connection stripped", "GET /up/x HTTP/1.1\nHost: localhost\nProxy-Connection: keep-alive\nKeep-Alive: 300\nTE: trailers\n\n", 200, Got(|r| r.header("proxy-connection").is_none() && r.header("keep-alive").is_none() && r.header("te").is_none())),
         case("120 small headers", "GET /up/x HTTP/1.1\nHost: localhost\n{many}\n", 200, Got(|r| r.header_all("x-h").len() == 120)),
         // sizes

@@ -265,6 +265,8 @@ pub struct CertificateConfig {
     pub key: Option<PathBuf>,
 }
 
+pub use proxy::{Balance, HashKey, HealthCheck, UpstreamGauges};
+
 /// A path prefix and what serves it.
 #[derive(Debug, Clone)]
 pub struct RouteConfig {
@@ -282,6 +284,8 @@ pub struct RouteConfig {
 
 /// What serves a route.
 #[derive(Debug, Clone)]
+// a handful per configuration, built once: the size of the proxy variant costs nothing
+#[allow(clippy::large_enum_variant)]
 pub enum RouteAction {
     /// Files under a directory.
     Static(StaticConfig),
@@ -356,6 +360,32 @@ pub struct ProxyConfig {
     pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Largest upstream response head; larger is a 502.
     pub max_response_header_size: usize,
+    /// HTTP/1.1 `Upgrade` tokens passed through to the upstream (lowercase; default
+    /// `["websocket"]`); other upgrades are stripped.
+    pub upgrade: Vec<String>,
+    /// An upgraded connection with no bytes moving either way for this long is closed.
+    pub upgrade_idle_timeout: Duration,
+    /// Largest request body (413 beyond); `None`: no limit.
+    pub max_body_size: Option<u64>,
+    /// Read the whole request body before sending it, with a `Content-Length`.
+    pub buffer_request_body: bool,
+    /// TLS to the `https://` upstreams (roots, client certificate), when there are any.
+    pub upstream_tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    /// The name `https://` upstreams are verified against (and sent as SNI) instead of the
+    /// URL's host (`upstream_server_name`).
+    pub upstream_server_name: Option<String>,
+    /// How an upstream is chosen (`balance`, `hash_key`).
+    pub balance: Balance,
+    /// Each upstream's weight (`weights`, default 1 each).
+    pub weights: Vec<u32>,
+    /// Connect failures in a row that take an upstream out (0: never).
+    pub max_fails: u32,
+    /// How long an upstream that failed `max_fails` times is skipped.
+    pub fail_timeout: Duration,
+    /// Active health checks (`health_check`).
+    pub health_check: Option<HealthCheck>,
+    /// Upstream health as all workers see it (not a key: filled for `/metrics`).
+    pub gauges: std::sync::Arc<UpstreamGauges>,
 }
 
 /// One upstream server.
@@ -365,6 +395,13 @@ pub struct Upstream {
     pub name: String,
     /// Resolved when the configuration is loaded.
     pub addr: SocketAddr,
+    /// `https://`: TLS to the upstream.
+    pub tls: bool,
+    /// The URL's host (the TLS server name unless `upstream_server_name` says otherwise).
+    pub host: String,
+    /// Spoken to in HTTP/2: `h2c://` (prior knowledge), or `https://` with
+    /// `upstream_http2 = true` (ALPN h2).
+    pub h2: bool,
 }
 
 impl Config {

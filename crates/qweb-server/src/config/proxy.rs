@@ -1,6 +1,7 @@
 //! The keys of a proxy route (`[[route]]` with `upstreams`), validated.
 
 use std::net::ToSocketAddrs;
+use std::sync::Arc;
 use std::time::Duration;
 
 use toml::Spanned;
@@ -10,6 +11,9 @@ use super::{ConfigError, ProxyConfig, Upstream, Validator};
 
 /// Smallest upstream response head limit: hyper's HTTP/1 client cannot buffer less.
 const MIN_RESPONSE_HEADER_SIZE: u64 = 8 * 1024;
+
+/// Largest body `buffer_request_body` may hold in memory.
+const MAX_BUFFERED_BODY: u64 = 1 << 30;
 
 impl Validator<'_> {
     /// The proxy part of route `i` (its `upstreams` are `ups`).
@@ -26,7 +30,7 @@ impl Validator<'_> {
                 "at least one upstream is needed",
             ));
         }
-        let mut upstreams = Vec::new();
+        let mut upstreams: Vec<Upstream> = Vec::new();
         for (j, u) in ups.get_ref().iter().enumerate() {
             let up = parse_upstream(u.get_ref())
                 .map_err(|m| self.err(Some(u.span()), format!("route[{i}].upstreams[{j}]"), m))?;
@@ -62,7 +66,80 @@ impl Validator<'_> {
                 "`pass_raw_path` forwards the client's path as sent: it cannot be combined with `strip_prefix`",
             ));
         }
+        let upgrade = self.upgrade_tokens(i, rr)?;
+        let upgrade_idle_timeout = match &rr.upgrade_idle_timeout {
+            None => Duration::from_secs(300),
+            Some(d) if d.get_ref().0.is_zero() => {
+                return Err(self.err(
+                    Some(d.span()),
+                    format!("route[{i}].upgrade_idle_timeout"),
+                    "must be more than 0",
+                ))
+            }
+            Some(d) => d.get_ref().0,
+        };
+        let max_body_size = match &rr.max_body_size {
+            None => None,
+            Some(s) if s.get_ref().0 == 0 => {
+                return Err(self.err(
+                    Some(s.span()),
+                    format!("route[{i}].max_body_size"),
+                    "must be more than 0 (leave it out for no limit)",
+                ))
+            }
+            Some(s) => Some(s.get_ref().0),
+        };
+        let buffer_request_body = rr.buffer_request_body.unwrap_or(false);
+        match max_body_size {
+            None if buffer_request_body => {
+                return Err(self.err(
+                    None,
+                    format!("route[{i}].buffer_request_body"),
+                    "`buffer_request_body` holds the body in memory: set `max_body_size` too",
+                ))
+            }
+            Some(n) if buffer_request_body && n > MAX_BUFFERED_BODY => {
+                return Err(self.err(
+                    rr.max_body_size.as_ref().map(|s| s.span()),
+                    format!("route[{i}].max_body_size"),
+                    "with `buffer_request_body`, at most 1GiB",
+                ))
+            }
+            _ => {}
+        }
+        if let Some(h2) = &rr.upstream_http2 {
+            if !upstreams.iter().any(|u| u.tls) {
+                return Err(self.err(
+                    Some(h2.span()),
+                    format!("route[{i}].upstream_http2"),
+                    "`upstream_http2` is for https:// upstreams (use h2c://host:port for cleartext HTTP/2)",
+                ));
+            }
+            for u in upstreams.iter_mut().filter(|u| u.tls) {
+                u.h2 = *h2.get_ref();
+            }
+        }
+        let upstream_tls = self.upstream_tls(i, rr, upstreams.iter().any(|u| u.tls))?;
+        let (balance, weights, health_check) = self.balancing(i, rr, upstreams.len())?;
         Ok(ProxyConfig {
+            gauges: UpstreamGauges::new(upstreams.len()),
+            balance,
+            weights,
+            max_fails: rr.max_fails.unwrap_or(1),
+            fail_timeout: rr
+                .fail_timeout
+                .as_ref()
+                .map_or(Duration::from_secs(10), |d| d.get_ref().0),
+            health_check,
+            upstream_tls,
+            upstream_server_name: rr
+                .upstream_server_name
+                .as_ref()
+                .map(|s| s.get_ref().clone()),
+            upgrade,
+            upgrade_idle_timeout,
+            max_body_size,
+            buffer_request_body,
             upstreams,
             connect_timeout: rr
                 .connect_timeout
@@ -98,6 +175,21 @@ impl Validator<'_> {
                 "max_response_header_size",
                 rr.max_response_header_size.is_some(),
             ),
+            ("upgrade", rr.upgrade.is_some()),
+            ("upgrade_idle_timeout", rr.upgrade_idle_timeout.is_some()),
+            ("max_body_size", rr.max_body_size.is_some()),
+            ("buffer_request_body", rr.buffer_request_body.is_some()),
+            ("upstream_ca", rr.upstream_ca.is_some()),
+            ("upstream_server_name", rr.upstream_server_name.is_some()),
+            ("upstream_client_cert", rr.upstream_client_cert.is_some()),
+            ("upstream_client_key", rr.upstream_client_key.is_some()),
+            ("balance", rr.balance.is_some()),
+            ("hash_key", rr.hash_key.is_some()),
+            ("weights", rr.weights.is_some()),
+            ("max_fails", rr.max_fails.is_some()),
+            ("fail_timeout", rr.fail_timeout.is_some()),
+            ("health_check", rr.health_check.is_some()),
+            ("upstream_http2", rr.upstream_http2.is_some()),
         ];
         match set.iter().find(|(_, on)| *on) {
             Some((key, _)) => Err(self.err(
@@ -107,6 +199,368 @@ impl Validator<'_> {
             )),
             None => Ok(()),
         }
+    }
+}
+
+/// Health of a route's upstreams as the workers see it, shared by all of them (for
+/// `/metrics`): how many workers have each upstream down.
+#[derive(Debug, Default)]
+pub struct UpstreamGauges {
+    /// Per upstream (config order): workers that skip it now.
+    pub down_workers: Vec<std::sync::atomic::AtomicI64>,
+    /// Per upstream: connect failures and failed health checks, all workers.
+    pub failures: Vec<std::sync::atomic::AtomicU64>,
+}
+
+impl UpstreamGauges {
+    fn new(n: usize) -> Arc<Self> {
+        Arc::new(UpstreamGauges {
+            down_workers: (0..n).map(|_| Default::default()).collect(),
+            failures: (0..n).map(|_| Default::default()).collect(),
+        })
+    }
+}
+
+/// How a proxy route chooses an upstream (`balance`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Balance {
+    /// In turn, by weight (smooth weighted round-robin).
+    RoundRobin,
+    /// The fewest requests in flight on this worker, relative to weight.
+    LeastConn,
+    /// By a key of the request, consistently (rendezvous hashing: adding an upstream moves
+    /// only the keys it wins).
+    Hash(HashKey),
+}
+
+/// What `balance = "hash"` hashes (`hash_key`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashKey {
+    /// The client's address (`"client_ip"`, the default).
+    ClientIp,
+    /// A request header's value (`"header:X-User"`).
+    Header(http::HeaderName),
+    /// A cookie's value (`"cookie:session"`).
+    Cookie(String),
+}
+
+/// Active health checks (`health_check = { path, interval, expect, timeout }`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// Path (and query) requested with GET.
+    pub path: String,
+    /// Time between two checks of an upstream.
+    pub interval: Duration,
+    /// The status a healthy upstream answers.
+    pub expect: u16,
+    /// Time a check may take (default: the interval).
+    pub timeout: Duration,
+}
+
+/// `health_check` as written.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHealthCheck {
+    pub path: Spanned<String>,
+    pub interval: Option<Spanned<super::units::Dur>>,
+    pub expect: Option<Spanned<u16>>,
+    pub timeout: Option<Spanned<super::units::Dur>>,
+}
+
+impl Validator<'_> {
+    /// `balance`, `hash_key`, `weights` (one per upstream), `health_check`.
+    fn balancing(
+        &self,
+        i: usize,
+        rr: &RawRoute,
+        n: usize,
+    ) -> Result<(Balance, Vec<u32>, Option<HealthCheck>), ConfigError> {
+        let hash_key = match &rr.hash_key {
+            None => HashKey::ClientIp,
+            Some(k) => {
+                let key = format!("route[{i}].hash_key");
+                let v = k.get_ref().trim();
+                if v == "client_ip" {
+                    HashKey::ClientIp
+                } else if let Some(h) = v.strip_prefix("header:") {
+                    HashKey::Header(http::HeaderName::from_bytes(h.trim().as_bytes()).map_err(
+                        |_| {
+                            self.err(
+                                Some(k.span()),
+                                key.clone(),
+                                format!("`{h}` is not a header name"),
+                            )
+                        },
+                    )?)
+                } else if let Some(c) = v.strip_prefix("cookie:").filter(|c| !c.trim().is_empty()) {
+                    HashKey::Cookie(c.trim().to_owned())
+                } else {
+                    return Err(self.err(
+                        Some(k.span()),
+                        key,
+                        "use \"client_ip\", \"header:NAME\" or \"cookie:NAME\"",
+                    ));
+                }
+            }
+        };
+        let balance = match rr.balance.as_ref().map(|b| (b, b.get_ref().as_str())) {
+            None | Some((_, "round_robin")) => Balance::RoundRobin,
+            Some((_, "least_conn")) => Balance::LeastConn,
+            Some((_, "hash")) => Balance::Hash(hash_key),
+            Some((b, other)) => {
+                return Err(self.err(
+                    Some(b.span()),
+                    format!("route[{i}].balance"),
+                    format!("`{other}`: use \"round_robin\", \"least_conn\" or \"hash\""),
+                ))
+            }
+        };
+        if rr.hash_key.is_some() && !matches!(balance, Balance::Hash(_)) {
+            return Err(self.err(
+                rr.hash_key.as_ref().map(|k| k.span()),
+                format!("route[{i}].hash_key"),
+                "`hash_key` is for `balance = \"hash\"`",
+            ));
+        }
+        let weights = match &rr.weights {
+            None => vec![1; n],
+            Some(w) => {
+                if w.get_ref().len() != n {
+                    return Err(self.err(
+                        Some(w.span()),
+                        format!("route[{i}].weights"),
+                        format!(
+                            "one weight per upstream: {n} upstreams, {} weights",
+                            w.get_ref().len()
+                        ),
+                    ));
+                }
+                let mut out = Vec::new();
+                for (j, x) in w.get_ref().iter().enumerate() {
+                    if *x.get_ref() == 0 || *x.get_ref() > 1000 {
+                        return Err(self.err(
+                            Some(x.span()),
+                            format!("route[{i}].weights[{j}]"),
+                            "a weight is from 1 to 1000",
+                        ));
+                    }
+                    out.push(*x.get_ref());
+                }
+                out
+            }
+        };
+        let health_check = match &rr.health_check {
+            None => None,
+            Some(h) => {
+                let key = format!("route[{i}].health_check");
+                let raw = h.get_ref();
+                let path = raw.path.get_ref();
+                if !path.starts_with('/')
+                    || http::uri::PathAndQuery::try_from(path.as_str()).is_err()
+                {
+                    return Err(self.err(
+                        Some(raw.path.span()),
+                        format!("{key}.path"),
+                        format!("`{path}` is not a path (e.g. \"/healthz\")"),
+                    ));
+                }
+                let interval = raw
+                    .interval
+                    .as_ref()
+                    .map_or(Duration::from_secs(5), |d| d.get_ref().0);
+                if interval < Duration::from_millis(10) {
+                    return Err(self.err(
+                        raw.interval.as_ref().map(|d| d.span()),
+                        format!("{key}.interval"),
+                        "at least 10ms",
+                    ));
+                }
+                let expect = raw.expect.as_ref().map_or(200, |e| *e.get_ref());
+                if !(100..=599).contains(&expect) {
+                    return Err(self.err(
+                        raw.expect.as_ref().map(|e| e.span()),
+                        format!("{key}.expect"),
+                        "an HTTP status (100 to 599)",
+                    ));
+                }
+                let timeout = raw.timeout.as_ref().map_or(interval, |d| d.get_ref().0);
+                if timeout.is_zero() {
+                    return Err(self.err(
+                        raw.timeout.as_ref().map(|d| d.span()),
+                        format!("{key}.timeout"),
+                        "must be more than 0",
+                    ));
+                }
+                Some(HealthCheck {
+                    path: path.clone(),
+                    interval,
+                    expect,
+                    timeout,
+                })
+            }
+        };
+        Ok((balance, weights, health_check))
+    }
+
+    /// The TLS client configuration for a route's `https://` upstreams: `upstream_ca` (PEM)
+    /// or the system's roots, the client certificate of `upstream_client_cert` and
+    /// `upstream_client_key` (mTLS), `upstream_server_name` checked. `None` without `https://`
+    /// upstreams (the keys are then refused).
+    fn upstream_tls(
+        &self,
+        i: usize,
+        rr: &RawRoute,
+        any_tls: bool,
+    ) -> Result<Option<Arc<rustls::ClientConfig>>, ConfigError> {
+        if !any_tls {
+            let set = [
+                ("upstream_ca", rr.upstream_ca.as_ref().map(|s| s.span())),
+                (
+                    "upstream_server_name",
+                    rr.upstream_server_name.as_ref().map(|s| s.span()),
+                ),
+                (
+                    "upstream_client_cert",
+                    rr.upstream_client_cert.as_ref().map(|s| s.span()),
+                ),
+                (
+                    "upstream_client_key",
+                    rr.upstream_client_key.as_ref().map(|s| s.span()),
+                ),
+            ];
+            if let Some((key, span)) = set.into_iter().find(|(_, s)| s.is_some()) {
+                return Err(self.err(
+                    span,
+                    format!("route[{i}].{key}"),
+                    format!("`{key}` is for https:// upstreams; this route has none"),
+                ));
+            }
+            return Ok(None);
+        }
+        if let Some(n) = &rr.upstream_server_name {
+            if rustls::pki_types::ServerName::try_from(n.get_ref().as_str()).is_err() {
+                return Err(self.err(
+                    Some(n.span()),
+                    format!("route[{i}].upstream_server_name"),
+                    format!("`{}` is not a DNS name or IP address", n.get_ref()),
+                ));
+            }
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        match &rr.upstream_ca {
+            Some(ca) => {
+                let key = format!("route[{i}].upstream_ca");
+                let path = self.path(ca.get_ref());
+                let certs = qweb_tls::load_certs(&path)
+                    .map_err(|e| self.err(Some(ca.span()), key.clone(), e.to_string()))?;
+                for c in certs {
+                    roots.add(c).map_err(|e| {
+                        self.err(
+                            Some(ca.span()),
+                            key.clone(),
+                            format!("{}: not a usable CA certificate: {e}", path.display()),
+                        )
+                    })?;
+                }
+            }
+            None => {
+                let found = rustls_native_certs::load_native_certs();
+                let (added, _) = roots.add_parsable_certificates(found.certs);
+                if added == 0 {
+                    return Err(self.err(
+                        None,
+                        format!("route[{i}].upstream_ca"),
+                        "no system CA certificates found for the https:// upstreams: set `upstream_ca`",
+                    ));
+                }
+            }
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| self.err(None, format!("route[{i}].upstreams"), e.to_string()))?
+            .with_root_certificates(roots);
+        let mut cfg = match (&rr.upstream_client_cert, &rr.upstream_client_key) {
+            (None, None) => builder.with_no_client_auth(),
+            (Some(c), Some(k)) => {
+                let certs = qweb_tls::load_certs(&self.path(c.get_ref())).map_err(|e| {
+                    self.err(
+                        Some(c.span()),
+                        format!("route[{i}].upstream_client_cert"),
+                        e.to_string(),
+                    )
+                })?;
+                let key = qweb_tls::load_private_key(&self.path(k.get_ref())).map_err(|e| {
+                    self.err(
+                        Some(k.span()),
+                        format!("route[{i}].upstream_client_key"),
+                        e.to_string(),
+                    )
+                })?;
+                builder.with_client_auth_cert(certs, key).map_err(|e| {
+                    self.err(
+                        Some(k.span()),
+                        format!("route[{i}].upstream_client_key"),
+                        format!("does not match upstream_client_cert: {e}"),
+                    )
+                })?
+            }
+            (Some(c), None) => {
+                return Err(self.err(
+                    Some(c.span()),
+                    format!("route[{i}].upstream_client_key"),
+                    "`upstream_client_cert` needs `upstream_client_key`",
+                ))
+            }
+            (None, Some(k)) => {
+                return Err(self.err(
+                    Some(k.span()),
+                    format!("route[{i}].upstream_client_cert"),
+                    "`upstream_client_key` needs `upstream_client_cert`",
+                ))
+            }
+        };
+        cfg.alpn_protocols = if rr.upstream_http2.as_ref().is_some_and(|h| *h.get_ref()) {
+            vec![b"h2".to_vec()]
+        } else {
+            vec![b"http/1.1".to_vec()]
+        };
+        Ok(Some(Arc::new(cfg)))
+    }
+
+    /// `upgrade = ["websocket", ...]`: protocol tokens (RFC 9110 §7.8), lowercased; `h2c` is
+    /// refused (an h2c upgrade through a proxy reaches the upstream's HTTP/2 side without the
+    /// proxy's request checks: request smuggling).
+    fn upgrade_tokens(&self, i: usize, rr: &RawRoute) -> Result<Vec<String>, ConfigError> {
+        let Some(list) = &rr.upgrade else {
+            return Ok(vec!["websocket".to_owned()]);
+        };
+        let mut out = Vec::new();
+        for (j, t) in list.get_ref().iter().enumerate() {
+            let key = format!("route[{i}].upgrade[{j}]");
+            let v = t.get_ref().trim();
+            let name = v.split('/').next().unwrap_or("");
+            let token = |s: &str| {
+                !s.is_empty()
+                    && s.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+            };
+            if !v.split('/').all(token) || v.split('/').count() > 2 {
+                return Err(self.err(
+                    Some(t.span()),
+                    key,
+                    format!("`{v}` is not a protocol token (e.g. \"websocket\")"),
+                ));
+            }
+            if name.eq_ignore_ascii_case("h2c") {
+                return Err(self.err(
+                    Some(t.span()),
+                    key,
+                    "`h2c` upgrades are never passed (they smuggle requests past the proxy)",
+                ));
+            }
+            out.push(v.to_ascii_lowercase());
+        }
+        Ok(out)
     }
 }
 
@@ -120,26 +574,203 @@ fn parse_cidr(s: &str) -> Result<ipnet::IpNet, String> {
         .map_err(|_| format!("`{s}` is not an address or CIDR block (e.g. 10.0.0.0/8)"))
 }
 
-/// `host:port` or `http://host:port`, resolved now.
+/// `host:port`, `http://host:port` or `https://host:port` (default port 443), resolved now.
 pub(super) fn parse_upstream(s: &str) -> Result<Upstream, String> {
-    let hostport = if let Some(rest) = s.strip_prefix("http://") {
-        rest.trim_end_matches('/')
-    } else if s.starts_with("https://") {
-        return Err("https upstreams are not supported yet; use http://host:port".into());
+    let (tls, h2, rest) = if let Some(rest) = s.strip_prefix("http://") {
+        (false, false, rest)
+    } else if let Some(rest) = s.strip_prefix("https://") {
+        (true, false, rest)
+    } else if let Some(rest) = s.strip_prefix("h2c://") {
+        (false, true, rest)
+    } else if s.contains("://") {
+        return Err(format!(
+            "`{s}`: an upstream is host:port, http://host:port, https://host:port or h2c://host:port"
+        ));
     } else {
-        s
+        (false, false, s)
     };
+    let hostport = rest.trim_end_matches('/');
     if hostport.contains('/') {
         return Err(format!("`{s}`: an upstream is `host:port` without a path"));
     }
+    let has_port = hostport.rsplit_once(':').is_some_and(|(h, p)| {
+        !p.is_empty()
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && (!h.starts_with('[') || h.ends_with(']'))
+    });
+    let hostport = if has_port || !tls {
+        hostport.to_owned()
+    } else {
+        format!("{hostport}:443")
+    };
     let mut addrs = hostport
         .to_socket_addrs()
         .map_err(|e| format!("`{s}` is not a reachable host:port: {e}"))?;
     let addr = addrs
         .next()
         .ok_or_else(|| format!("`{s}` resolves to no address"))?;
+    let host = hostport
+        .rsplit_once(':')
+        .map_or(hostport.as_str(), |(h, _)| h)
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    if tls && rustls::pki_types::ServerName::try_from(host.as_str()).is_err() {
+        return Err(format!("`{s}`: `{host}` is not a TLS server name"));
+    }
     Ok(Upstream {
-        name: hostport.to_owned(),
+        name: hostport,
         addr,
+        tls,
+        host,
+        h2,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::{Config, ProxyConfig, RouteAction};
+
+    fn route(keys: &str) -> Result<ProxyConfig, String> {
+        let text = format!("[[route]]\nprefix = \"/api\"\nupstreams = [\"127.0.0.1:9\"]\n{keys}\n");
+        let c = Config::from_str_at(&text, Some(Path::new("/etc/qweb/test.toml")))
+            .map_err(|e| e.to_string())?;
+        match &c.routes.iter().find(|r| r.prefix == "/api").unwrap().action {
+            RouteAction::Proxy(p) => Ok(p.clone()),
+            _ => panic!("not a proxy route"),
+        }
+    }
+
+    #[test]
+    fn upgrade_and_body_defaults() {
+        let p = route("").unwrap();
+        assert_eq!(p.upgrade, vec!["websocket".to_owned()]);
+        assert_eq!(p.upgrade_idle_timeout, std::time::Duration::from_secs(300));
+        assert_eq!(p.max_body_size, None);
+        assert!(!p.buffer_request_body);
+        let p = route(
+            "upgrade = [\"WebSocket\", \"foo/2\"]\nupgrade_idle_timeout = \"30s\"\n\
+             max_body_size = \"1MiB\"\nbuffer_request_body = true",
+        )
+        .unwrap();
+        assert_eq!(p.upgrade, vec!["websocket".to_owned(), "foo/2".to_owned()]);
+        assert_eq!(p.upgrade_idle_timeout, std::time::Duration::from_secs(30));
+        assert_eq!(p.max_body_size, Some(1 << 20));
+        assert!(p.buffer_request_body);
+        assert!(route("upgrade = []").unwrap().upgrade.is_empty());
+    }
+
+    #[test]
+    fn upgrade_and_body_errors_name_the_key() {
+        let e = route("upgrade = [\"websocket\", \"h2c\"]").unwrap_err();
+        assert!(
+            e.contains(":4:") && e.contains("key `route[0].upgrade[1]`"),
+            "{e}"
+        );
+        assert!(e.contains("smuggle"), "{e}");
+        let e = route("upgrade = [\"web socket\"]").unwrap_err();
+        assert!(e.contains("key `route[0].upgrade[0]`"), "{e}");
+        let e = route("upgrade_idle_timeout = \"0s\"").unwrap_err();
+        assert!(e.contains("key `route[0].upgrade_idle_timeout`"), "{e}");
+        let e = route("max_body_size = 0").unwrap_err();
+        assert!(
+            e.contains(":4:") && e.contains("key `route[0].max_body_size`"),
+            "{e}"
+        );
+        let e = route("buffer_request_body = true").unwrap_err();
+        assert!(e.contains("key `route[0].buffer_request_body`"), "{e}");
+        let e = route("buffer_request_body = true\nmax_body_size = \"2GiB\"").unwrap_err();
+        assert!(e.contains("key `route[0].max_body_size`"), "{e}");
+        let text = "[[route]]\nprefix = \"/\"\nroot = \"/tmp\"\nmax_body_size = \"1MiB\"\n";
+        let e = Config::from_str_at(text, None).unwrap_err().to_string();
+        assert!(e.contains("key `route[0].max_body_size`"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod balance_tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use crate::config::{Balance, Config, HashKey, RouteAction};
+
+    fn route(keys: &str) -> Result<crate::config::ProxyConfig, String> {
+        let text = format!(
+            "[[route]]\nprefix = \"/api\"\nupstreams = [\"127.0.0.1:9\", \"127.0.0.1:10\"]\n{keys}\n"
+        );
+        let c = Config::from_str_at(&text, Some(Path::new("/etc/qweb/test.toml")))
+            .map_err(|e| e.to_string())?;
+        match &c.routes.iter().find(|r| r.prefix == "/api").unwrap().action {
+            RouteAction::Proxy(p) => Ok(p.clone()),
+            _ => panic!("not a proxy route"),
+        }
+    }
+
+    #[test]
+    fn defaults_and_every_key() {
+        let p = route("").unwrap();
+        assert_eq!(p.balance, Balance::RoundRobin);
+        assert_eq!(p.weights, vec![1, 1]);
+        assert_eq!((p.max_fails, p.fail_timeout), (1, Duration::from_secs(10)));
+        assert!(p.health_check.is_none());
+        let p = route(
+            "balance = \"hash\"\nhash_key = \"cookie:sid\"\nweights = [2, 3]\nmax_fails = 0\n\
+             fail_timeout = \"1s\"\n\
+             health_check = { path = \"/hz?x=1\", interval = \"2s\", expect = 204, timeout = \"1s\" }",
+        )
+        .unwrap();
+        assert_eq!(p.balance, Balance::Hash(HashKey::Cookie("sid".into())));
+        assert_eq!(p.weights, vec![2, 3]);
+        assert_eq!((p.max_fails, p.fail_timeout), (0, Duration::from_secs(1)));
+        let hc = p.health_check.unwrap();
+        assert_eq!(
+            (hc.path.as_str(), hc.interval, hc.expect, hc.timeout),
+            (
+                "/hz?x=1",
+                Duration::from_secs(2),
+                204,
+                Duration::from_secs(1)
+            )
+        );
+        let p = route("balance = \"hash\"").unwrap();
+        assert_eq!(p.balance, Balance::Hash(HashKey::ClientIp));
+        let p = route("balance = \"least_conn\"\nhealth_check = { path = \"/\" }").unwrap();
+        assert_eq!(p.balance, Balance::LeastConn);
+        assert_eq!(p.health_check.unwrap().interval, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases = [
+            ("balance = \"random\"", "key `route[0].balance`"),
+            (
+                "balance = \"hash\"\nhash_key = \"ip\"",
+                "key `route[0].hash_key`",
+            ),
+            ("hash_key = \"client_ip\"", "key `route[0].hash_key`"),
+            ("weights = [1]", "key `route[0].weights`"),
+            ("weights = [1, 0]", "key `route[0].weights[1]`"),
+            (
+                "health_check = { path = \"hz\" }",
+                "key `route[0].health_check.path`",
+            ),
+            (
+                "health_check = { path = \"/\", expect = 99 }",
+                "key `route[0].health_check.expect`",
+            ),
+            (
+                "health_check = { path = \"/\", interval = \"1ms\" }",
+                "key `route[0].health_check.interval`",
+            ),
+            ("health_check = { path = \"/\", every = \"1s\" }", "every"),
+            ("upstream_http2 = true", "key `route[0].upstream_http2`"),
+        ];
+        for (keys, want) in cases {
+            let e = route(keys).unwrap_err();
+            assert!(e.contains(want), "{keys}: {e}");
+            assert!(e.starts_with("/etc/qweb/test.toml:"), "{e}");
+        }
+    }
 }

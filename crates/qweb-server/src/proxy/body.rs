@@ -25,6 +25,8 @@ pub(super) enum ClientBodyError {
     Malformed,
     /// No body bytes for `client_body_timeout`.
     Timeout,
+    /// More than the route's `max_body_size`.
+    TooLarge,
 }
 
 /// How the request body is moving, shared between [`ClientBody`] (inside hyper's client
@@ -54,24 +56,76 @@ impl Progress {
 
 /// The client's request body as sent upstream: reports progress, and fails when the client
 /// pauses longer than `client_body_timeout` between two reads (an active upload is never cut:
-/// each piece restarts the clock).
+/// each piece restarts the clock), or when it grows past the route's `max_body_size` (the
+/// piece that crosses the limit is not passed on).
 pub(crate) struct ClientBody {
-    inner: Incoming,
+    inner: Source,
     progress: Rc<Progress>,
     idle: Duration,
     sleep: Option<Pin<Box<Sleep>>>,
+    limit: Option<u64>,
+    seen: u64,
+}
+
+/// Where the body's bytes come from.
+enum Source {
+    /// Streamed from the client as it arrives.
+    Stream(Incoming),
+    /// Read whole beforehand (`buffer_request_body`); `None` once sent.
+    Buffered(Option<Bytes>),
 }
 
 impl ClientBody {
-    pub(super) fn new(inner: Incoming, idle: Duration) -> (Self, Rc<Progress>) {
+    pub(super) fn new(inner: Incoming, idle: Duration, limit: Option<u64>) -> (Self, Rc<Progress>) {
         let progress = Progress::new(inner.is_end_stream());
         let body = ClientBody {
-            inner,
+            inner: Source::Stream(inner),
             progress: progress.clone(),
             idle,
             sleep: None,
+            limit,
+            seen: 0,
         };
         (body, progress)
+    }
+
+    /// A body read whole beforehand.
+    pub(super) fn buffered(data: Bytes) -> (Self, Rc<Progress>) {
+        let progress = Progress::new(data.is_empty());
+        let body = ClientBody {
+            inner: Source::Buffered((!data.is_empty()).then_some(data)),
+            progress: progress.clone(),
+            idle: Duration::MAX,
+            sleep: None,
+            limit: None,
+            seen: 0,
+        };
+        (body, progress)
+    }
+}
+
+/// Reads the client's whole body (`buffer_request_body`): at most `limit` bytes, no pause
+/// longer than `idle`.
+pub(super) async fn read_whole(
+    mut body: Incoming,
+    limit: u64,
+    idle: Duration,
+) -> Result<Bytes, ClientBodyError> {
+    use http_body_util::BodyExt;
+    let mut out = bytes::BytesMut::new();
+    loop {
+        let frame = match tokio::time::timeout(idle, body.frame()).await {
+            Err(_) => return Err(ClientBodyError::Timeout),
+            Ok(None) => return Ok(out.freeze()),
+            Ok(Some(Err(_))) => return Err(ClientBodyError::Malformed),
+            Ok(Some(Ok(f))) => f,
+        };
+        if let Some(d) = frame.data_ref() {
+            if out.len() as u64 + d.len() as u64 > limit {
+                return Err(ClientBodyError::TooLarge);
+            }
+            out.extend_from_slice(d);
+        }
     }
 }
 
@@ -85,12 +139,27 @@ impl HttpBody for ClientBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         let p = &this.progress;
-        match Pin::new(&mut this.inner).poll_frame(cx) {
+        let inner = match &mut this.inner {
+            Source::Buffered(data) => {
+                p.last.set(Instant::now());
+                p.finished.set(true);
+                return Poll::Ready(data.take().map(|d| Ok(Frame::data(d))));
+            }
+            Source::Stream(inner) => inner,
+        };
+        match Pin::new(&mut *inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(f))) => {
+                if let (Some(limit), Some(d)) = (this.limit, f.data_ref()) {
+                    this.seen += d.len() as u64;
+                    if this.seen > limit {
+                        p.client_error.set(Some(ClientBodyError::TooLarge));
+                        return Poll::Ready(Some(Err("request body over max_body_size".into())));
+                    }
+                }
                 p.last.set(Instant::now());
                 p.waiting_on_client.set(false);
                 this.sleep = None;
-                if this.inner.is_end_stream() {
+                if inner.is_end_stream() {
                     p.finished.set(true);
                 }
                 Poll::Ready(Some(Ok(f)))
@@ -121,11 +190,17 @@ impl HttpBody for ClientBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.inner {
+            Source::Stream(i) => i.is_end_stream(),
+            Source::Buffered(d) => d.is_none(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.inner {
+            Source::Stream(i) => i.size_hint(),
+            Source::Buffered(d) => SizeHint::with_exact(d.as_ref().map_or(0, |d| d.len() as u64)),
+        }
     }
 }
 
@@ -137,6 +212,8 @@ impl HttpBody for ClientBody {
 pub(super) struct UpstreamBody {
     pub inner: Incoming,
     pub conn: Option<UpstreamConn>,
+    /// Counts the request as in flight to its upstream until the body is dropped.
+    pub _load: Option<super::balance::Load>,
     pub proxy: Rc<Proxy>,
     pub idx: usize,
     pub request: Rc<Progress>,

@@ -157,6 +157,18 @@ mod tests {
             underscores_in_headers: underscores,
             trusted_proxies: trusted.iter().map(|t| t.parse().unwrap()).collect(),
             max_response_header_size: 8192,
+            upgrade: vec![],
+            upgrade_idle_timeout: Duration::from_secs(1),
+            max_body_size: None,
+            buffer_request_body: false,
+            upstream_tls: None,
+            upstream_server_name: None,
+            balance: crate::config::Balance::RoundRobin,
+            weights: vec![],
+            max_fails: 1,
+            fail_timeout: Duration::from_secs(1),
+            health_check: None,
+            gauges: Default::default(),
         }
     }
 

@@ -18,11 +18,16 @@
 //! Statuses: 502 when no upstream can be reached or one answers wrongly, 504 on upstream
 //! timeouts, 400 for a malformed client body, 408 when the client's body stalls.
 
+mod balance;
 mod body;
+mod connect;
+mod h2;
 mod headers;
+mod health;
 mod pool;
+mod tls;
+mod upgrade;
 
-use std::cell::Cell;
 use std::net::SocketAddr;
 use std::pin::pin;
 use std::rc::Rc;
@@ -30,6 +35,7 @@ use std::rc::Rc;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -37,22 +43,29 @@ use tokio::time::Instant;
 use crate::body::Body;
 use crate::config::ProxyConfig;
 use crate::response;
+use balance::{Balancer, Load};
 use body::{ClientBody, ClientBodyError, Progress, UpstreamBody};
 pub(crate) use headers::strip_hop_by_hop;
 use headers::Forwarding;
+pub(crate) use health::upstream_gauges;
 use pool::{Pool, SharedSocket, UpstreamConn};
+pub(crate) use upgrade::{run as run_tunnel, TunnelSlot};
 
 /// One proxy route on one worker.
 pub(crate) struct Proxy {
     cfg: ProxyConfig,
-    next: Cell<usize>,
+    balancer: Balancer,
     pool: Pool,
+    /// HTTP/2 upstreams' connections.
+    h2: h2::H2Conns,
 }
 
 /// Facts about the client connection the upstream is told.
 pub(crate) struct ClientInfo {
     pub addr: SocketAddr,
     pub tls: bool,
+    /// The client connection (an accepted upgrade leaves its tunnel there).
+    pub conn: Rc<crate::conn_state::ConnState>,
 }
 
 /// What the client asked for, after the request rules and path normalisation.
@@ -92,7 +105,8 @@ impl Failure {
 /// A successful exchange's response head, with what its body needs.
 struct Answer {
     resp: Response<Incoming>,
-    conn: UpstreamConn,
+    /// The pooled HTTP/1.1 connection (`None` for HTTP/2, whose connection is shared).
+    conn: Option<UpstreamConn>,
 }
 
 impl Proxy {
@@ -100,7 +114,8 @@ impl Proxy {
         Rc::new(Proxy {
             pool: Pool::new(cfg.upstreams.len(), cfg.keepalive),
             cfg: cfg.clone(),
-            next: Cell::new(0),
+            balancer: Balancer::new(cfg),
+            h2: h2::H2Conns::new(cfg.upstreams.len()),
         })
     }
 
@@ -112,31 +127,74 @@ impl Proxy {
         client: &ClientInfo,
     ) -> Response<Body> {
         let head = req.method() == Method::HEAD;
+        let order = self
+            .balancer
+            .order(self.balancer.key(req.headers(), client.addr.ip()));
+        if let Some(r) = self.body_too_large(&req) {
+            return r;
+        }
+        // an upgrade needs an HTTP/1.1 upstream
+        let h1_first = order.first().is_some_and(|&i| !self.cfg.upstreams[i].h2);
+        let upgrade = if req.version() == Version::HTTP_11 && h1_first {
+            upgrade::requested(req.headers()).filter(|t| upgrade::allowed(t, &self.cfg.upgrade))
+        } else {
+            None
+        };
+        let trailers = h2::wants_trailers(req.headers());
+        if let Some(token) = upgrade {
+            let req = req.map(RequestBody::Stream);
+            return self.upgrade(req, token, target, client, &order, None).await;
+        }
+        if req.method() == Method::CONNECT {
+            return self.extended_connect(req, target, client, &order).await;
+        }
+        let req = match self.buffer_body(req).await {
+            Ok(r) => r,
+            Err(r) => return r,
+        };
         let (mut req, progress) = match upstream_request(req, target, client, &self.cfg) {
             Ok(r) => r,
             Err(code) => return response::status(code),
         };
-        let n = self.cfg.upstreams.len();
-        let mut idx = self.next.get() % n;
-        self.next.set((idx + 1) % n);
+        let Some((&first, _)) = order.split_first() else {
+            return self.all_down();
+        };
+        let mut idx = first;
         let mut tries = 0;
         let mut last = Failure::new(StatusCode::BAD_GATEWAY, Retry::No);
-        while tries < n {
-            let attempt = match self.connection(idx).await {
-                Ok((conn, reused)) => self.exchange(conn, reused, req, idx, &progress).await,
-                Err(f) => Err((f, Some(req))),
+        while tries < order.len() {
+            let load = Load::new(self, idx);
+            let attempt = if self.cfg.upstreams[idx].h2 {
+                self.h2_exchange(idx, req, &progress, trailers)
+                    .await
+                    .map(|resp| Answer { resp, conn: None })
+            } else {
+                match self.connection(idx).await {
+                    Ok((conn, reused)) => self.exchange(conn, reused, req, idx, &progress).await,
+                    Err(f) => Err((f, Some(req))),
+                }
             };
             match attempt {
-                Ok(answer) => return self.respond(answer, idx, head, progress),
+                Ok(answer) => {
+                    self.balancer.succeeded(idx);
+                    let conn = answer.conn;
+                    return self.respond(answer.resp, conn, Some(load), idx, head, progress);
+                }
                 Err((failure, unsent)) => {
                     let retry = failure.retry;
                     last = failure;
+                    if retry == Retry::NextUpstream {
+                        self.balancer.failed(idx);
+                    }
                     req = match (retry, unsent) {
                         (Retry::No, _) | (_, None) => break,
                         (Retry::SameUpstream, Some(r)) => r,
                         (Retry::NextUpstream, Some(r)) => {
                             tries += 1;
-                            idx = (idx + 1) % n;
+                            match order.get(tries) {
+                                Some(&i) => idx = i,
+                                None => break,
+                            }
                             r
                         }
                     };
@@ -146,13 +204,22 @@ impl Proxy {
         let mut r = response::status(last.status);
         if matches!(
             last.status,
-            StatusCode::BAD_REQUEST | StatusCode::REQUEST_TIMEOUT
+            StatusCode::BAD_REQUEST | StatusCode::REQUEST_TIMEOUT | StatusCode::PAYLOAD_TOO_LARGE
         ) {
             // the client's body framing is broken or abandoned: do not read on
             r.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         r
+    }
+
+    /// Every upstream is down (health checks, or passive time-outs): 502 at once.
+    fn all_down(&self) -> Response<Body> {
+        tracing::warn!(
+            upstreams = self.cfg.upstreams.len(),
+            "all upstreams of the route are down"
+        );
+        response::status(StatusCode::BAD_GATEWAY)
     }
 
     /// An idle pooled connection to upstream `idx` (`true`: reused), or a new one.
@@ -163,7 +230,9 @@ impl Proxy {
         self.connect(idx).await.map(|c| (c, false))
     }
 
-    async fn connect(&self, idx: usize) -> Result<UpstreamConn, Failure> {
+    /// A TCP connection to upstream `idx` (`TCP_NODELAY` set: requests and small writes of a
+    /// streamed body go out at once, whatever the upstream's own Nagle does).
+    async fn dial(&self, idx: usize) -> Result<TcpStream, Failure> {
         let up = &self.cfg.upstreams[idx];
         let tcp = match tokio::time::timeout(self.cfg.connect_timeout, TcpStream::connect(up.addr))
             .await
@@ -182,10 +251,31 @@ impl Proxy {
             Ok(Ok(t)) => t,
         };
         let _ = tcp.set_nodelay(true);
-        let socket = Rc::new(tcp);
+        Ok(tcp)
+    }
+
+    /// A new pooled connection to upstream `idx` (TLS first for an `https://` upstream).
+    async fn connect(&self, idx: usize) -> Result<UpstreamConn, Failure> {
+        let socket = Rc::new(self.dial(idx).await?);
+        let io = SharedSocket(socket.clone());
+        let sender = if self.cfg.upstreams[idx].tls {
+            let tls = self.tls_handshake(idx, io).await?;
+            self.http1(idx, TokioIo::new(tls)).await?
+        } else {
+            self.http1(idx, TokioIo::new(io)).await?
+        };
+        Ok(UpstreamConn { sender, socket })
+    }
+
+    /// An HTTP/1.1 client connection on `io`, its task spawned on the worker.
+    async fn http1<IO>(&self, idx: usize, io: IO) -> Result<SendRequest<ClientBody>, Failure>
+    where
+        IO: hyper::rt::Read + hyper::rt::Write + Unpin + 'static,
+    {
+        let up = &self.cfg.upstreams[idx];
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
             .max_buf_size(self.cfg.max_response_header_size)
-            .handshake::<_, ClientBody>(TokioIo::new(SharedSocket(socket.clone())))
+            .handshake::<_, ClientBody>(io)
             .await
             .map_err(|e| {
                 tracing::warn!(upstream = %up.name, "upstream handshake failed: {e}");
@@ -197,7 +287,7 @@ impl Proxy {
                 tracing::debug!(upstream = %name, "upstream connection ended: {e}");
             }
         });
-        Ok(UpstreamConn { sender, socket })
+        Ok(sender)
     }
 
     /// Sends `req` on `conn` and waits for the response head. Timing: while the request body
@@ -242,14 +332,14 @@ impl Proxy {
             }
         };
         match result {
-            Ok(resp) => Ok(Answer { resp, conn }),
+            Ok(resp) => Ok(Answer {
+                resp,
+                conn: Some(conn),
+            }),
             Err(mut e) => {
                 let unsent = e.take_message();
                 if let Some(client) = progress.client_error.get() {
-                    let status = match client {
-                        ClientBodyError::Malformed => StatusCode::BAD_REQUEST,
-                        ClientBodyError::Timeout => StatusCode::REQUEST_TIMEOUT,
-                    };
+                    let status = client_status(client);
                     tracing::debug!(upstream = %name, "client request body failed: {}", e.error());
                     return Err((Failure::new(status, Retry::No), None));
                 }
@@ -269,22 +359,28 @@ impl Proxy {
     /// Checks and rewrites the response head; wraps the body.
     fn respond(
         self: &Rc<Self>,
-        answer: Answer,
+        resp: Response<Incoming>,
+        conn: Option<UpstreamConn>,
+        load: Option<Load>,
         idx: usize,
         head: bool,
         request: Rc<Progress>,
     ) -> Response<Body> {
-        let (mut parts, body) = answer.resp.into_parts();
+        let (mut parts, body) = resp.into_parts();
         if parts.status == StatusCode::SWITCHING_PROTOCOLS {
             // qweb never asks for an upgrade (it strips Upgrade): a 101 is a broken upstream
             tracing::warn!(upstream = %self.cfg.upstreams[idx].name, "upstream switched protocols unasked");
             return response::status(StatusCode::BAD_GATEWAY);
         }
         strip_hop_by_hop(&mut parts.headers);
+        if unbuffered(&mut parts.headers) {
+            parts.extensions.insert(Unbuffered);
+        }
         parts.version = Version::HTTP_11;
         let body = UpstreamBody {
             inner: body,
-            conn: Some(answer.conn),
+            conn,
+            _load: load,
             proxy: self.clone(),
             idx,
             request,
@@ -301,7 +397,7 @@ impl Proxy {
 /// progress; a body of unknown length is sent chunked whatever the method (hyper would
 /// otherwise send a GET's body as empty).
 fn upstream_request(
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     target: &Target<'_>,
     client: &ClientInfo,
     cfg: &ProxyConfig,
@@ -315,8 +411,12 @@ fn upstream_request(
     // hyper names the upstream by address when the config gave no name
     let name = cfg.upstreams.first().map(|u| u.name.as_str()).unwrap_or("");
     headers::rewrite_request(&mut parts.headers, cfg, &from, name);
-    let unknown_length = !http_body::Body::is_end_stream(&body)
-        && http_body::Body::size_hint(&body).exact().is_none();
+    let unknown_length = match &body {
+        RequestBody::Stream(b) => {
+            !http_body::Body::is_end_stream(b) && http_body::Body::size_hint(b).exact().is_none()
+        }
+        RequestBody::Whole(_) => false,
+    };
     if unknown_length {
         parts.headers.remove(header::CONTENT_LENGTH);
         parts.headers.insert(
@@ -326,11 +426,103 @@ fn upstream_request(
     }
     parts.uri = Uri::try_from(target.path_and_query).map_err(|_| StatusCode::BAD_REQUEST)?;
     parts.version = Version::HTTP_11;
-    let (body, progress) = ClientBody::new(body, cfg.client_body_timeout);
+    let (body, progress) = match body {
+        RequestBody::Stream(b) => ClientBody::new(b, cfg.client_body_timeout, cfg.max_body_size),
+        RequestBody::Whole(b) => {
+            parts.headers.remove(header::TRANSFER_ENCODING);
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(b.len()));
+            ClientBody::buffered(b)
+        }
+    };
     Ok((Request::from_parts(parts, body), progress))
 }
 
+/// Marks a proxied response that must reach the client as the upstream writes it (an event
+/// stream, or `X-Accel-Buffering: no`): compression, when it applies, flushes at every pause
+/// of the upstream instead of waiting for `flush_interval`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Unbuffered;
+
+/// A response of type `text/event-stream` or with `X-Accel-Buffering: no` (the header is
+/// for qweb, as for nginx: removed).
+fn unbuffered(h: &mut http::HeaderMap) -> bool {
+    let accel = h
+        .remove("x-accel-buffering")
+        .is_some_and(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"no"));
+    let events = h
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("text/event-stream"));
+    accel || events
+}
+
+/// The client's request body, streamed or read whole beforehand.
+enum RequestBody {
+    Stream(Incoming),
+    Whole(bytes::Bytes),
+}
+
+/// The status for a client body that failed.
+fn client_status(e: ClientBodyError) -> StatusCode {
+    match e {
+        ClientBodyError::Malformed => StatusCode::BAD_REQUEST,
+        ClientBodyError::Timeout => StatusCode::REQUEST_TIMEOUT,
+        ClientBodyError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+    }
+}
+
+/// A refusal of the client's request that also ends its HTTP/1 connection (the rest of the
+/// request body is not read).
+fn refuse_closing(status: StatusCode, version: Version) -> Response<Body> {
+    let mut r = response::status(status);
+    if version <= Version::HTTP_11 {
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    r
+}
+
 impl Proxy {
+    /// 413 when the request's `Content-Length` is over `max_body_size`, before anything is
+    /// read or sent upstream.
+    fn body_too_large(&self, req: &Request<Incoming>) -> Option<Response<Body>> {
+        let limit = self.cfg.max_body_size?;
+        let declared = http_body::Body::size_hint(req.body()).exact().or_else(|| {
+            req.headers()
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        });
+        if declared.is_some_and(|n| n > limit) {
+            tracing::debug!("request body over max_body_size: {declared:?} > {limit}");
+            return Some(refuse_closing(StatusCode::PAYLOAD_TOO_LARGE, req.version()));
+        }
+        None
+    }
+
+    /// With `buffer_request_body`, the whole body read before an upstream is chosen.
+    async fn buffer_body(
+        &self,
+        req: Request<Incoming>,
+    ) -> Result<Request<RequestBody>, Response<Body>> {
+        let (parts, body) = req.into_parts();
+        let limit = match self.cfg.max_body_size {
+            Some(limit)
+                if self.cfg.buffer_request_body && !http_body::Body::is_end_stream(&body) =>
+            {
+                limit
+            }
+            _ => return Ok(Request::from_parts(parts, RequestBody::Stream(body))),
+        };
+        match body::read_whole(body, limit, self.cfg.client_body_timeout).await {
+            Ok(b) => Ok(Request::from_parts(parts, RequestBody::Whole(b))),
+            Err(e) => Err(refuse_closing(client_status(e), parts.version)),
+        }
+    }
+
     /// The route forwards the client's path as sent (`pass_raw_path`).
     pub(crate) fn pass_raw_path(&self) -> bool {
         self.cfg.pass_raw_path

@@ -1,0 +1,416 @@
+//! HTTP/1.1 `Upgrade` pass-through (RFC 9110 §7.8): WebSocket, and any other protocol token
+//! the route lists in `upgrade`.
+//!
+//! 1. The client's request asks for an upgrade (`Upgrade` with `Connection: upgrade`) to a
+//!    protocol the route allows: it goes to the upstream on a connection of its own (never
+//!    pooled), with its `Upgrade` and `Connection: upgrade`. Any other upgrade is stripped
+//!    (the request goes on as a plain one), so that an `Upgrade: h2c` never reaches an
+//!    upstream.
+//! 2. The upstream answers 101 switching to the protocol asked for: the 101 goes to the
+//!    client, and the [`Tunnel`] waits in the client connection's [`TunnelSlot`]. Any other
+//!    answer is an ordinary response (a 101 to another protocol is a 502).
+//! 3. Once hyper has written the 101 and given the client connection back, the connection
+//!    calls [`run`]: the bytes are copied both ways until both sides have closed, or one
+//!    fails, or nothing moved for the route's `upgrade_idle_timeout`, or a write waits that
+//!    long (a peer that stops reading does not hold the tunnel forever).
+
+use std::cell::{Cell, RefCell};
+use std::pin::pin;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Request, Response, StatusCode};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
+
+use super::body::ClientBody;
+use super::{
+    client_status, strip_hop_by_hop, upstream_request, ClientInfo, Proxy, RequestBody, Target,
+};
+use crate::body::Body;
+use crate::response;
+
+/// How long the upstream side of an accepted upgrade may take to be handed over by hyper.
+const HANDOFF_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Size of each direction's copy buffer.
+const COPY_BUF: usize = 16 * 1024;
+
+/// An upgrade the upstream accepted, waiting for the client connection to be free.
+pub(crate) struct Tunnel {
+    pub(super) upstream: hyper::upgrade::OnUpgrade,
+    pub(super) idle: Duration,
+    pub(super) name: String,
+}
+
+/// Where a client connection finds the tunnel its last response started (HTTP/1.1 only).
+#[derive(Default)]
+pub(crate) struct TunnelSlot(RefCell<Option<Tunnel>>);
+
+impl TunnelSlot {
+    /// The tunnel to run once the connection's HTTP/1 exchange is over, if any.
+    pub(crate) fn take(&self) -> Option<Tunnel> {
+        self.0.borrow_mut().take()
+    }
+
+    pub(super) fn set(&self, t: Tunnel) {
+        *self.0.borrow_mut() = Some(t);
+    }
+}
+
+/// The `Upgrade` value of a request that asks for an upgrade: `Upgrade` present and
+/// `Connection` naming `upgrade`.
+pub(super) fn requested(h: &HeaderMap) -> Option<HeaderValue> {
+    let up = h.get(header::UPGRADE)?;
+    let named = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    named.then(|| up.clone())
+}
+
+/// Every protocol in `value` (a comma-separated list of `name[/version]`) is allowed: its
+/// `name/version` or its bare `name` is in `allow` (lowercase).
+pub(super) fn allowed(value: &HeaderValue, allow: &[String]) -> bool {
+    let Ok(v) = value.to_str() else {
+        return false;
+    };
+    let mut any = false;
+    for p in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        any = true;
+        let p = p.to_ascii_lowercase();
+        let name = p.split('/').next().unwrap_or("");
+        if !allow.iter().any(|a| *a == p || a == name) {
+            return false;
+        }
+    }
+    any
+}
+
+/// The upstream's 101 switches to a protocol the client asked for.
+pub(super) fn answer_matches(asked: &HeaderValue, answer: Option<&HeaderValue>) -> bool {
+    let (Ok(asked), Some(Ok(answer))) = (asked.to_str(), answer.map(|a| a.to_str())) else {
+        return false;
+    };
+    let answer = answer.trim();
+    !answer.is_empty()
+        && !answer.contains(',')
+        && asked
+            .split(',')
+            .any(|p| p.trim().eq_ignore_ascii_case(answer))
+}
+
+impl Proxy {
+    /// Step 1 and 2: sends an upgrade request for `token` on a connection of its own, and
+    /// answers the upstream's 101 with a 101 (the tunnel left in the client's slot), or
+    /// passes any other answer on.
+    ///
+    /// With `h2_client` (an HTTP/2 extended CONNECT, RFC 8441), the client's side is its
+    /// stream: the upstream's 101 becomes a 200 and the tunnel starts once hyper hands the
+    /// stream over.
+    pub(super) async fn upgrade(
+        self: &Rc<Self>,
+        req: Request<RequestBody>,
+        token: HeaderValue,
+        target: &Target<'_>,
+        client: &ClientInfo,
+        order: &[usize],
+        h2_client: Option<hyper::upgrade::OnUpgrade>,
+    ) -> Response<Body> {
+        if order.is_empty() {
+            return self.all_down();
+        }
+        let (mut req, progress) = match upstream_request(req, target, client, &self.cfg) {
+            Ok(r) => r,
+            Err(code) => return response::status(code),
+        };
+        if h2_client.is_some() {
+            req.headers_mut().remove(header::CONTENT_LENGTH);
+        }
+        req.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        req.headers_mut().insert(header::UPGRADE, token.clone());
+        let mut idx = order[0];
+        let mut tcp = Err(StatusCode::BAD_GATEWAY);
+        for &i in order {
+            idx = i;
+            match self.dial(i).await {
+                Ok(t) => {
+                    tcp = Ok(t);
+                    break;
+                }
+                Err(f) => {
+                    self.balancer.failed(i);
+                    tcp = Err(f.status);
+                }
+            }
+        }
+        let tcp = match tcp {
+            Ok(t) => t,
+            Err(status) => return response::status(status),
+        };
+        let name = self.cfg.upstreams[idx].name.clone();
+        let max_buf = self.cfg.max_response_header_size;
+        let handshake = if self.cfg.upstreams[idx].tls {
+            match self.tls_handshake(idx, tcp).await {
+                Ok(tls) => open(TokioIo::new(tls), max_buf, &name).await,
+                Err(f) => return response::status(f.status),
+            }
+        } else {
+            open(TokioIo::new(tcp), max_buf, &name).await
+        };
+        let Some(mut sender) = handshake else {
+            return response::status(StatusCode::BAD_GATEWAY);
+        };
+        let sent = tokio::time::timeout(self.cfg.timeout, sender.send_request(req)).await;
+        let mut resp = match sent {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                if let Some(c) = progress.client_error.get() {
+                    return response::status(client_status(c));
+                }
+                tracing::warn!(upstream = %name, "upstream upgrade request failed: {e}");
+                return response::status(StatusCode::BAD_GATEWAY);
+            }
+            Err(_) => {
+                tracing::warn!(upstream = %name, "upstream upgrade response timed out");
+                return response::status(StatusCode::GATEWAY_TIMEOUT);
+            }
+        };
+        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+            // declined (426, 200, 4xx...): an ordinary response on a connection not reused
+            return self.respond(resp, None, None, idx, false, progress);
+        }
+        let Some(answer) = resp
+            .headers()
+            .get(header::UPGRADE)
+            .filter(|a| answer_matches(&token, Some(a)))
+            .cloned()
+        else {
+            tracing::warn!(upstream = %name, "upstream switched to a protocol not asked for");
+            return response::status(StatusCode::BAD_GATEWAY);
+        };
+        let upstream = hyper::upgrade::on(&mut resp);
+        let mut headers = std::mem::take(resp.headers_mut());
+        strip_hop_by_hop(&mut headers);
+        let tunnel = Tunnel {
+            upstream,
+            idle: self.cfg.upgrade_idle_timeout,
+            name,
+        };
+        if let Some(down) = h2_client {
+            headers.remove("sec-websocket-accept");
+            tokio::task::spawn_local(async move {
+                match tokio::time::timeout(HANDOFF_TIMEOUT, down).await {
+                    Ok(Ok(d)) => run(TokioIo::new(d), Bytes::new(), tunnel).await,
+                    _ => tracing::debug!(upstream = %tunnel.name, "client stream not handed over"),
+                }
+            });
+            let mut r = Response::new(crate::body::empty());
+            *r.headers_mut() = headers;
+            return r;
+        }
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, answer);
+        client.conn.tunnel.set(tunnel);
+        let mut r = Response::new(crate::body::empty());
+        *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        *r.headers_mut() = headers;
+        r
+    }
+}
+
+/// An HTTP/1.1 client connection on `io` that can be upgraded, its task spawned.
+async fn open<IO>(io: IO, max_buf: usize, name: &str) -> Option<SendRequest<ClientBody>>
+where
+    IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (sender, conn) = match hyper::client::conn::http1::Builder::new()
+        .max_buf_size(max_buf)
+        .handshake::<_, ClientBody>(io)
+        .await
+    {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(upstream = %name, "upstream handshake failed: {e}");
+            return None;
+        }
+    };
+    let name = name.to_owned();
+    tokio::task::spawn_local(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(upstream = %name, "upstream connection ended: {e}");
+        }
+    });
+    Some(sender)
+}
+
+/// Runs an accepted upgrade: `down` is the client connection as hyper left it, `early` the
+/// bytes hyper had read past the request head (the client may send before it sees the 101).
+pub(crate) async fn run<D>(down: D, early: Bytes, t: Tunnel)
+where
+    D: AsyncRead + AsyncWrite + Unpin,
+{
+    let up = match tokio::time::timeout(HANDOFF_TIMEOUT, t.upstream).await {
+        Ok(Ok(u)) => u,
+        Ok(Err(e)) => {
+            tracing::warn!(upstream = %t.name, "upgraded upstream connection lost: {e}");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(upstream = %t.name, "upgraded upstream connection not handed over");
+            return;
+        }
+    };
+    let mut up = TokioIo::new(up);
+    if !early.is_empty() {
+        match tokio::time::timeout(t.idle, up.write_all(&early)).await {
+            Ok(Ok(())) => {}
+            _ => return,
+        }
+    }
+    let why = splice(down, up, t.idle).await;
+    tracing::debug!(upstream = %t.name, "upgraded connection ended: {why}");
+}
+
+/// One direction's progress, shared with the watchdog.
+struct Flow {
+    /// Since when a write has been waiting for the peer to take bytes.
+    blocked_since: Cell<Option<Instant>>,
+}
+
+/// Copies bytes both ways until both directions ended, one failed, or the idle or stall
+/// limit passed; returns why it ended.
+async fn splice<A, B>(a: A, b: B, idle: Duration) -> &'static str
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut ar, mut aw) = tokio::io::split(a);
+    let (mut br, mut bw) = tokio::io::split(b);
+    let last = Cell::new(Instant::now());
+    let up = Flow {
+        blocked_since: Cell::new(None),
+    };
+    let down = Flow {
+        blocked_since: Cell::new(None),
+    };
+    let mut to_b = pin!(pump(&mut ar, &mut bw, &last, &up));
+    let mut to_a = pin!(pump(&mut br, &mut aw, &last, &down));
+    let (mut a_done, mut b_done) = (false, false);
+    loop {
+        let mut deadline = last.get() + idle;
+        for f in [&up, &down] {
+            if let Some(s) = f.blocked_since.get() {
+                deadline = deadline.min(s + idle);
+            }
+        }
+        tokio::select! {
+            r = to_b.as_mut(), if !a_done => {
+                if r.is_err() {
+                    return "client side failed";
+                }
+                a_done = true;
+            }
+            r = to_a.as_mut(), if !b_done => {
+                if r.is_err() {
+                    return "upstream side failed";
+                }
+                b_done = true;
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                let now = Instant::now();
+                if last.get() + idle <= now {
+                    return "idle";
+                }
+                if [&up, &down]
+                    .iter()
+                    .any(|f| f.blocked_since.get().is_some_and(|s| s + idle <= now))
+                {
+                    return "a peer stopped reading";
+                }
+            }
+        }
+        if a_done && b_done {
+            return "closed";
+        }
+    }
+}
+
+/// Copies `r` to `w` until `r` ends (then shuts `w` down for writing).
+async fn pump<R, W>(r: &mut R, w: &mut W, last: &Cell<Instant>, flow: &Flow) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; COPY_BUF];
+    loop {
+        let n = r.read(&mut buf).await?;
+        last.set(Instant::now());
+        if n == 0 {
+            flow.blocked_since.set(Some(Instant::now()));
+            let r = w.shutdown().await;
+            flow.blocked_since.set(None);
+            return r;
+        }
+        flow.blocked_since.set(Some(Instant::now()));
+        w.write_all(&buf[..n]).await?;
+        w.flush().await?;
+        flow.blocked_since.set(None);
+        last.set(Instant::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hv(s: &str) -> HeaderValue {
+        HeaderValue::from_str(s).unwrap()
+    }
+
+    #[test]
+    fn requested_needs_connection_upgrade() {
+        let mut h = HeaderMap::new();
+        h.insert(header::UPGRADE, hv("websocket"));
+        assert!(
+            requested(&h).is_none(),
+            "Upgrade without Connection: upgrade"
+        );
+        h.insert(header::CONNECTION, hv("keep-alive, Upgrade"));
+        assert_eq!(requested(&h).unwrap(), "websocket");
+    }
+
+    #[test]
+    fn allowed_tokens() {
+        let allow = vec!["websocket".to_owned(), "foo/2".to_owned()];
+        assert!(allowed(&hv("WebSocket"), &allow));
+        assert!(allowed(&hv("websocket/13"), &allow));
+        assert!(allowed(&hv("foo/2"), &allow));
+        assert!(!allowed(&hv("foo/3"), &allow));
+        assert!(!allowed(&hv("foo"), &allow));
+        assert!(!allowed(&hv("h2c"), &allow));
+        assert!(
+            !allowed(&hv("websocket, h2c"), &allow),
+            "every protocol listed"
+        );
+        assert!(!allowed(&hv(""), &allow));
+    }
+
+    #[test]
+    fn answer_must_be_one_asked_for() {
+        assert!(answer_matches(&hv("websocket"), Some(&hv("WebSocket"))));
+        assert!(!answer_matches(&hv("websocket"), Some(&hv("h2c"))));
+        assert!(!answer_matches(&hv("websocket"), None));
+        assert!(!answer_matches(
+            &hv("websocket"),
+            Some(&hv("websocket, h2c"))
+        ));
+    }
+}
