@@ -517,3 +517,47 @@ fn sd_notify_ready_reloading_ready_stopping() {
     assert_eq!(recv(), "STOPPING=1");
     assert!(child.wait().unwrap().success());
 }
+
+/// A reload that removes one plain listener and adds another: the removed port refuses
+/// connections at once (not accepted into a queue nobody serves), the added one serves, the
+/// kept one never stopped.
+#[test]
+fn reload_closes_removed_listeners_and_opens_added_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("site")).unwrap();
+    std::fs::write(d.join("site/index.html"), "home").unwrap();
+    let (kept, removed, added) = (free_port(), free_port(), free_port());
+    let file = d.join("qweb.toml");
+    let config = |ports: &[u16]| {
+        let mut t = format!(
+            "workers = 2\nstate_dir = \"{0}/state\"\n[[route]]\nprefix = \"/\"\nroot = \"{0}/site\"\n",
+            d.display()
+        );
+        for p in ports {
+            t.push_str(&format!("[[listener]]\naddress = \"127.0.0.1:{p}\"\n"));
+        }
+        t
+    };
+    let get = |port: u16| -> std::io::Result<String> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    };
+    std::fs::write(&file, config(&[kept, removed])).unwrap();
+    let qweb = Qweb::start(&file);
+    assert!(get(kept).unwrap().ends_with("home"));
+    assert!(get(removed).unwrap().ends_with("home"));
+    assert!(get(added).is_err());
+    std::fs::write(&file, config(&[kept, added])).unwrap();
+    qweb.signal(libc::SIGHUP);
+    qweb.wait_for("configuration reloaded", 1);
+    assert!(get(kept).unwrap().ends_with("home"));
+    assert!(get(added).unwrap().ends_with("home"));
+    let e = get(removed).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+}

@@ -286,3 +286,76 @@ fn bogus_inherited_fds_are_ignored() {
         "{rest}"
     );
 }
+
+/// The new binary is gone (or cannot start): the upgrade fails, the old process says so and
+/// serves on.
+#[test]
+fn a_failed_upgrade_keeps_the_old_process_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("site")).unwrap();
+    std::fs::write(d.join("site/index.html"), "home").unwrap();
+    let port = free_port();
+    let file = d.join("qweb.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "workers = 1\nstate_dir = \"{0}/state\"\n[[listener]]\naddress = \"127.0.0.1:{port}\"\n\
+             [[route]]\nprefix = \"/\"\nroot = \"{0}/site\"\n",
+            d.display()
+        ),
+    )
+    .unwrap();
+    // started through a link that is removed before the upgrade: argv[0] names nothing
+    let link = d.join("qweb-link");
+    std::os::unix::fs::symlink(BIN, &link).unwrap();
+    let mut child = Command::new(&link)
+        .args(["serve", "--config"])
+        .arg(&file)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (sink, stderr) = (lines.clone(), child.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for l in BufReader::new(stderr).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push(l);
+        }
+    });
+    let wait_line = |needle: &str| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !lines.lock().unwrap().iter().any(|l| l.contains(needle)) {
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?}: {:#?}",
+                lines.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_line("worker(s)");
+    std::fs::remove_file(&link).unwrap();
+    // SAFETY: kill(2) with our child's pid and a valid signal number.
+    assert_eq!(
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGUSR2) },
+        0
+    );
+    wait_line("upgrade failed, this process serves on");
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    std::io::Write::write_all(
+        &mut s,
+        b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut s, &mut out).unwrap();
+    assert!(out.ends_with("home"), "{out}");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the old process exited"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}

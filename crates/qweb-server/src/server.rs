@@ -522,7 +522,8 @@ fn clone_sockets(
     Ok(out)
 }
 
-/// Worker `id`'s share of a generation: every listener, with a socket where it is new.
+/// One worker's share of a generation: every listener, with a socket where it is new (each
+/// worker takes the next socket of a new listener).
 fn generation_for_worker(
     config: &Arc<Config>,
     built: &Built,
