@@ -1001,3 +1001,43 @@ autoindex = true
     assert_eq!(st, 200, "the listing of the root itself");
     assert!(body.contains("files/") && !body.contains("site/"), "{body}");
 }
+
+/// Site certificates need a TLS listener with `certificates` (an empty list takes the
+/// sites'); an empty list without any site certificate is still refused.
+#[test]
+fn site_certificates_need_a_listener_with_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    cert(d, "a", &["a.test"]);
+    let site = format!(
+        "[[site]]\nserver_names = [\"a.test\"]\ncertificates = [{{ cert = \"{0}/a.crt\", key = \"{0}/a.key\" }}]\n[[site.route]]\nprefix = \"/\"\nroot = \"{0}\"\n",
+        d.display()
+    );
+    let text = format!(
+        "[[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\nself_signed = true\n{site}"
+    );
+    let e = qweb_server::Config::from_str_at(&text, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("key `site[0].certificates`") && e.contains("listener[0]"),
+        "{e}"
+    );
+    let text = "[[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\ncertificates = []\n";
+    let e = qweb_server::Config::from_str_at(text, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("key `listener[0].tls`"), "{e}");
+    // an empty list with site certificates: the sites' are the listener's
+    let text = format!(
+        "[[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\ncertificates = []\n{site}"
+    );
+    let c = qweb_server::Config::from_str_at(&text, None).unwrap();
+    match &c.listeners[0].tls {
+        Some(qweb_server::config::TlsConfig::Certificates(list)) => {
+            assert_eq!(list.len(), 1);
+            assert_eq!(list[0].cert, d.join("a.crt"));
+        }
+        other => panic!("{other:?}"),
+    }
+}
