@@ -186,6 +186,33 @@ fn check_config_reports_file_line_and_key() {
 }
 
 #[test]
+fn check_config_refuses_a_server_name_claimed_by_two_sites() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let route = format!("[[site.route]]\nprefix = \"/\"\nroot = \"{d}\"\n");
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            "[[site]]\nserver_names = [\"a.test\", \"*.b.test\"]\n{route}\
+             [[site]]\nserver_names = [\"c.test\", \"*.B.test\"]\n{route}"
+        ),
+    );
+    let out = Command::new(BIN)
+        .arg("check-config")
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{}:7:", cfg.display()))
+            && err.contains("site[1].server_names[1]")
+            && err.contains("already claimed by site[0].server_names[1]"),
+        "{err}"
+    );
+}
+
+#[test]
 fn help_is_useful() {
     for args in [
         &["--help"][..],

@@ -1,4 +1,4 @@
-//! `error_pages`: an error response's body replaced by a page from one of the site's static
+//! `error_pages`: an error response qweb made (not an upstream's) has its body replaced by a page from one of the site's static
 //! routes, keeping the original status (and the original's headers that are not about the
 //! body, such as `Allow` or `Retry-After`).
 
@@ -25,7 +25,14 @@ pub(crate) fn apply(
     resp: Response<Body>,
 ) -> Response<Body> {
     let status = resp.status();
-    if pages.pages.is_empty() || !(status.is_client_error() || status.is_server_error()) {
+    if pages.pages.is_empty()
+        || !(status.is_client_error() || status.is_server_error())
+        || resp
+            .extensions()
+            .get::<crate::response::Generated>()
+            .is_none()
+    {
+        // an upstream's own error pages pass untouched
         return resp;
     }
     let Some(page) = pages.page(status.as_u16()) else {

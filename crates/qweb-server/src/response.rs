@@ -4,6 +4,10 @@ use http::{header, HeaderValue, Response, StatusCode};
 
 use crate::body::{full, Body};
 
+/// Marks a response qweb made itself (not an upstream's): `error_pages` replace only these.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Generated;
+
 /// A response with a short plain-text body naming the status, e.g. `404 Not Found`.
 pub(crate) fn status(code: StatusCode) -> Response<Body> {
     let text = format!(
@@ -17,6 +21,7 @@ pub(crate) fn status(code: StatusCode) -> Response<Body> {
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    r.extensions_mut().insert(Generated);
     r
 }
 

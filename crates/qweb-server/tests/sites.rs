@@ -699,6 +699,31 @@ fn rewrite_and_try_files_keys_are_validated() {
 /// Top-level error pages (404 and 5xx) for the top-level routes, one of which proxies to a
 /// port nobody listens on (502); site `e.test` with its own 404 page and `charset`.
 fn start_errors() -> TestServer {
+    // an upstream that answers every request with its own 404 page
+    let own_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let own = own_listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for s in own_listener.incoming() {
+            let Ok(mut s) = s else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let mut seen = Vec::new();
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 {
+                        return;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    while let Some(i) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                        seen.drain(..i + 4);
+                        let _ = s.write_all(
+                            b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nContent-Length: 17\r\n\r\n{\"error\":\"nope!\"}",
+                        );
+                    }
+                }
+            });
+        }
+    });
     // a port that refuses connections: bind, learn it, close
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -722,6 +747,10 @@ charset = "utf-8"
 prefix = "/app"
 upstreams = ["{dead}"]
 connect_timeout = "2s"
+
+[[route]]
+prefix = "/own"
+upstreams = ["{own}"]
 
 [[site]]
 server_names = ["e.test"]
@@ -770,6 +799,11 @@ async fn error_pages_keep_the_original_status() {
         .unwrap();
     assert_eq!(r.status(), 405);
     assert!(r.headers().get("allow").is_some());
+    // an upstream's own 404 passes untouched (its body is the API's answer)
+    let r = c.get(format!("{}/own/x", s.https())).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.headers()["content-type"], "application/json");
+    assert_eq!(r.text().await.unwrap(), "{\"error\":\"nope!\"}");
     // a site's own pages
     let r = common::plain_client()
         .get(format!("{}/nope", s.http()))
@@ -966,4 +1000,44 @@ autoindex = true
     let (st, body) = plain_get(&s, "/list/files/%2e%2e/").await;
     assert_eq!(st, 200, "the listing of the root itself");
     assert!(body.contains("files/") && !body.contains("site/"), "{body}");
+}
+
+/// Site certificates need a TLS listener with `certificates` (an empty list takes the
+/// sites'); an empty list without any site certificate is still refused.
+#[test]
+fn site_certificates_need_a_listener_with_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    cert(d, "a", &["a.test"]);
+    let site = format!(
+        "[[site]]\nserver_names = [\"a.test\"]\ncertificates = [{{ cert = \"{0}/a.crt\", key = \"{0}/a.key\" }}]\n[[site.route]]\nprefix = \"/\"\nroot = \"{0}\"\n",
+        d.display()
+    );
+    let text = format!(
+        "[[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\nself_signed = true\n{site}"
+    );
+    let e = qweb_server::Config::from_str_at(&text, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("key `site[0].certificates`") && e.contains("listener[0]"),
+        "{e}"
+    );
+    let text = "[[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\ncertificates = []\n";
+    let e = qweb_server::Config::from_str_at(text, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("key `listener[0].tls`"), "{e}");
+    // an empty list with site certificates: the sites' are the listener's
+    let text = format!(
+        "[[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\ncertificates = []\n{site}"
+    );
+    let c = qweb_server::Config::from_str_at(&text, None).unwrap();
+    match &c.listeners[0].tls {
+        Some(qweb_server::config::TlsConfig::Certificates(list)) => {
+            assert_eq!(list.len(), 1);
+            assert_eq!(list[0].cert, d.join("a.crt"));
+        }
+        other => panic!("{other:?}"),
+    }
 }
