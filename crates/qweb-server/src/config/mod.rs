@@ -7,6 +7,7 @@ mod compression;
 mod error;
 mod proxy;
 mod raw;
+mod tls;
 pub mod units;
 
 use std::net::SocketAddr;
@@ -16,6 +17,7 @@ use std::time::Duration;
 pub use compression::CompressionConfig;
 pub use error::ConfigError;
 use raw::{RawConfig, RawListener, RawRoute, Workers};
+pub use tls::{SessionConfig, TicketKeys};
 use toml::Spanned;
 
 /// A validated configuration.
@@ -222,6 +224,8 @@ pub struct ListenerConfig {
     pub http2: bool,
     /// Offload of the TLS private-key operations (`None`: rustls signs in place).
     pub offload: Option<ListenerOffload>,
+    /// TLS session resumption (tickets, session cache).
+    pub session: SessionConfig,
 }
 
 /// Where a TLS listener's certificates come from.
@@ -412,12 +416,14 @@ fn default_listeners() -> Vec<ListenerConfig> {
             tls: Some(TlsConfig::SelfSigned),
             http2: true,
             offload: None,
+            session: SessionConfig::default(),
         },
         ListenerConfig {
             address: ([127, 0, 0, 1], 8080).into(),
             tls: None,
             http2: false,
             offload: None,
+            session: SessionConfig::default(),
         },
     ]
 }
@@ -928,12 +934,17 @@ impl Validator<'_> {
                 }
             }
         };
+        let session = match &l.tls {
+            Some(t) => self.session(i, t.get_ref(), engines)?,
+            None => SessionConfig::default(),
+        };
         let http2 = l.http2.unwrap_or(true);
         Ok(ListenerConfig {
             address: *l.address.get_ref(),
             http2: http2 && tls.is_some(),
             tls,
             offload,
+            session,
         })
     }
 

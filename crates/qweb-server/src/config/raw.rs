@@ -141,6 +141,11 @@ pub(crate) struct RawTls {
     pub self_signed: bool,
     #[serde(default)]
     pub certificates: Vec<RawCertificate>,
+    // session resumption (validated in config/tls.rs)
+    pub resumption: Option<bool>,
+    pub session_cache: Option<Spanned<usize>>,
+    pub ticket_rotation: Option<Spanned<Dur>>,
+    pub ticket_keys: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
