@@ -26,6 +26,7 @@ mod request_rules;
 mod response;
 mod server;
 mod service;
+mod tls_session;
 mod welcome;
 mod worker;
 

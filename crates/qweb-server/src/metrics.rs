@@ -25,6 +25,8 @@ pub(crate) struct Registry {
     pub engines: Vec<Arc<dyn Engine>>,
     /// Response compression counters, when compression is on.
     pub compression: Option<Arc<qweb_compress::CompressMetrics>>,
+    /// TLS session resumption, per TLS listener.
+    pub tls_sessions: Vec<Arc<crate::tls_session::ListenerSession>>,
 }
 
 impl Registry {
@@ -74,6 +76,7 @@ impl Registry {
         if let Some(c) = &self.compression {
             c.write_prometheus(&mut out);
         }
+        crate::tls_session::render(&mut out, &self.tls_sessions);
         out
     }
 }

@@ -57,6 +57,9 @@ pub enum ServerError {
         /// The error.
         source: std::io::Error,
     },
+    /// Session ticket keys could not be set up (key file).
+    #[error("ticket keys: {0}")]
+    Tickets(String),
 }
 
 /// The server.
@@ -147,6 +150,9 @@ impl Server {
         let provider = qweb_tls::provider();
         let mut tls_configs = Vec::new();
         let mut async_engines = Vec::new();
+        // per listener (`None`: plain HTTP), and what keeps file and fleet keys fresh
+        let mut sessions = Vec::new();
+        let mut refreshers = Vec::new();
         for l in &config.listeners {
             let offload = l
                 .offload
@@ -194,12 +200,16 @@ impl Server {
                     let resolver = qweb_tls::SniResolver::new(&certs).ok_or_else(|| {
                         qweb_tls::TlsError::Generate("no certificate for a TLS listener".into())
                     })?;
-                    Some(Arc::new(qweb_tls::server_config(
-                        Arc::new(resolver),
-                        l.http2,
-                    )?))
+                    let mut sc = qweb_tls::server_config(Arc::new(resolver), l.http2)?;
+                    let (session, refresher) = crate::tls_session::setup(l, &config, &mut sc)?;
+                    sessions.push(Some(session));
+                    refreshers.extend(refresher);
+                    Some(Arc::new(sc))
                 }
             };
+            if tls.is_none() {
+                sessions.push(None);
+            }
             tls_configs.push(tls);
         }
 
@@ -224,11 +234,12 @@ impl Server {
         let n = config.workers.max(1);
         let mut per_worker: Vec<Vec<WorkerListener>> = (0..n).map(|_| Vec::new()).collect();
         let mut addrs = Vec::new();
-        for ((l, tls), async_engine) in config
+        for (((l, tls), async_engine), session) in config
             .listeners
             .iter()
             .zip(&tls_configs)
             .zip(&async_engines)
+            .zip(&mut sessions)
         {
             let sockets = bind_reuseport(l.address, n).map_err(|source| ServerError::Bind {
                 addr: l.address,
@@ -242,11 +253,16 @@ impl Server {
                         source,
                     })?,
             );
+            if let (Some(s), Some(a)) = (session.as_mut(), addrs.last()) {
+                s.label = a.to_string();
+            }
+            let stats = session.as_ref().map(|s| s.stats.clone());
             for (w, socket) in sockets.into_iter().enumerate() {
                 per_worker[w].push(WorkerListener {
                     socket,
                     tls: tls.clone(),
                     async_engine: async_engine.clone(),
+                    sessions: stats.clone(),
                 });
             }
         }
@@ -258,6 +274,7 @@ impl Server {
             workers: worker_metrics.clone(),
             engines: engine_list,
             compression: compression.as_ref().map(|c| c.metrics.clone()),
+            tls_sessions: sessions.into_iter().flatten().map(Arc::new).collect(),
         });
         let admin = match config.admin {
             Some(addr) => {
@@ -272,7 +289,7 @@ impl Server {
 
         let (tx, rx) = watch::channel(false);
         let config = Arc::new(config);
-        let mut workers = Vec::new();
+        let mut workers = crate::tls_session::spawn(refreshers, &rx)?;
         for (id, listeners) in per_worker.into_iter().enumerate() {
             let (config, rx) = (config.clone(), rx.clone());
             let extras = WorkerExtras {
@@ -310,7 +327,7 @@ impl Server {
 }
 
 /// The mutual-TLS client configuration for `tls://` key servers.
-fn keyserver_client_tls(
+pub(crate) fn keyserver_client_tls(
     k: &crate::config::KeyserverEngineConfig,
 ) -> Result<Option<Arc<rustls::ClientConfig>>, ServerError> {
     let (Some(cert), Some(key), Some(ca)) = (&k.client_cert, &k.client_key, &k.server_ca) else {

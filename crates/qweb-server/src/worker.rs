@@ -53,6 +53,8 @@ pub(crate) struct TlsListener {
     pub config: Arc<rustls::ServerConfig>,
     /// Async offload: this worker's handle on the engine (handshakes run as jobs).
     pub offloader: Option<Rc<Offloader>>,
+    /// Full/resumed handshake counters of the listener.
+    pub sessions: Option<Arc<qweb_tls::HandshakeStats>>,
 }
 
 /// One listener as this worker sees it.
@@ -67,6 +69,8 @@ pub(crate) struct WorkerListener {
     pub socket: StdListener,
     pub tls: Option<Arc<rustls::ServerConfig>>,
     pub async_engine: Option<(Arc<dyn Engine>, Duration)>,
+    /// Full/resumed handshake counters of the listener (TLS listeners).
+    pub sessions: Option<Arc<qweb_tls::HandshakeStats>>,
 }
 
 /// What a worker gets besides its listeners.
@@ -124,8 +128,10 @@ pub(crate) fn run(
         for l in listeners {
             let local_addr = l.socket.local_addr()?;
             let socket = TcpListener::from_std(l.socket)?;
+            let sessions = l.sessions;
             let tls = l.tls.map(|config| TlsListener {
                 config,
+                sessions,
                 offloader: l
                     .async_engine
                     .map(|(engine, timeout)| Offloader::new(engine, batch, timeout)),

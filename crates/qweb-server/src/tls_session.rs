@@ -1,0 +1,225 @@
+//! TLS session resumption of the listeners: each TLS listener's ticketer (local rotating
+//! keys, a key file, or the fleet's keys from a key server), shared by every worker; the
+//! threads that keep file and fleet keys fresh; the counters `/metrics` shows.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime};
+
+use qweb_tls::{HandshakeStats, SessionResumption, Ticketer};
+use tokio::sync::watch;
+
+use crate::config::{Config, EngineKind, ListenerConfig, TicketKeys};
+use crate::server::ServerError;
+
+/// One TLS listener's resumption state.
+pub(crate) struct ListenerSession {
+    /// `listener[i]` as configured (its address).
+    pub label: String,
+    /// Full and resumed handshakes.
+    pub stats: Arc<HandshakeStats>,
+    /// The listener's ticketer (`None`: resumption off).
+    pub ticketer: Option<Arc<Ticketer>>,
+    /// Fleet key fetches, when the keys come from a key server.
+    pub fetch: Option<Arc<qweb_keyserver::tickets::FetchStats>>,
+}
+
+/// What keeps a listener's keys fresh (started by [`spawn`]).
+pub(crate) struct Refresher {
+    from: Refresh,
+    ticketer: Arc<Ticketer>,
+    fetch: Arc<qweb_keyserver::tickets::FetchStats>,
+}
+
+enum Refresh {
+    File(PathBuf),
+    Keyserver(String, qweb_keyserver::client::ClientConfig),
+}
+
+/// Sets up listener `l`'s resumption on `sc`: its ticketer (fetching fleet keys once, here,
+/// so that the first tickets are fleet-wide already when the key server answers).
+pub(crate) fn setup(
+    l: &ListenerConfig,
+    config: &Config,
+    sc: &mut rustls::ServerConfig,
+) -> Result<(ListenerSession, Option<Refresher>), ServerError> {
+    let s = &l.session;
+    let mut out = ListenerSession {
+        label: l.address.to_string(),
+        stats: Arc::new(HandshakeStats::default()),
+        ticketer: None,
+        fetch: None,
+    };
+    let mut refresh = None;
+    let bad = |m: String| ServerError::Tickets(m);
+    if s.resumption {
+        let ticketer = match &s.ticket_keys {
+            TicketKeys::Local => {
+                Ticketer::local(s.ticket_rotation).map_err(|e| bad(e.to_string()))?
+            }
+            TicketKeys::File(path) => {
+                let keys = read_key_file(path)?;
+                refresh = Some(Refresh::File(path.clone()));
+                Ticketer::fixed(&keys, s.ticket_rotation).map_err(|e| bad(e.to_string()))?
+            }
+            TicketKeys::Keyserver(engine) => {
+                let k = config
+                    .offload
+                    .engines
+                    .iter()
+                    .find_map(|e| match &e.kind {
+                        EngineKind::Keyserver(k) if e.name == *engine => Some(k),
+                        _ => None,
+                    })
+                    .ok_or_else(|| bad(format!("no keyserver engine `{engine}`")))?;
+                let client = qweb_keyserver::client::ClientConfig {
+                    servers: k.servers.clone(),
+                    connections: 1,
+                    max_in_flight: 1,
+                    timeout: k.timeout,
+                    tls: crate::server::keyserver_client_tls(k)?,
+                };
+                // local keys until the fleet's arrive
+                let t = Ticketer::local(s.ticket_rotation).map_err(|e| bad(e.to_string()))?;
+                let stats = Arc::new(qweb_keyserver::tickets::FetchStats::default());
+                if let Err(e) = qweb_keyserver::tickets::fetch_blocking(&client, &t, &stats) {
+                    tracing::warn!(
+                        engine = %engine,
+                        "ticket keys: no key server answers ({e}); local keys until one does"
+                    );
+                }
+                out.fetch = Some(stats);
+                refresh = Some(Refresh::Keyserver(engine.clone(), client));
+                t
+            }
+        };
+        out.ticketer = Some(ticketer);
+    }
+    qweb_tls::apply_resumption(
+        sc,
+        &SessionResumption {
+            enabled: s.resumption,
+            cache_size: s.session_cache,
+            ticketer: out.ticketer.clone(),
+        },
+    );
+    let refresher = match (refresh, &out.ticketer) {
+        (Some(from), Some(t)) => Some(Refresher {
+            from,
+            ticketer: t.clone(),
+            fetch: out.fetch.clone().unwrap_or_default(),
+        }),
+        _ => None,
+    };
+    Ok((out, refresher))
+}
+
+fn read_key_file(path: &std::path::Path) -> Result<Vec<qweb_tls::TicketKeyMaterial>, ServerError> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| ServerError::Tickets(format!("cannot read {}: {e}", path.display())))?;
+    qweb_tls::ticket::parse_key_file(&bytes)
+        .map_err(|e| ServerError::Tickets(format!("{}: {e}", path.display())))
+}
+
+/// Starts the threads that keep key files and fleet keys fresh; they end on `shutdown`.
+pub(crate) fn spawn(
+    refreshers: Vec<Refresher>,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<Vec<JoinHandle<()>>, ServerError> {
+    let mut threads = Vec::new();
+    for Refresher {
+        from,
+        ticketer,
+        fetch,
+    } in refreshers
+    {
+        let rx = shutdown.clone();
+        let t = match from {
+            Refresh::File(path) => std::thread::Builder::new()
+                .name("qweb-ticket-file".into())
+                .spawn(move || watch_file(path, ticketer, rx)),
+            Refresh::Keyserver(engine, client) => {
+                qweb_keyserver::tickets::spawn_refresher(engine, client, ticketer, fetch, rx)
+            }
+        };
+        threads.push(t.map_err(ServerError::Thread)?);
+    }
+    Ok(threads)
+}
+
+/// Re-reads a key file when it changes (checked every second, as nginx re-reads it on
+/// reload): the new first key encrypts, the replaced one still decrypts. A file that
+/// becomes unreadable or invalid is logged and the keys in use stay.
+fn watch_file(path: PathBuf, ticketer: Arc<Ticketer>, mut shutdown: watch::Receiver<bool>) {
+    let stamp = |p: &PathBuf| {
+        std::fs::metadata(p)
+            .ok()
+            .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
+    };
+    let mut last = stamp(&path);
+    loop {
+        // sleeps in small steps so that shutdown is prompt
+        for _ in 0..10 {
+            if *shutdown.borrow_and_update() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let now = stamp(&path);
+        if now == last {
+            continue;
+        }
+        last = now;
+        match read_key_file(&path).and_then(|k| {
+            ticketer
+                .reload_fixed(&k)
+                .map_err(|e| ServerError::Tickets(e.to_string()))
+        }) {
+            Ok(()) => tracing::info!(file = %path.display(), "ticket keys reloaded"),
+            Err(e) => tracing::warn!("ticket keys not reloaded, the old keys stay: {e}"),
+        }
+    }
+}
+
+/// Appends the resumption families to the `/metrics` text.
+pub(crate) fn render(out: &mut String, sessions: &[Arc<ListenerSession>]) {
+    use std::fmt::Write;
+    if sessions.is_empty() {
+        return;
+    }
+    out.push_str("# HELP qweb_tls_session_handshakes_total TLS handshakes by listener, version and kind (full or resumed).\n# TYPE qweb_tls_session_handshakes_total counter\n");
+    for s in sessions {
+        for (version, kind, n) in s.stats.rows() {
+            let _ = writeln!(
+                out,
+                "qweb_tls_session_handshakes_total{{listener=\"{}\",version=\"{version}\",kind=\"{kind}\"}} {n}",
+                s.label
+            );
+        }
+    }
+    out.push_str("# HELP qweb_tls_ticket_key_age_seconds How long the listener's ticket encryption key has been in use.\n# TYPE qweb_tls_ticket_key_age_seconds gauge\n");
+    for s in sessions {
+        if let Some(t) = &s.ticketer {
+            let _ = writeln!(
+                out,
+                "qweb_tls_ticket_key_age_seconds{{listener=\"{}\"}} {}",
+                s.label,
+                t.key_age().as_secs()
+            );
+        }
+    }
+    out.push_str("# HELP qweb_tls_ticket_key_fetches_total Fleet ticket key fetches from the key server, by result.\n# TYPE qweb_tls_ticket_key_fetches_total counter\n");
+    for s in sessions {
+        if let Some(f) = &s.fetch {
+            for (result, n) in [("ok", &f.ok), ("failed", &f.failed)] {
+                let _ = writeln!(
+                    out,
+                    "qweb_tls_ticket_key_fetches_total{{listener=\"{}\",result=\"{result}\"}} {}",
+                    s.label,
+                    n.load(std::sync::atomic::Ordering::Relaxed)
+                );
+            }
+        }
+    }
+}
