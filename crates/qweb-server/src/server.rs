@@ -192,16 +192,21 @@ impl Server {
                             info.self_signed = Some(ss);
                             vec![c]
                         }
-                        TlsConfig::Certificates(list) => list
-                            .iter()
-                            .map(|c| load(&c.cert, c.key.as_deref()))
-                            .collect::<Result<Vec<_>, _>>()?,
+                        TlsConfig::Certificates(list) => {
+                            let mut certs = list
+                                .iter()
+                                .map(|c| load(&c.cert, c.key.as_deref()))
+                                .collect::<Result<Vec<_>, _>>()?;
+                            crate::tls_session::staple(list, &mut certs, &mut refreshers);
+                            certs
+                        }
                     };
                     let resolver = qweb_tls::SniResolver::new(&certs).ok_or_else(|| {
                         qweb_tls::TlsError::Generate("no certificate for a TLS listener".into())
                     })?;
                     let mut sc = qweb_tls::server_config(Arc::new(resolver), l.http2)?;
-                    let (session, refresher) = crate::tls_session::setup(l, &config, &mut sc)?;
+                    let (session, refresher) =
+                        crate::tls_session::setup(l, &config, &certs, &mut sc)?;
                     sessions.push(Some(session));
                     refreshers.extend(refresher);
                     Some(Arc::new(sc))

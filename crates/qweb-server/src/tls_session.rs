@@ -23,13 +23,24 @@ pub(crate) struct ListenerSession {
     pub ticketer: Option<Arc<Ticketer>>,
     /// Fleet key fetches, when the keys come from a key server.
     pub fetch: Option<Arc<qweb_keyserver::tickets::FetchStats>>,
+    /// Stapled certificates: a name (the first DNS name) and the staple.
+    pub ocsp: Vec<(String, Arc<qweb_tls::ocsp::OcspStaple>)>,
 }
 
-/// What keeps a listener's keys fresh (started by [`spawn`]).
-pub(crate) struct Refresher {
-    from: Refresh,
-    ticketer: Arc<Ticketer>,
-    fetch: Arc<qweb_keyserver::tickets::FetchStats>,
+/// What keeps a listener's keys, or a certificate's OCSP staple, fresh (started by
+/// [`spawn`]).
+pub(crate) enum Refresher {
+    /// A ticket key file.
+    KeyFile(PathBuf, Arc<Ticketer>),
+    /// Fleet keys from a key server engine.
+    Keyserver(
+        String,
+        qweb_keyserver::client::ClientConfig,
+        Arc<Ticketer>,
+        Arc<qweb_keyserver::tickets::FetchStats>,
+    ),
+    /// An OCSP response file.
+    Ocsp(PathBuf, Arc<qweb_tls::ocsp::OcspStaple>),
 }
 
 enum Refresh {
@@ -37,11 +48,45 @@ enum Refresh {
     Keyserver(String, qweb_keyserver::client::ClientConfig),
 }
 
+/// Staples the OCSP response files of `list` onto `certs` (same order). A response that
+/// cannot be stapled (expired, for another certificate, malformed) is logged and the
+/// certificate is served without a staple; the file is watched either way.
+pub(crate) fn staple(
+    list: &[crate::config::CertificateConfig],
+    certs: &mut [qweb_tls::LoadedCert],
+    refreshers: &mut Vec<Refresher>,
+) {
+    for (c, loaded) in list.iter().zip(certs.iter_mut()) {
+        let Some(path) = &c.ocsp else { continue };
+        let holder = loaded.staple();
+        load_ocsp(path, &holder);
+        refreshers.push(Refresher::Ocsp(path.clone(), holder));
+    }
+}
+
+fn load_ocsp(path: &std::path::Path, holder: &qweb_tls::ocsp::OcspStaple) {
+    let r = std::fs::read(path)
+        .map_err(|e| e.to_string())
+        .and_then(|der| {
+            holder
+                .set(der, SystemTime::now())
+                .map_err(|e| e.to_string())
+        });
+    match r {
+        Ok(_) => tracing::info!(file = %path.display(), "OCSP response stapled"),
+        Err(e) => tracing::warn!(
+            file = %path.display(),
+            "OCSP response not stapled: {e}"
+        ),
+    }
+}
+
 /// Sets up listener `l`'s resumption on `sc`: its ticketer (fetching fleet keys once, here,
 /// so that the first tickets are fleet-wide already when the key server answers).
 pub(crate) fn setup(
     l: &ListenerConfig,
     config: &Config,
+    certs: &[qweb_tls::LoadedCert],
     sc: &mut rustls::ServerConfig,
 ) -> Result<(ListenerSession, Option<Refresher>), ServerError> {
     let s = &l.session;
@@ -50,6 +95,13 @@ pub(crate) fn setup(
         stats: Arc::new(HandshakeStats::default()),
         ticketer: None,
         fetch: None,
+        ocsp: certs
+            .iter()
+            .filter_map(|c| {
+                let name = c.dns_names.first().cloned().unwrap_or_default();
+                c.ocsp.clone().map(|o| (name, o))
+            })
+            .collect(),
     };
     let mut refresh = None;
     let bad = |m: String| ServerError::Tickets(m);
@@ -105,11 +157,13 @@ pub(crate) fn setup(
         },
     );
     let refresher = match (refresh, &out.ticketer) {
-        (Some(from), Some(t)) => Some(Refresher {
-            from,
-            ticketer: t.clone(),
-            fetch: out.fetch.clone().unwrap_or_default(),
-        }),
+        (Some(Refresh::File(p)), Some(t)) => Some(Refresher::KeyFile(p, t.clone())),
+        (Some(Refresh::Keyserver(e, c)), Some(t)) => Some(Refresher::Keyserver(
+            e,
+            c,
+            t.clone(),
+            out.fetch.clone().unwrap_or_default(),
+        )),
         _ => None,
     };
     Ok((out, refresher))
@@ -128,18 +182,29 @@ pub(crate) fn spawn(
     shutdown: &watch::Receiver<bool>,
 ) -> Result<Vec<JoinHandle<()>>, ServerError> {
     let mut threads = Vec::new();
-    for Refresher {
-        from,
-        ticketer,
-        fetch,
-    } in refreshers
-    {
+    for r in refreshers {
         let rx = shutdown.clone();
-        let t = match from {
-            Refresh::File(path) => std::thread::Builder::new()
+        let t = match r {
+            Refresher::KeyFile(path, ticketer) => std::thread::Builder::new()
                 .name("qweb-ticket-file".into())
-                .spawn(move || watch_file(path, ticketer, rx)),
-            Refresh::Keyserver(engine, client) => {
+                .spawn(move || {
+                    watch_file(path, rx, |p| {
+                        match read_key_file(p).and_then(|k| {
+                            ticketer
+                                .reload_fixed(&k)
+                                .map_err(|e| ServerError::Tickets(e.to_string()))
+                        }) {
+                            Ok(()) => tracing::info!(file = %p.display(), "ticket keys reloaded"),
+                            Err(e) => {
+                                tracing::warn!("ticket keys not reloaded, the old keys stay: {e}")
+                            }
+                        }
+                    })
+                }),
+            Refresher::Ocsp(path, holder) => std::thread::Builder::new()
+                .name("qweb-ocsp-file".into())
+                .spawn(move || watch_file(path, rx, |p| load_ocsp(p, &holder))),
+            Refresher::Keyserver(engine, client, ticketer, fetch) => {
                 qweb_keyserver::tickets::spawn_refresher(engine, client, ticketer, fetch, rx)
             }
         };
@@ -148,10 +213,16 @@ pub(crate) fn spawn(
     Ok(threads)
 }
 
-/// Re-reads a key file when it changes (checked every second, as nginx re-reads it on
-/// reload): the new first key encrypts, the replaced one still decrypts. A file that
-/// becomes unreadable or invalid is logged and the keys in use stay.
-fn watch_file(path: PathBuf, ticketer: Arc<Ticketer>, mut shutdown: watch::Receiver<bool>) {
+/// Calls `changed` when the file changes (checked every second; nginx re-reads such files on
+/// reload). For ticket keys: the new first key encrypts, the replaced one still decrypts; a
+/// file that becomes unreadable or invalid is logged and the keys in use stay. For OCSP: the
+/// new response is stapled once checked; a bad one is logged and the old one stays until its
+/// own `nextUpdate`.
+fn watch_file(
+    path: PathBuf,
+    mut shutdown: watch::Receiver<bool>,
+    changed: impl Fn(&std::path::Path),
+) {
     let stamp = |p: &PathBuf| {
         std::fs::metadata(p)
             .ok()
@@ -171,14 +242,7 @@ fn watch_file(path: PathBuf, ticketer: Arc<Ticketer>, mut shutdown: watch::Recei
             continue;
         }
         last = now;
-        match read_key_file(&path).and_then(|k| {
-            ticketer
-                .reload_fixed(&k)
-                .map_err(|e| ServerError::Tickets(e.to_string()))
-        }) {
-            Ok(()) => tracing::info!(file = %path.display(), "ticket keys reloaded"),
-            Err(e) => tracing::warn!("ticket keys not reloaded, the old keys stay: {e}"),
-        }
+        changed(&path);
     }
 }
 
@@ -209,6 +273,7 @@ pub(crate) fn render(out: &mut String, sessions: &[Arc<ListenerSession>]) {
             );
         }
     }
+    write_ocsp(out, sessions);
     out.push_str("# HELP qweb_tls_ticket_key_fetches_total Fleet ticket key fetches from the key server, by result.\n# TYPE qweb_tls_ticket_key_fetches_total counter\n");
     for s in sessions {
         if let Some(f) = &s.fetch {
@@ -220,6 +285,39 @@ pub(crate) fn render(out: &mut String, sessions: &[Arc<ListenerSession>]) {
                     n.load(std::sync::atomic::Ordering::Relaxed)
                 );
             }
+        }
+    }
+}
+
+fn write_ocsp(out: &mut String, sessions: &[Arc<ListenerSession>]) {
+    use std::fmt::Write;
+    if sessions.iter().all(|s| s.ocsp.is_empty()) {
+        return;
+    }
+    let now = SystemTime::now();
+    out.push_str("# HELP qweb_tls_ocsp_staple_age_seconds Age (since thisUpdate) of the OCSP response stapled; absent while none is.\n# TYPE qweb_tls_ocsp_staple_age_seconds gauge\n");
+    for s in sessions {
+        for (name, o) in &s.ocsp {
+            if let Some(st) = o.status_at(now) {
+                let age = now.duration_since(st.this_update).unwrap_or_default();
+                let _ = writeln!(
+                    out,
+                    "qweb_tls_ocsp_staple_age_seconds{{listener=\"{}\",cert=\"{name}\"}} {}",
+                    s.label,
+                    age.as_secs()
+                );
+            }
+        }
+    }
+    out.push_str("# HELP qweb_tls_ocsp_failures_total OCSP responses refused (unreadable, malformed, expired, for another certificate).\n# TYPE qweb_tls_ocsp_failures_total counter\n");
+    for s in sessions {
+        for (name, o) in &s.ocsp {
+            let _ = writeln!(
+                out,
+                "qweb_tls_ocsp_failures_total{{listener=\"{}\",cert=\"{name}\"}} {}",
+                s.label,
+                o.failures.load(std::sync::atomic::Ordering::Relaxed)
+            );
         }
     }
 }

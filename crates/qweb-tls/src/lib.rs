@@ -11,6 +11,7 @@
 mod certs;
 mod error;
 pub mod handshake;
+pub mod ocsp;
 mod offload_key;
 mod selfsigned;
 mod server_config;

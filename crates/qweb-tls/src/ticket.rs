@@ -91,9 +91,9 @@ pub enum TicketError {
 /// (16 name, 32 + 32 secret) or of 48 bytes (16 name, 16 + 16 secret), all of one size. The
 /// first key encrypts; all of them decrypt.
 pub fn parse_key_file(bytes: &[u8]) -> Result<Vec<TicketKeyMaterial>, TicketError> {
-    let size = if !bytes.is_empty() && bytes.len() % 80 == 0 {
+    let size = if !bytes.is_empty() && bytes.chunks_exact(80).remainder().is_empty() {
         80
-    } else if !bytes.is_empty() && bytes.len() % 48 == 0 {
+    } else if !bytes.is_empty() && bytes.chunks_exact(48).remainder().is_empty() {
         48
     } else {
         return Err(TicketError::FileSize(bytes.len()));

@@ -242,6 +242,8 @@ pub enum TlsConfig {
 pub struct CertificateConfig {
     /// PEM chain, leaf first.
     pub cert: PathBuf,
+    /// A DER OCSP response file to staple (`ocsp = "file.der"`), re-read when it changes.
+    pub ocsp: Option<PathBuf>,
     /// PEM private key (PKCS#8, PKCS#1 or SEC1). `None`: a key server holds it (the
     /// listener's offload engine is a key server).
     pub key: Option<PathBuf>,
@@ -903,7 +905,12 @@ impl Validator<'_> {
                                         e.to_string(),
                                     ));
                                 }
-                                certs.push(CertificateConfig { cert, key: None });
+                                let ocsp = self.ocsp(i, j, c)?;
+                                certs.push(CertificateConfig {
+                                    cert,
+                                    key: None,
+                                    ocsp,
+                                });
                                 continue;
                             };
                             let keyp = self.path(ck.get_ref());
@@ -927,6 +934,7 @@ impl Validator<'_> {
                             certs.push(CertificateConfig {
                                 cert,
                                 key: Some(keyp),
+                                ocsp: self.ocsp(i, j, c)?,
                             });
                         }
                         Some(TlsConfig::Certificates(certs))

@@ -153,6 +153,7 @@ pub(crate) struct RawTls {
 pub(crate) struct RawCertificate {
     pub cert: Spanned<PathBuf>,
     pub key: Option<Spanned<PathBuf>>,
+    pub ocsp: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -100,6 +100,43 @@ impl Validator<'_> {
         Ok(cfg)
     }
 
+    /// `ocsp` of `listener[i].tls.certificates[j]`: a readable DER file.
+    pub(super) fn ocsp(
+        &self,
+        i: usize,
+        j: usize,
+        c: &super::raw::RawCertificate,
+    ) -> Result<Option<PathBuf>, ConfigError> {
+        let Some(o) = &c.ocsp else { return Ok(None) };
+        let key = format!("listener[{i}].tls.certificates[{j}].ocsp");
+        let v = o.get_ref().trim();
+        if v == "fetch" {
+            return Err(self.err(
+                Some(o.span()),
+                key,
+                "fetching from the OCSP responder is not supported yet: give a DER response file (e.g. from `openssl ocsp -respout`)",
+            ));
+        }
+        if v.is_empty() {
+            return Err(self.err(Some(o.span()), key, "a DER OCSP response file"));
+        }
+        let path = self.path(std::path::Path::new(v));
+        if let Err(e) = std::fs::metadata(&path).and_then(|m| {
+            if m.is_file() {
+                Ok(())
+            } else {
+                Err(std::io::Error::other("not a file"))
+            }
+        }) {
+            return Err(self.err(
+                Some(o.span()),
+                key,
+                format!("cannot read {}: {e}", path.display()),
+            ));
+        }
+        Ok(Some(path))
+    }
+
     fn ticket_keys(
         &self,
         tk: &Spanned<String>,
@@ -217,6 +254,43 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("no effect with `resumption = false`"), "{e}");
+    }
+
+    #[test]
+    fn ocsp_files_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let c = rcgen::CertificateParams::new(vec!["localhost".into()])
+            .unwrap()
+            .self_signed(&kp)
+            .unwrap();
+        std::fs::write(dir.path().join("c.pem"), c.pem()).unwrap();
+        std::fs::write(dir.path().join("k.pem"), kp.serialize_pem()).unwrap();
+        std::fs::write(dir.path().join("r.der"), b"x").unwrap();
+        let file = dir.path().join("q.toml");
+        let cfg = |ocsp: &str| {
+            format!(
+                "[[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\ncertificates = [{{ cert = \"c.pem\", key = \"k.pem\", ocsp = \"{ocsp}\" }}]\n"
+            )
+        };
+        let c = Config::from_str_at(&cfg("r.der"), Some(&file)).unwrap();
+        match &c.listeners[0].tls {
+            Some(super::super::TlsConfig::Certificates(list)) => {
+                assert_eq!(list[0].ocsp, Some(dir.path().join("r.der")))
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = Config::from_str_at(&cfg("missing.der"), Some(&file))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(":4:") && e.contains("key `listener[0].tls.certificates[0].ocsp`"),
+            "{e}"
+        );
+        let e = Config::from_str_at(&cfg("fetch"), Some(&file))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not supported yet"), "{e}");
     }
 
     #[test]
