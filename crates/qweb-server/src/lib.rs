@@ -20,6 +20,7 @@ mod head_scan;
 mod listen;
 mod log_limit;
 mod metrics;
+mod ocsp_fetch;
 mod path;
 mod proxy;
 mod request_rules;

@@ -41,6 +41,8 @@ pub(crate) enum Refresher {
     ),
     /// An OCSP response file.
     Ocsp(PathBuf, Arc<qweb_tls::ocsp::OcspStaple>),
+    /// OCSP responses fetched from the certificate's responder.
+    OcspFetch(Arc<qweb_tls::ocsp::OcspStaple>),
 }
 
 enum Refresh {
@@ -57,10 +59,17 @@ pub(crate) fn staple(
     refreshers: &mut Vec<Refresher>,
 ) {
     for (c, loaded) in list.iter().zip(certs.iter_mut()) {
-        let Some(path) = &c.ocsp else { continue };
-        let holder = loaded.staple();
-        load_ocsp(path, &holder);
-        refreshers.push(Refresher::Ocsp(path.clone(), holder));
+        match &c.ocsp {
+            None => {}
+            Some(crate::config::OcspSource::File(path)) => {
+                let holder = loaded.staple();
+                load_ocsp(path, &holder);
+                refreshers.push(Refresher::Ocsp(path.clone(), holder));
+            }
+            Some(crate::config::OcspSource::Fetch) => {
+                refreshers.push(Refresher::OcspFetch(loaded.staple()));
+            }
+        }
     }
 }
 
@@ -204,6 +213,9 @@ pub(crate) fn spawn(
             Refresher::Ocsp(path, holder) => std::thread::Builder::new()
                 .name("qweb-ocsp-file".into())
                 .spawn(move || watch_file(path, rx, |p| load_ocsp(p, &holder))),
+            Refresher::OcspFetch(holder) => std::thread::Builder::new()
+                .name("qweb-ocsp-fetch".into())
+                .spawn(move || crate::ocsp_fetch::run(holder, rx)),
             Refresher::Keyserver(engine, client, ticketer, fetch) => {
                 qweb_keyserver::tickets::spawn_refresher(engine, client, ticketer, fetch, rx)
             }

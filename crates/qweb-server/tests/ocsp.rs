@@ -142,15 +142,20 @@ fn pki() -> tempfile::TempDir {
 }
 
 fn serve(dir: &Path, ocsp: &str) -> (RunningServer, SocketAddr) {
+    serve_cert(dir, "leaf", ocsp)
+}
+
+/// Serves `<name>.crt` (with `<name>.key`).
+fn serve_cert(dir: &Path, name: &str, ocsp: &str) -> (RunningServer, SocketAddr) {
     let d = dir.display();
     let text = format!(
-        "workers = 1\nstate_dir = \"{d}/state\"\n[log]\naccess = false\n\
+        "workers = 1\nstate_dir = \"{d}/state-{name}\"\n[log]\naccess = false\n\
          [admin]\naddress = \"127.0.0.1:0\"\n\
          [[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\n\
-         certificates = [{{ cert = \"leaf.crt\", key = \"leaf.key\", ocsp = \"{ocsp}\" }}]\n\
+         certificates = [{{ cert = \"{name}.crt\", key = \"{name}.key\", ocsp = \"{ocsp}\" }}]\n\
          [[route]]\nprefix = \"/\"\nroot = \"site\"\n"
     );
-    let file = dir.join("qweb.toml");
+    let file = dir.join(format!("{name}-{}.toml", ocsp.replace('.', "-")));
     std::fs::write(&file, &text).unwrap();
     let config = Config::from_file(&file).unwrap_or_else(|e| panic!("{e}\n{text}"));
     let server = Server::start(config).unwrap();
@@ -265,5 +270,159 @@ fn expired_and_foreign_responses_are_never_stapled_and_a_new_file_is_picked_up()
     std::fs::write(d.join("live.der"), b"not DER").unwrap();
     std::thread::sleep(Duration::from_millis(2500));
     assert!(stapled(&status(addr, true)));
+    server.shutdown();
+}
+
+/// A leaf for localhost (serial 0x1234 again, known to the index) whose Authority
+/// Information Access names an OCSP responder on 127.0.0.1:`port`: `<name>.crt` holds the
+/// leaf then the CA, `<name>.key` its key.
+fn aia_leaf(d: &Path, port: u16, name: &str) {
+    let key = format!("{name}.key");
+    openssl(
+        d,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            "aia.csr",
+            "-subj",
+            "/CN=localhost",
+        ],
+    );
+    std::fs::write(
+        d.join("aia.ext"),
+        format!(
+            "subjectAltName=DNS:localhost\nauthorityInfoAccess=OCSP;URI:http://127.0.0.1:{port}/\n"
+        ),
+    )
+    .unwrap();
+    openssl(
+        d,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "aia.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-set_serial",
+            "0x1234",
+            "-out",
+            "aia-leaf.crt",
+            "-days",
+            "5",
+            "-extfile",
+            "aia.ext",
+        ],
+    );
+    let mut chain = std::fs::read(d.join("aia-leaf.crt")).unwrap();
+    chain.extend(std::fs::read(d.join("ca.crt")).unwrap());
+    std::fs::write(d.join(format!("{name}.crt")), chain).unwrap();
+}
+
+fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !f() {
+        assert!(started.elapsed() < Duration::from_secs(secs), "{what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn failures(server: &RunningServer) -> u64 {
+    let m = metrics(server);
+    m.lines()
+        .find(|l| l.starts_with("qweb_tls_ocsp_failures_total{"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{m}"))
+}
+
+/// `ocsp = "fetch"` against `openssl ocsp` run as a local responder: stapled on both
+/// versions; with the responder killed, a server that had a staple keeps it (valid for a
+/// day) and a server that starts then serves without one, logs and counts the failures.
+#[test]
+fn fetched_from_a_local_openssl_responder_and_served_without_one_when_it_is_down() {
+    let dir = pki();
+    let d = dir.path();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    aia_leaf(d, port, "aia");
+    let mut responder = Command::new("openssl")
+        .args(["ocsp", "-index", "index.txt", "-port", &port.to_string()])
+        .args([
+            "-rsigner", "ca.crt", "-rkey", "ca.key", "-CA", "ca.crt", "-ndays", "1",
+        ])
+        .current_dir(d)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(d.join("responder.log")).unwrap())
+        .spawn()
+        .unwrap();
+    // (a probe connection would hold the single-threaded responder: wait for its log line)
+    wait_for("the responder listens", 10, || {
+        std::fs::read_to_string(d.join("responder.log"))
+            .is_ok_and(|l| l.contains("waiting for OCSP client connections"))
+    });
+    let (a, a_addr) = serve_cert(d, "aia", "fetch");
+    wait_for("a fetched staple", 15, || stapled(&status(a_addr, false)));
+    assert!(stapled(&status(a_addr, true)));
+    assert_eq!(failures(&a), 0);
+    let _ = responder.kill();
+    let _ = responder.wait();
+    let (b, b_addr) = serve_cert(d, "aia", "fetch");
+    wait_for("a failed fetch counted", 10, || failures(&b) >= 1);
+    for tls13 in [false, true] {
+        assert!(!stapled(&status(b_addr, tls13)), "nothing to staple yet");
+        assert!(
+            stapled(&status(a_addr, tls13)),
+            "the fetched staple stays while valid"
+        );
+    }
+    a.shutdown();
+    b.shutdown();
+}
+
+/// Responders that lie: an HTTP error, a 200 with garbage, a truncated answer, no head at
+/// all. Nothing is stapled, every failure is counted, the server serves.
+#[test]
+fn lying_responders_are_counted_and_nothing_is_stapled() {
+    let dir = pki();
+    let d = dir.path();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    aia_leaf(d, port, "liar");
+    let good = std::fs::read(d.join("good.der")).unwrap();
+    let answers: Vec<Vec<u8>> = vec![
+        b"HTTP/1.0 500 Internal Server Error\r\n\r\n".to_vec(),
+        b"HTTP/1.0 200 OK\r\n\r\nnot an OCSP response".to_vec(),
+        [&b"HTTP/1.0 200 OK\r\n\r\n"[..], &good[..good.len() / 2]].concat(),
+        b"garbage without a head".to_vec(),
+    ];
+    std::thread::spawn(move || {
+        let mut i = 0;
+        for conn in listener.incoming() {
+            let Ok(mut c) = conn else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = c.read(&mut buf);
+            let _ = c.write_all(&answers[i % answers.len()]);
+            i += 1;
+        }
+    });
+    let (server, addr) = serve_cert(d, "liar", "fetch");
+    // the fetcher retries after 5 s: two failures within 12 s
+    wait_for("failures counted", 12, || failures(&server) >= 2);
+    for tls13 in [false, true] {
+        assert!(!stapled(&status(addr, tls13)));
+    }
     server.shutdown();
 }

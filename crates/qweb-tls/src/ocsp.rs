@@ -165,6 +165,131 @@ fn generalized_time(v: &[u8]) -> Result<SystemTime, OcspError> {
     Ok(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
 }
 
+const OID_AIA: &[u8] = &[0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x01, 0x01];
+const OID_AD_OCSP: &[u8] = &[0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x30, 0x01];
+
+/// The parts of a certificate after its issuer: (subject Name DER, subjectPublicKey bits,
+/// extensions DER if any).
+fn cert_parts(cert: &[u8]) -> Result<(Vec<u8>, Vec<u8>, Option<Vec<u8>>), OcspError> {
+    let c = OcspError::Certificate;
+    let mut top = Der(cert);
+    let mut certificate = Der(top
+        .expect(SEQ, "certificate")
+        .map_err(|_| c("not a SEQUENCE"))?);
+    let mut tbs = Der(certificate
+        .expect(SEQ, "tbs")
+        .map_err(|_| c("no tbsCertificate"))?);
+    if tbs.peek_tag() == Some(0xa0) {
+        tbs.next().map_err(|_| c("version"))?;
+    }
+    for what in ["serial", "signature", "issuer", "validity"] {
+        tbs.next().map_err(|_| c(what))?;
+    }
+    let (_, _, subject) = tbs.next().map_err(|_| c("subject"))?;
+    let mut spki = Der(tbs.expect(SEQ, "spki").map_err(|_| c("no public key"))?);
+    spki.expect(SEQ, "alg")
+        .map_err(|_| c("no public key algorithm"))?;
+    let bits = spki.expect(0x03, "key").map_err(|_| c("no public key"))?;
+    let key = bits.get(1..).ok_or(c("empty public key"))?.to_vec();
+    let mut extensions = None;
+    while !tbs.is_empty() {
+        let (tag, content, _) = tbs.next().map_err(|_| c("trailing fields"))?;
+        if tag == 0xa3 {
+            extensions = Some(content.to_vec());
+        }
+    }
+    Ok((subject.to_vec(), key, extensions))
+}
+
+/// The `http://` OCSP responder URL of a certificate (its Authority Information Access
+/// extension), if it has one.
+pub fn responder_url(cert: &[u8]) -> Result<Option<String>, OcspError> {
+    let (_, _, ext) = cert_parts(cert)?;
+    let Some(ext) = ext else { return Ok(None) };
+    let c = OcspError::Certificate;
+    let mut outer = Der(&ext);
+    let mut list = Der(outer
+        .expect(SEQ, "extensions")
+        .map_err(|_| c("extensions"))?);
+    while !list.is_empty() {
+        let mut e = Der(list.expect(SEQ, "extension").map_err(|_| c("extension"))?);
+        let oid = e.expect(0x06, "oid").map_err(|_| c("extension"))?;
+        if e.peek_tag() == Some(0x01) {
+            e.next().map_err(|_| c("extension"))?;
+        }
+        let value = e.expect(0x04, "value").map_err(|_| c("extension"))?;
+        if oid != OID_AIA {
+            continue;
+        }
+        let mut v = Der(value);
+        let mut descs = Der(v.expect(SEQ, "aia").map_err(|_| c("authorityInfoAccess"))?);
+        while !descs.is_empty() {
+            let mut d = Der(descs
+                .expect(SEQ, "ad")
+                .map_err(|_| c("authorityInfoAccess"))?);
+            let method = d
+                .expect(0x06, "method")
+                .map_err(|_| c("authorityInfoAccess"))?;
+            let (tag, name, _) = d.next().map_err(|_| c("authorityInfoAccess"))?;
+            if method == OID_AD_OCSP && tag == 0x86 {
+                if let Ok(url) = std::str::from_utf8(name) {
+                    if url.starts_with("http://") {
+                        return Ok(Some(url.to_owned()));
+                    }
+                }
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// A DER OCSP request (no nonce) for `cert` issued by `issuer`, with a SHA-1 CertID (what
+/// responders support most widely).
+pub fn request(cert: &[u8], issuer: &[u8]) -> Result<Vec<u8>, OcspError> {
+    let leaf = leaf_id(cert)?;
+    let (issuer_subject, issuer_key, _) = cert_parts(issuer)?;
+    if issuer_subject != leaf.issuer {
+        return Err(OcspError::Certificate(
+            "the next certificate of the chain is not the leaf's issuer",
+        ));
+    }
+    let sha1 = |b: &[u8]| {
+        aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA1_FOR_LEGACY_USE_ONLY, b)
+            .as_ref()
+            .to_vec()
+    };
+    let alg = tlv(SEQ, &[tlv(0x06, OID_SHA1), vec![0x05, 0x00]].concat());
+    let cert_id = tlv(
+        SEQ,
+        &[
+            alg,
+            tlv(0x04, &sha1(&leaf.issuer)),
+            tlv(0x04, &sha1(&issuer_key)),
+            tlv(0x02, &leaf.serial),
+        ]
+        .concat(),
+    );
+    let request = tlv(SEQ, &cert_id);
+    let tbs = tlv(SEQ, &tlv(SEQ, &request));
+    Ok(tlv(SEQ, &tbs))
+}
+
+/// DER: a tag, its length, its contents.
+fn tlv(tag: u8, content: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    let n = content.len();
+    if n < 0x80 {
+        out.push(n as u8);
+    } else {
+        let bytes = n.to_be_bytes();
+        let skip = bytes.iter().take_while(|b| **b == 0).count();
+        out.push(0x80 | (bytes.len() - skip) as u8);
+        out.extend_from_slice(&bytes[skip..]);
+    }
+    out.extend_from_slice(content);
+    out
+}
+
 /// What a usable response says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OcspStatus {
@@ -295,6 +420,18 @@ impl OcspStaple {
         Ok(status)
     }
 
+    /// The leaf certificate (DER) and the next one of its chain (its issuer, if present).
+    pub fn chain(&self) -> (&[u8], Option<&[u8]>) {
+        let leaf = self.plain.cert.first().map(|c| c.as_ref()).unwrap_or(&[]);
+        (leaf, self.plain.cert.get(1).map(|c| c.as_ref()))
+    }
+
+    /// Counts a failure to get a response (responder unreachable, bad answer).
+    pub fn failed(&self) {
+        self.failures
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The certificate to serve at `now`: with the staple while it is current, else without.
     pub fn key_at(&self, now: SystemTime) -> Arc<CertifiedKey> {
         match &*self.current.read().unwrap_or_else(|e| e.into_inner()) {
@@ -362,17 +499,6 @@ mod tests {
             assert!(check_response(&b, &der, SystemTime::now()).is_err());
             let _ = leaf_id(&b);
         }
-    }
-
-    fn tlv(tag: u8, content: &[u8]) -> Vec<u8> {
-        let mut out = vec![tag];
-        match content.len() {
-            n if n < 0x80 => out.push(n as u8),
-            n if n < 0x100 => out.extend([0x81, n as u8]),
-            n => out.extend([0x82, (n >> 8) as u8, n as u8]),
-        }
-        out.extend_from_slice(content);
-        out
     }
 
     /// A basic OCSP response for `cert` (status `status_tlv`, times as GeneralizedTime
@@ -515,5 +641,104 @@ mod tests {
             "expired: never stapled"
         );
         assert!(holder.status_at(later).is_none());
+    }
+
+    /// The request is byte for byte what `openssl ocsp -no_nonce -reqout` makes, and the
+    /// responder URL is read from the certificate.
+    #[test]
+    fn request_matches_openssl_and_the_url_is_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new("openssl")
+                .args(args)
+                .current_dir(d)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        run(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-subj",
+            "/CN=CA",
+            "-days",
+            "2",
+        ]);
+        run(&[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "l.key",
+            "-out",
+            "l.csr",
+            "-subj",
+            "/CN=l",
+        ]);
+        std::fs::write(
+            d.join("e.ext"),
+            "authorityInfoAccess=caIssuers;URI:http://x/ca,OCSP;URI:http://127.0.0.1:8888/q\n",
+        )
+        .unwrap();
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "l.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-set_serial",
+            "0x00ff",
+            "-out",
+            "l.crt",
+            "-days",
+            "1",
+            "-extfile",
+            "e.ext",
+        ]);
+        run(&[
+            "ocsp",
+            "-issuer",
+            "ca.crt",
+            "-cert",
+            "l.crt",
+            "-no_nonce",
+            "-reqout",
+            "req.der",
+        ]);
+        let pem = |name: &str| {
+            let text = std::fs::read(d.join(name)).unwrap();
+            rustls_pki_types::pem::PemObject::from_pem_slice(&text)
+                .map(|c: rustls_pki_types::CertificateDer<'static>| c.to_vec())
+                .unwrap()
+        };
+        let (leaf, ca) = (pem("l.crt"), pem("ca.crt"));
+        assert_eq!(
+            responder_url(&leaf).unwrap().as_deref(),
+            Some("http://127.0.0.1:8888/q")
+        );
+        assert_eq!(responder_url(&ca).unwrap(), None);
+        let want = std::fs::read(d.join("req.der")).unwrap();
+        assert_eq!(request(&leaf, &ca).unwrap(), want);
+        assert!(request(&leaf, &leaf).is_err(), "not its issuer");
     }
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 pub use compression::CompressionConfig;
 pub use error::ConfigError;
 use raw::{RawConfig, RawListener, RawRoute, Workers};
-pub use tls::{SessionConfig, TicketKeys};
+pub use tls::{OcspSource, SessionConfig, TicketKeys};
 use toml::Spanned;
 
 /// A validated configuration.
@@ -242,8 +242,9 @@ pub enum TlsConfig {
 pub struct CertificateConfig {
     /// PEM chain, leaf first.
     pub cert: PathBuf,
-    /// A DER OCSP response file to staple (`ocsp = "file.der"`), re-read when it changes.
-    pub ocsp: Option<PathBuf>,
+    /// The OCSP response to staple: a DER file (`ocsp = "file.der"`, re-read when it
+    /// changes) or fetched from the certificate's responder (`ocsp = "fetch"`).
+    pub ocsp: Option<OcspSource>,
     /// PEM private key (PKCS#8, PKCS#1 or SEC1). `None`: a key server holds it (the
     /// listener's offload engine is a key server).
     pub key: Option<PathBuf>,

@@ -42,6 +42,16 @@ impl Default for SessionConfig {
     }
 }
 
+/// `ocsp` of a certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OcspSource {
+    /// A DER OCSP response file.
+    File(PathBuf),
+    /// Fetched from the certificate's OCSP responder (its Authority Information Access URL),
+    /// refreshed at half-life.
+    Fetch,
+}
+
 /// `ticket_keys`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TicketKeys {
@@ -106,16 +116,34 @@ impl Validator<'_> {
         i: usize,
         j: usize,
         c: &super::raw::RawCertificate,
-    ) -> Result<Option<PathBuf>, ConfigError> {
+    ) -> Result<Option<OcspSource>, ConfigError> {
         let Some(o) = &c.ocsp else { return Ok(None) };
         let key = format!("listener[{i}].tls.certificates[{j}].ocsp");
         let v = o.get_ref().trim();
         if v == "fetch" {
-            return Err(self.err(
-                Some(o.span()),
-                key,
-                "fetching from the OCSP responder is not supported yet: give a DER response file (e.g. from `openssl ocsp -respout`)",
-            ));
+            let cert = self.path(c.cert.get_ref());
+            let chain = qweb_tls::load_certs(&cert)
+                .map_err(|e| self.err(Some(o.span()), key.as_str(), e.to_string()))?;
+            let url = qweb_tls::ocsp::responder_url(chain[0].as_ref())
+                .map_err(|e| self.err(Some(o.span()), key.as_str(), e.to_string()))?;
+            if url.is_none() {
+                return Err(self.err(
+                    Some(o.span()),
+                    key,
+                    format!(
+                        "{} has no http:// OCSP responder (Authority Information Access)",
+                        cert.display()
+                    ),
+                ));
+            }
+            if chain.len() < 2 {
+                return Err(self.err(
+                    Some(o.span()),
+                    key,
+                    format!("{} must hold the issuer's certificate after the leaf (the OCSP request names the issuer's key)", cert.display()),
+                ));
+            }
+            return Ok(Some(OcspSource::Fetch));
         }
         if v.is_empty() {
             return Err(self.err(Some(o.span()), key, "a DER OCSP response file"));
@@ -134,7 +162,7 @@ impl Validator<'_> {
                 format!("cannot read {}: {e}", path.display()),
             ));
         }
-        Ok(Some(path))
+        Ok(Some(OcspSource::File(path)))
     }
 
     fn ticket_keys(
@@ -276,7 +304,10 @@ mod tests {
         let c = Config::from_str_at(&cfg("r.der"), Some(&file)).unwrap();
         match &c.listeners[0].tls {
             Some(super::super::TlsConfig::Certificates(list)) => {
-                assert_eq!(list[0].ocsp, Some(dir.path().join("r.der")))
+                assert_eq!(
+                    list[0].ocsp,
+                    Some(OcspSource::File(dir.path().join("r.der")))
+                )
             }
             other => panic!("{other:?}"),
         }
@@ -290,7 +321,7 @@ mod tests {
         let e = Config::from_str_at(&cfg("fetch"), Some(&file))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("not supported yet"), "{e}");
+        assert!(e.contains("has no http:// OCSP responder"), "{e}");
     }
 
     #[test]
