@@ -168,9 +168,11 @@ fn generalized_time(v: &[u8]) -> Result<SystemTime, OcspError> {
 const OID_AIA: &[u8] = &[0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x01, 0x01];
 const OID_AD_OCSP: &[u8] = &[0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x30, 0x01];
 
-/// The parts of a certificate after its issuer: (subject Name DER, subjectPublicKey bits,
-/// extensions DER if any).
-fn cert_parts(cert: &[u8]) -> Result<(Vec<u8>, Vec<u8>, Option<Vec<u8>>), OcspError> {
+/// The parts of a certificate after its issuer: subject Name DER, subjectPublicKey bits,
+/// extensions DER if any.
+type CertParts = (Vec<u8>, Vec<u8>, Option<Vec<u8>>);
+
+fn cert_parts(cert: &[u8]) -> Result<CertParts, OcspError> {
     let c = OcspError::Certificate;
     let mut top = Der(cert);
     let mut certificate = Der(top
