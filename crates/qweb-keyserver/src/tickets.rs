@@ -363,4 +363,32 @@ mod tests {
         }
         assert_eq!(ticketer.current_key_name(), before);
     }
+
+    #[test]
+    fn ticket_rotation_has_a_default_and_is_validated() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("ks.toml");
+        let parse = |extra: &str| {
+            std::fs::write(
+                &file,
+                format!("keys = [\"k.pem\"]\n{extra}[unix]\npath = \"ks.sock\"\n"),
+            )
+            .unwrap();
+            crate::server::KeyserverConfig::from_file(&file)
+        };
+        assert_eq!(
+            parse("").unwrap().ticket_rotation,
+            Duration::from_secs(12 * 3600)
+        );
+        assert_eq!(
+            parse("ticket_rotation = \"2s\"\n").unwrap().ticket_rotation,
+            Duration::from_secs(2)
+        );
+        for bad in ["0s", "85h", "soon"] {
+            let e = parse(&format!("ticket_rotation = \"{bad}\"\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("key `ticket_rotation`"), "{bad}: {e}");
+        }
+    }
 }
