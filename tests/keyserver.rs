@@ -549,7 +549,7 @@ fn request_frame(id: u64, opcode: u8, key_hex: &str, message: &[u8]) -> Vec<u8> 
         .collect();
     let mut f = Vec::new();
     f.extend_from_slice(&((10 + 1 + 32 + message.len()) as u32).to_be_bytes());
-    f.extend_from_slice(&[1, 1]);
+    f.extend_from_slice(&[qweb_keyserver::protocol::VERSION, 1]);
     f.extend_from_slice(&id.to_be_bytes());
     f.push(opcode);
     f.extend_from_slice(&key);

@@ -386,12 +386,12 @@ async fn connection_manager(server: usize, ep: Endpoint, cfg: ClientConfig, d: R
     }
 }
 
-enum Stream {
+pub(crate) enum Stream {
     Unix(tokio::net::UnixStream),
     Tls(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
 }
 
-async fn connect(ep: &Endpoint, cfg: &ClientConfig) -> std::io::Result<Stream> {
+pub(crate) async fn connect(ep: &Endpoint, cfg: &ClientConfig) -> std::io::Result<Stream> {
     let limit = Duration::from_secs(5);
     let timed_out = || std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out");
     match ep {
@@ -484,7 +484,7 @@ where
                                 d.complete(p, Err(OpError::Failed(format!("key server: {what}: {message}"))));
                             }
                         }
-                        Ok(Some(Frame::Request { .. })) | Err(_) => {
+                        Ok(Some(Frame::Request { .. } | Frame::TicketKeysRequest { .. } | Frame::TicketKeys { .. })) | Err(_) => {
                             tracing::warn!("key server sent a malformed frame; reconnecting");
                             return in_flight.into_values().collect();
                         }

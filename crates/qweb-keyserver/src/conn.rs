@@ -163,6 +163,12 @@ fn check(frame: Frame, state: &State) -> Todo {
             message: message.into(),
         })
     };
+    if let Frame::TicketKeysRequest { id } = frame {
+        return match state.tickets.snapshot() {
+            Ok(keys) => Todo::Answer(Frame::TicketKeys { id, keys }),
+            Err(e) => error(id, ErrorCode::Internal, &e.to_string()),
+        };
+    }
     let Frame::Request {
         id,
         scheme,

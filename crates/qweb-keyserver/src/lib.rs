@@ -7,6 +7,8 @@
 //! - [`conn`]: one client connection of the key server, within per-connection bounds
 //!   (answers waiting, fair share of the signing pool, stall timeout).
 //! - [`accept`]: accept loops that back off and log rarely when accept fails (EMFILE).
+//! - [`tickets`]: fleet-wide session ticket keys: the key server's rotating keys, and
+//!   qweb's refresher that installs them in a listener's ticketer.
 //! - [`client`]: the `keyserver` offload engine qweb uses: a few connections per key server,
 //!   non-blocking submit, reconnect with backoff, per-op timeout, one retry on another server.
 
@@ -16,3 +18,4 @@ pub mod conn;
 mod metrics;
 pub mod protocol;
 pub mod server;
+pub mod tickets;

@@ -1,19 +1,25 @@
 //! The key server wire protocol (see docs/KEYSERVER_PROTOCOL.md).
 //!
 //! Every frame: `u32 length` (big-endian, of everything after it, at most
-//! [`MAX_FRAME`]) then `u8 version` (1), `u8 kind`, `u64 request id`, and a body by kind:
+//! [`MAX_FRAME`]) then `u8 version` (2), `u8 kind`, `u64 request id`, and a body by kind:
 //! - request (1): `u8 opcode`, `[u8; 32] key id`, then the message to sign (the rest);
 //! - response (2): the signature (the rest);
-//! - error (3): `u8 error code`, then a UTF-8 message (the rest, may be empty).
+//! - error (3): `u8 error code`, then a UTF-8 message (the rest, may be empty);
+//! - ticket keys request (4, version 2): empty;
+//! - ticket keys (5, version 2): `u32 rotation`, `u32 next in`, `u32 current age` (seconds),
+//!   `u8 has previous`, then 48-byte keys (`[u8; 16] name`, `[u8; 32] secret`): the
+//!   previous (when present), the current, the next.
 //!
 //! The decoder never allocates more than `MAX_FRAME` for a frame and rejects anything
 //! malformed with an error, never a panic.
 
 use bytes::{Buf, BufMut, BytesMut};
 use qweb_offload::{KeyId, SignScheme};
+use qweb_tls::ticket::{KEY_NAME_LEN, KEY_SECRET_LEN};
+use qweb_tls::{FleetKeys, TicketKeyMaterial};
 
-/// Protocol version.
-pub const VERSION: u8 = 1;
+/// Protocol version (2 added the ticket key messages).
+pub const VERSION: u8 = 2;
 /// Largest frame (after the length prefix).
 pub const MAX_FRAME: usize = 16 * 1024;
 /// Bytes of a frame header after the length: version, kind, request id.
@@ -104,7 +110,22 @@ pub enum Frame {
         /// Details.
         message: String,
     },
+    /// Asks for the fleet's session ticket keys.
+    TicketKeysRequest {
+        /// Chosen by the client; echoed in the answer.
+        id: u64,
+    },
+    /// The fleet's session ticket keys.
+    TicketKeys {
+        /// The request.
+        id: u64,
+        /// Previous, current and next key, and the rotation times (whole seconds).
+        keys: FleetKeys,
+    },
 }
+
+/// Bytes of one ticket key on the wire.
+const TICKET_KEY: usize = KEY_NAME_LEN + KEY_SECRET_LEN;
 
 /// Why bytes could not be decoded. Any of these closes the connection.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -133,7 +154,11 @@ impl Frame {
     /// The request id.
     pub fn id(&self) -> u64 {
         match self {
-            Frame::Request { id, .. } | Frame::Response { id, .. } | Frame::Error { id, .. } => *id,
+            Frame::Request { id, .. }
+            | Frame::Response { id, .. }
+            | Frame::Error { id, .. }
+            | Frame::TicketKeysRequest { id }
+            | Frame::TicketKeys { id, .. } => *id,
         }
     }
 
@@ -161,6 +186,23 @@ impl Frame {
                 body.put_u8(*code as u8);
                 body.put_slice(message.as_bytes());
                 (3, *id)
+            }
+            Frame::TicketKeysRequest { id } => (4, *id),
+            Frame::TicketKeys { id, keys } => {
+                let secs = |d: std::time::Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
+                body.put_u32(secs(keys.rotation));
+                body.put_u32(secs(keys.next_in));
+                body.put_u32(secs(keys.current_age));
+                body.put_u8(u8::from(keys.previous.is_some()));
+                for k in keys.previous.iter().chain([&keys.current, &keys.next]) {
+                    body.put_slice(&k.name);
+                    // the key server makes 32-byte secrets; anything else is cut or padded
+                    let mut secret = [0u8; KEY_SECRET_LEN];
+                    let n = k.secret.len().min(KEY_SECRET_LEN);
+                    secret[..n].copy_from_slice(&k.secret[..n]);
+                    body.put_slice(&secret);
+                }
+                (5, *id)
             }
         };
         body.truncate(MAX_FRAME - HEADER);
@@ -226,10 +268,52 @@ impl Frame {
                     message: String::from_utf8_lossy(&f).into_owned(),
                 }
             }
+            4 => Frame::TicketKeysRequest { id },
+            5 => Frame::TicketKeys {
+                id,
+                keys: decode_ticket_keys(&mut f)?,
+            },
             k => return Err(ProtocolError::Kind(k)),
         };
         Ok(Some(frame))
     }
+}
+
+fn decode_ticket_keys(f: &mut BytesMut) -> Result<FleetKeys, ProtocolError> {
+    const FIXED: usize = 4 + 4 + 4 + 1;
+    if f.len() < FIXED {
+        return Err(ProtocolError::Truncated("ticket keys"));
+    }
+    let secs = |v: u32| std::time::Duration::from_secs(u64::from(v));
+    let rotation = secs(f.get_u32());
+    let next_in = secs(f.get_u32());
+    let current_age = secs(f.get_u32());
+    let has_previous = match f.get_u8() {
+        0 => false,
+        1 => true,
+        _ => return Err(ProtocolError::Truncated("ticket keys")),
+    };
+    let count = 2 + usize::from(has_previous);
+    if f.len() != count * TICKET_KEY {
+        return Err(ProtocolError::Truncated("ticket keys"));
+    }
+    let mut take = || {
+        let mut name = [0u8; KEY_NAME_LEN];
+        f.copy_to_slice(&mut name);
+        let secret = f.split_to(KEY_SECRET_LEN).to_vec();
+        TicketKeyMaterial { name, secret }
+    };
+    let previous = has_previous.then(&mut take);
+    let current = take();
+    let next = take();
+    Ok(FleetKeys {
+        previous,
+        current,
+        next,
+        next_in,
+        current_age,
+        rotation,
+    })
 }
 
 #[cfg(test)]
@@ -271,6 +355,24 @@ mod tests {
             code: ErrorCode::Overloaded,
             message: "busy".into(),
         });
+        roundtrip(Frame::TicketKeysRequest { id: 5 });
+        let k = |b: u8| TicketKeyMaterial {
+            name: [b; 16],
+            secret: vec![b; 32],
+        };
+        for previous in [None, Some(k(1))] {
+            roundtrip(Frame::TicketKeys {
+                id: 6,
+                keys: FleetKeys {
+                    previous,
+                    current: k(2),
+                    next: k(3),
+                    next_in: std::time::Duration::from_secs(10),
+                    current_age: std::time::Duration::from_secs(20),
+                    rotation: std::time::Duration::from_secs(30),
+                },
+            });
+        }
         for op in 1..=8 {
             assert_eq!(opcode(scheme(op).unwrap()), op);
         }
@@ -289,20 +391,30 @@ mod tests {
                 ProtocolError::Version(9),
             ),
             (
-                &[0, 0, 0, 10, 1, 7, 0, 0, 0, 0, 0, 0, 0, 0],
+                &[0, 0, 0, 10, 2, 7, 0, 0, 0, 0, 0, 0, 0, 0],
                 ProtocolError::Kind(7),
             ),
             (
-                &[0, 0, 0, 11, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+                &[0, 0, 0, 11, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1],
                 ProtocolError::Truncated("request"),
             ),
             (
-                &[0, 0, 0, 10, 1, 3, 0, 0, 0, 0, 0, 0, 0, 0],
+                &[0, 0, 0, 10, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0],
                 ProtocolError::Truncated("error"),
             ),
             (
-                &[0, 0, 0, 11, 1, 3, 0, 0, 0, 0, 0, 0, 0, 0, 99],
+                &[0, 0, 0, 11, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 99],
                 ProtocolError::ErrorCode(99),
+            ),
+            // version 1 peers are refused (the ticket messages need both ends at 2)
+            (
+                &[0, 0, 0, 10, 1, 4, 0, 0, 0, 0, 0, 0, 0, 0],
+                ProtocolError::Version(1),
+            ),
+            // ticket keys: too short
+            (
+                &[0, 0, 0, 11, 2, 5, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+                ProtocolError::Truncated("ticket keys"),
             ),
         ];
         for (bytes, want) in cases {
@@ -311,12 +423,28 @@ mod tests {
         }
         let mut req = BytesMut::new();
         req.put_u32(HEADER as u32 + 33);
-        req.put_u8(1);
+        req.put_u8(VERSION);
         req.put_u8(1);
         req.put_u64(1);
         req.put_u8(0x42);
         req.put_slice(&[0; 32]);
         assert_eq!(Frame::decode(&mut req), Err(ProtocolError::Opcode(0x42)));
+        // ticket keys: a bad flag, keys missing or extra
+        for (flag, keys) in [(2u8, 2usize), (0, 1), (0, 3), (1, 2)] {
+            let mut f = BytesMut::new();
+            f.put_u32((HEADER + 13 + keys * TICKET_KEY) as u32);
+            f.put_u8(VERSION);
+            f.put_u8(5);
+            f.put_u64(1);
+            f.put_slice(&[0; 12]);
+            f.put_u8(flag);
+            f.put_slice(&vec![0; keys * TICKET_KEY]);
+            assert_eq!(
+                Frame::decode(&mut f),
+                Err(ProtocolError::Truncated("ticket keys")),
+                "flag {flag}, {keys} keys"
+            );
+        }
     }
 
     /// Property: any byte string decodes to frames or an error, never a panic, and never
@@ -338,7 +466,7 @@ mod tests {
                 let l = (bytes.len() - 4) as u32;
                 bytes[..4].copy_from_slice(&l.to_be_bytes());
                 bytes[4] = VERSION;
-                bytes[5] = (next() % 4) as u8;
+                bytes[5] = (next() % 6) as u8;
             }
             let mut b = BytesMut::from(&bytes[..]);
             while let Ok(Some(_)) = Frame::decode(&mut b) {}

@@ -49,6 +49,7 @@ struct RawConfig {
     max_answers_per_connection: Option<usize>,
     max_signing_per_connection: Option<usize>,
     frame_timeout: Option<String>,
+    ticket_rotation: Option<String>,
     unix: Option<RawUnix>,
     tls: Option<RawTls>,
     admin: Option<RawAdmin>,
@@ -96,6 +97,8 @@ pub struct KeyserverConfig {
     pub limits: ConnLimits,
     /// For measurement only: added to every answer.
     pub added_latency: Duration,
+    /// How often the fleet's session ticket keys rotate (default 12 h).
+    pub ticket_rotation: Duration,
 }
 
 /// Parses `"10s"`, `"500ms"`, `"2m"` (a whole number and a unit).
@@ -108,6 +111,7 @@ fn parse_duration(s: &str) -> Option<Duration> {
         "ms" => Some(Duration::from_millis(n)),
         "s" => Some(Duration::from_secs(n)),
         "m" => n.checked_mul(60).map(Duration::from_secs),
+        "h" => n.checked_mul(3600).map(Duration::from_secs),
         _ => None,
     }
 }
@@ -155,6 +159,18 @@ impl KeyserverConfig {
                 }
             },
         };
+        let ticket_rotation = match &raw.ticket_rotation {
+            None => Duration::from_secs(12 * 3600),
+            Some(t) => match parse_duration(t) {
+                Some(d) if d >= Duration::from_secs(1) && d <= Duration::from_secs(84 * 3600) => d,
+                _ => {
+                    return Err(bad(
+                        "ticket_rotation",
+                        &format!("`{t}` is not a duration from \"1s\" to \"84h\""),
+                    ))
+                }
+            },
+        };
         let limits = ConnLimits {
             max_answers: at_least_one(
                 "max_answers_per_connection",
@@ -187,6 +203,7 @@ impl KeyserverConfig {
             admin: raw.admin.map(|a| a.address),
             limits,
             added_latency: Duration::ZERO,
+            ticket_rotation,
         })
     }
 }
@@ -235,6 +252,8 @@ pub(crate) struct State {
     pub(crate) pool: PoolEngine,
     pub(crate) metrics: ServerMetrics,
     pub(crate) limits: ConnLimits,
+    /// The fleet's session ticket keys.
+    pub(crate) tickets: crate::tickets::TicketKeyRing,
 }
 
 /// A running key server (for tests and for `qweb keyserver`).
@@ -324,6 +343,8 @@ pub fn start(config: KeyserverConfig) -> Result<RunningKeyserver, KeyserverError
         pool,
         metrics: ServerMetrics::default(),
         limits: config.limits,
+        tickets: crate::tickets::TicketKeyRing::new(config.ticket_rotation)
+            .map_err(|e| KeyserverError::Config(format!("ticket keys: {e}")))?,
     });
 
     // Bind everything before returning, so errors are reported and clients can connect.

@@ -58,6 +58,7 @@ fn many_ops_in_flight_verify_and_unknown_keys_fail() {
         admin: Some("127.0.0.1:0".parse().unwrap()),
         limits: Default::default(),
         added_latency: Duration::from_millis(30),
+        ticket_rotation: Duration::from_secs(12 * 3600),
     })
     .unwrap();
     assert_eq!(ks.key_ids.len(), 2);
@@ -209,6 +210,7 @@ fn keyserver_up_gauge_and_timeouts_in_the_metrics() {
         admin: None,
         limits: Default::default(),
         added_latency: Duration::from_millis(300),
+        ticket_rotation: Duration::from_secs(12 * 3600),
     })
     .unwrap();
     let engine: Arc<dyn Engine> = Arc::new(

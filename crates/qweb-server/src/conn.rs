@@ -274,9 +274,12 @@ pub(crate) async fn serve(
             let hs = tokio::time::timeout_at(deadline, accept).await;
             let m = &worker.metrics;
             let tls = match hs {
-                Ok(Ok(tls)) => {
+                Ok(Ok(stream)) => {
                     m.handshakes_ok.fetch_add(1, Relaxed);
-                    tls
+                    if let Some(s) = &tls.sessions {
+                        s.record(stream.connection());
+                    }
+                    stream
                 }
                 Ok(Err(e)) => {
                     m.handshakes_failed.fetch_add(1, Relaxed);

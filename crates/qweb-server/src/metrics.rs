@@ -60,6 +60,8 @@ pub(crate) struct Metrics {
     config: Arc<ConfigInfo>,
     /// Proxy upstream health (replaced on reload).
     pub upstreams: Arc<UpstreamsCollector>,
+    /// TLS session resumption and OCSP, per TLS listener (replaced on reload).
+    pub tls_sessions: Arc<crate::tls_session::TlsSessionsCollector>,
 }
 
 /// A route's counters, resolved once when a worker builds its routes: a request only bumps
@@ -258,6 +260,8 @@ impl Metrics {
             workers: workers.len(),
         });
         registry.register_collector(Box::new(upstreams.clone()));
+        let tls_sessions = Arc::new(crate::tls_session::TlsSessionsCollector::default());
+        registry.register_collector(Box::new(tls_sessions.clone()));
         registry.register_collector(Box::new(WorkersCollector(workers)));
         let requests = Family::<RouteClassLabels, Counter>::default();
         registry.register(
@@ -284,6 +288,7 @@ impl Metrics {
             reloads,
             config,
             upstreams,
+            tls_sessions,
         }
     }
 

@@ -67,6 +67,9 @@ pub enum ServerError {
         /// The error.
         source: std::io::Error,
     },
+    /// Session ticket keys could not be set up (key file).
+    #[error("ticket keys: {0}")]
+    Tickets(String),
 }
 
 /// Why a reload was refused (the running configuration stays).
@@ -141,6 +144,8 @@ pub struct RunningServer {
     /// before a stop, so that a closed listener refuses connections at once.
     sockets: HashMap<SocketAddr, Vec<std::net::TcpListener>>,
     engines: HashMap<String, BuiltEngine>,
+    /// Keeps the running configuration's ticket-key and OCSP refreshers going.
+    refreshers: crate::tls_session::RefresherStop,
     config: Config,
     metrics: Arc<Metrics>,
     phase: Phase,
@@ -151,12 +156,16 @@ struct Built {
     engines: HashMap<String, BuiltEngine>,
     listeners: Vec<ListenerSetup>,
     compression: Option<Arc<crate::compress::Shared>>,
+    /// Stops this configuration's ticket-key and OCSP refresher threads when dropped.
+    refreshers: crate::tls_session::RefresherStop,
 }
 
 /// One listener's TLS configuration and async-offload engine.
 struct ListenerSetup {
     tls: Option<Arc<rustls::ServerConfig>>,
     async_engine: Option<(Arc<dyn Engine>, Duration)>,
+    /// TLS session resumption and OCSP state (TLS listeners).
+    session: Option<Arc<crate::tls_session::ListenerSession>>,
 }
 
 impl Server {
@@ -185,6 +194,7 @@ impl Server {
         metrics
             .upstreams
             .set(crate::proxy::upstream_gauges(&config));
+        metrics.tls_sessions.set(tls_sessions(&listeners, &built));
         let admin = match config.admin {
             Some(addr) => bind_reuseport(addr, 1)
                 .map_err(|source| ServerError::Bind { addr, source })?
@@ -244,11 +254,24 @@ impl Server {
             generations,
             sockets: clones,
             engines: built.engines,
+            refreshers: built.refreshers,
             config,
             metrics,
             phase: Phase::Running,
         })
     }
+}
+
+/// The TLS listeners' session state, labelled by bound address, for `/metrics`.
+fn tls_sessions(
+    listeners: &[BoundListener],
+    built: &Built,
+) -> Vec<crate::tls_session::LabelledSession> {
+    listeners
+        .iter()
+        .zip(&built.listeners)
+        .filter_map(|(l, setup)| Some((l.bound.to_string(), setup.session.clone()?)))
+        .collect()
 }
 
 /// Writes the built-in welcome site when a route serves it; returns its folder then.
@@ -281,11 +304,15 @@ fn build(
         .iter()
         .map(|(n, b)| (n.as_str(), b.engine.clone()))
         .collect();
+    let mut refreshers = Vec::new();
     let listeners = config
         .listeners
         .iter()
-        .map(|l| listener_setup(config, l, &by_name, info))
+        .map(|l| listener_setup(config, l, &by_name, info, &mut refreshers))
         .collect::<Result<Vec<_>, _>>()?;
+    let (stop, stopped) = crate::tls_session::RefresherStop::new();
+    // detached: each ends within a second of `stop` being dropped
+    drop(crate::tls_session::spawn(refreshers, &stopped)?);
     let compression = crate::compress::shared(
         config,
         |name| by_name.get(name).cloned(),
@@ -295,6 +322,7 @@ fn build(
         engines,
         listeners,
         compression,
+        refreshers: stop,
     })
 }
 
@@ -373,6 +401,7 @@ fn listener_setup(
     l: &ListenerConfig,
     engines: &HashMap<&str, Arc<dyn Engine>>,
     info: &mut StartInfo,
+    refreshers: &mut Vec<crate::tls_session::Refresher>,
 ) -> Result<ListenerSetup, ServerError> {
     let provider = qweb_tls::provider();
     let offload = l
@@ -400,6 +429,7 @@ fn listener_setup(
             message: "no private key, and no key server engine for this listener".into(),
         }),
     };
+    let mut session = None;
     let tls = match &l.tls {
         None => None,
         Some(t) => {
@@ -410,21 +440,30 @@ fn listener_setup(
                     info.self_signed = Some(ss);
                     vec![c]
                 }
-                TlsConfig::Certificates(list) => list
-                    .iter()
-                    .map(|c| load(&c.cert, c.key.as_deref()))
-                    .collect::<Result<Vec<_>, _>>()?,
+                TlsConfig::Certificates(list) => {
+                    let mut certs = list
+                        .iter()
+                        .map(|c| load(&c.cert, c.key.as_deref()))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    crate::tls_session::staple(list, &mut certs, refreshers);
+                    certs
+                }
             };
             let resolver = qweb_tls::SniResolver::new(&certs).ok_or_else(|| {
                 qweb_tls::TlsError::Generate("no certificate for a TLS listener".into())
             })?;
-            Some(Arc::new(qweb_tls::server_config(
-                Arc::new(resolver),
-                l.http2,
-            )?))
+            let mut sc = qweb_tls::server_config(Arc::new(resolver), l.http2)?;
+            let (s, refresher) = crate::tls_session::setup(l, config, &certs, &mut sc)?;
+            session = Some(Arc::new(s));
+            refreshers.extend(refresher);
+            Some(Arc::new(sc))
         }
     };
-    Ok(ListenerSetup { tls, async_engine })
+    Ok(ListenerSetup {
+        tls,
+        async_engine,
+        session,
+    })
 }
 
 /// The running listener that `l` keeps (same configured address, not port 0), if any.
@@ -541,6 +580,7 @@ fn generation_for_worker(
             socket: sockets.get_mut(&i).and_then(|s| s.pop()),
             tls: setup.tls.clone(),
             async_engine: setup.async_engine.clone(),
+            sessions: setup.session.as_ref().map(|s| s.stats.clone()),
             redirect: config.listeners.get(i).and_then(|c| c.redirect.clone()),
         })
         .collect();
@@ -578,7 +618,7 @@ fn check_worker_setup(config: &Config) -> Result<(), ServerError> {
 }
 
 /// The mutual-TLS client configuration for `tls://` key servers.
-fn keyserver_client_tls(
+pub(crate) fn keyserver_client_tls(
     k: &crate::config::KeyserverEngineConfig,
 ) -> Result<Option<Arc<rustls::ClientConfig>>, ServerError> {
     let (Some(cert), Some(key), Some(ca)) = (&k.client_cert, &k.client_key, &k.server_ca) else {
@@ -722,7 +762,11 @@ impl RunningServer {
         self.metrics
             .upstreams
             .set(crate::proxy::upstream_gauges(config));
+        self.metrics
+            .tls_sessions
+            .set(tls_sessions(&listeners, &built));
         self.engines = built.engines;
+        self.refreshers = built.refreshers;
         self.addrs = listeners.iter().map(|l| l.bound).collect();
         self.listeners = listeners;
         self.info = info;

@@ -101,6 +101,8 @@ pub(crate) struct TlsListener {
     pub config: Arc<rustls::ServerConfig>,
     /// Async offload: this worker's handle on the engine (handshakes run as jobs).
     pub offloader: Option<Rc<Offloader>>,
+    /// Full/resumed handshake counters of the listener.
+    pub sessions: Option<Arc<qweb_tls::HandshakeStats>>,
 }
 
 /// One listener as this worker sees it.
@@ -122,6 +124,8 @@ pub(crate) struct GenListener {
     pub async_engine: Option<(Arc<dyn Engine>, Duration)>,
     /// Every request on this listener is redirected.
     pub redirect: Option<crate::config::RedirectConfig>,
+    /// Full/resumed handshake counters of the listener (TLS listeners).
+    pub sessions: Option<Arc<qweb_tls::HandshakeStats>>,
 }
 
 /// A configuration generation for one worker.
@@ -257,8 +261,10 @@ impl Worker {
         });
         let mut next = HashMap::new();
         for l in g.listeners {
+            let sessions = l.sessions;
             let tls = l.tls.map(|config| TlsListener {
                 config,
+                sessions,
                 offloader: l
                     .async_engine
                     .map(|(engine, timeout)| Offloader::new(engine, batch, timeout)),

@@ -102,6 +102,7 @@ async fn metrics_with_pool_keyserver_and_compression_parse_strictly() {
         admin: None,
         limits: Default::default(),
         added_latency: Duration::ZERO,
+        ticket_rotation: Duration::from_secs(12 * 3600),
     })
     .unwrap();
     let ksdir = dir.path().display().to_string();

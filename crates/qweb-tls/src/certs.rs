@@ -18,6 +18,19 @@ pub struct LoadedCert {
     /// DNS names (possibly wildcards such as `*.example.com`) from the leaf's subjectAltName,
     /// lower-cased.
     pub dns_names: Vec<String>,
+    /// The OCSP staple holder, when the certificate is stapled (see [`LoadedCert::staple`]).
+    pub ocsp: Option<Arc<crate::ocsp::OcspStaple>>,
+}
+
+impl LoadedCert {
+    /// Makes the certificate stapled: its (empty) staple holder, to fill with
+    /// [`OcspStaple::set`](crate::ocsp::OcspStaple::set). The resolver serves the staple
+    /// while it is current.
+    pub fn staple(&mut self) -> Arc<crate::ocsp::OcspStaple> {
+        self.ocsp
+            .get_or_insert_with(|| Arc::new(crate::ocsp::OcspStaple::new(self.key.clone())))
+            .clone()
+    }
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
@@ -107,6 +120,7 @@ fn load_plain(
     Ok(LoadedCert {
         key: Arc::new(certified),
         dns_names,
+        ocsp: None,
     })
 }
 
@@ -162,6 +176,7 @@ pub fn load_offloaded(
     Ok(LoadedCert {
         key: Arc::new(CertifiedKey::new(chain, Arc::new(signing))),
         dns_names,
+        ocsp: None,
     })
 }
 

@@ -6,14 +6,41 @@ use std::io;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use qweb_offload::job::{Job, Step};
 use qweb_offload::Offloader;
 use rustls::{ServerConfig, ServerConnection};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::stream::{TlsStream, TryIo};
+use crate::stream::{SyncIo, TlsStream};
+
+/// A transport the handshake can run on: bytes both ways, and a way to notice that the peer
+/// left while a handshake job is paused (without consuming its data).
+pub trait Transport: AsyncRead + AsyncWrite + Unpin {
+    /// Ready when the peer has closed its end (EOF or error); pending while it is alive.
+    fn poll_peer_gone(&self, cx: &mut Context<'_>) -> Poll<()>;
+}
+
+impl Transport for TcpStream {
+    fn poll_peer_gone(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let mut b = [0u8; 1];
+        let mut rb = tokio::io::ReadBuf::new(&mut b);
+        match self.poll_peek(cx, &mut rb) {
+            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => Poll::Ready(()),
+            // more data, or nothing yet: the peer is alive
+            Poll::Ready(Ok(_)) | Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Transport for tokio::io::DuplexStream {
+    /// An in-memory pipe (tests): its peer is never noticed leaving mid-handshake.
+    fn poll_peer_gone(&self, _cx: &mut Context<'_>) -> Poll<()> {
+        Poll::Pending
+    }
+}
 
 /// Per-worker handshake counters the caller may observe.
 #[derive(Debug, Default)]
@@ -40,7 +67,7 @@ fn invalid(e: rustls::Error) -> io::Error {
 }
 
 /// Writes everything rustls wants to send.
-async fn flush(conn: &mut ServerConnection, io: &mut TcpStream) -> io::Result<()> {
+async fn flush<IO: Transport>(conn: &mut ServerConnection, io: &mut IO) -> io::Result<()> {
     while conn.wants_write() {
         let mut out = Vec::with_capacity(4096);
         conn.write_tls(&mut out)?;
@@ -50,20 +77,16 @@ async fn flush(conn: &mut ServerConnection, io: &mut TcpStream) -> io::Result<()
 }
 
 /// Resolves when the peer has closed its end (EOF or error) before sending anything more.
-async fn peer_gone(io: &TcpStream) {
-    let mut b = [0u8; 1];
-    match io.peek(&mut b).await {
-        Ok(0) | Err(_) => {}
-        Ok(_) => std::future::pending().await, // more data: the peer is alive
-    }
+async fn peer_gone<IO: Transport>(io: &IO) {
+    std::future::poll_fn(|cx| io.poll_peer_gone(cx)).await
 }
 
 /// Performs the server side of a TLS handshake on `io`.
-pub async fn accept(
-    mut io: TcpStream,
+pub async fn accept<IO: Transport>(
+    mut io: IO,
     config: Arc<ServerConfig>,
     driver: Driver<'_>,
-) -> io::Result<TlsStream> {
+) -> io::Result<TlsStream<IO>> {
     let mut conn = Box::new(ServerConnection::new(config).map_err(invalid)?);
     loop {
         flush(&mut conn, &mut io).await?;
@@ -71,8 +94,12 @@ pub async fn accept(
             break;
         }
         // read one batch of records
-        io.readable().await?;
-        match conn.read_tls(&mut TryIo(&io)) {
+        let read =
+            std::future::poll_fn(|cx| match conn.read_tls(&mut SyncIo { io: &mut io, cx }) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Poll::Pending,
+                r => Poll::Ready(r),
+            });
+        match read.await {
             Ok(0) => {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -80,7 +107,6 @@ pub async fn accept(
                 ))
             }
             Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(e),
         }
         let result;
@@ -101,9 +127,9 @@ pub async fn accept(
 
 /// Runs `process_new_packets` as a job; every op it pauses on is executed by the offloader
 /// while this task waits (and the worker runs other tasks).
-async fn run_as_job(
+async fn run_as_job<IO: Transport>(
     mut conn: Box<ServerConnection>,
-    io: &TcpStream,
+    io: &IO,
     offloader: &Rc<Offloader>,
     gauges: &HandshakeGauges,
 ) -> io::Result<(Box<ServerConnection>, Result<(), rustls::Error>)> {

@@ -5,16 +5,20 @@
 //! that lets `qweb serve` start with no configuration, and builds the rustls `ServerConfig`
 //! (TLS 1.2 and 1.3 only, aws-lc-rs provider). With offload, the signing key is an
 //! [`OffloadSigningKey`] and the [`handshake`] driver runs rustls' steps as jobs that pause at
-//! the signature; after the handshake the connection is a [`TlsStream`].
+//! the signature; after the handshake the connection is a [`TlsStream`]. Sessions resume
+//! with tickets from one [`Ticketer`] per process (local, file or fleet keys; see [`ticket`]).
 
 mod certs;
 mod error;
 pub mod handshake;
+pub mod ocsp;
 mod offload_key;
 mod selfsigned;
 mod server_config;
+mod session;
 mod sni;
 mod stream;
+pub mod ticket;
 
 pub use certs::{
     cert_key_id, load_certified_key, load_certified_key_with, load_certs, load_offloaded,
@@ -24,5 +28,7 @@ pub use error::TlsError;
 pub use offload_key::{Fallback, OffloadPolicy, OffloadSigningKey};
 pub use selfsigned::{ensure_self_signed, SelfSigned};
 pub use server_config::{provider, server_config, ALPN_H2, ALPN_HTTP11};
+pub use session::{apply_resumption, HandshakeStats, SessionResumption};
 pub use sni::SniResolver;
 pub use stream::TlsStream;
+pub use ticket::{FleetKeys, TicketKeyMaterial, Ticketer};

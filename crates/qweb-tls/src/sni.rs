@@ -6,23 +6,48 @@ use std::sync::Arc;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
+use crate::ocsp::OcspStaple;
 use crate::LoadedCert;
+
+/// A certificate, and its OCSP staple holder when it is stapled.
+#[derive(Debug, Clone)]
+struct Entry {
+    key: Arc<CertifiedKey>,
+    ocsp: Option<Arc<OcspStaple>>,
+}
+
+impl Entry {
+    fn of(cert: &LoadedCert) -> Entry {
+        Entry {
+            key: cert.key.clone(),
+            ocsp: cert.ocsp.clone(),
+        }
+    }
+
+    /// With the staple while it is current (checked now, at every handshake).
+    fn key(&self) -> Arc<CertifiedKey> {
+        match &self.ocsp {
+            Some(s) => s.key_at(std::time::SystemTime::now()),
+            None => self.key.clone(),
+        }
+    }
+}
 
 /// Picks a certificate by exact name, then by wildcard (`*.example.com` matches exactly one
 /// label), then falls back to the default (the first certificate given). Clients that send no
 /// SNI (for example when connecting to an IP address) get the default.
 #[derive(Debug)]
 pub struct SniResolver {
-    exact: HashMap<String, Arc<CertifiedKey>>,
-    wildcard: HashMap<String, Arc<CertifiedKey>>,
-    default: Arc<CertifiedKey>,
+    exact: HashMap<String, Entry>,
+    wildcard: HashMap<String, Entry>,
+    default: Entry,
 }
 
 impl SniResolver {
     /// Builds a resolver. Returns `None` when `certs` is empty. When two certificates claim the
     /// same name, the first one wins.
     pub fn new(certs: &[LoadedCert]) -> Option<Self> {
-        let default = certs.first()?.key.clone();
+        let default = Entry::of(certs.first()?);
         let mut exact = HashMap::new();
         let mut wildcard = HashMap::new();
         for cert in certs {
@@ -30,10 +55,8 @@ impl SniResolver {
                 match name.strip_prefix("*.") {
                     Some(suffix) => wildcard
                         .entry(suffix.to_owned())
-                        .or_insert_with(|| cert.key.clone()),
-                    None => exact
-                        .entry(name.clone())
-                        .or_insert_with(|| cert.key.clone()),
+                        .or_insert_with(|| Entry::of(cert)),
+                    None => exact.entry(name.clone()).or_insert_with(|| Entry::of(cert)),
                 };
             }
         }
@@ -47,18 +70,18 @@ impl SniResolver {
     /// The certificate for a server name (already lower-case, as rustls gives it).
     pub fn lookup(&self, name: Option<&str>) -> Arc<CertifiedKey> {
         let Some(name) = name else {
-            return self.default.clone();
+            return self.default.key();
         };
         let name = name.trim_end_matches('.');
         if let Some(k) = self.exact.get(name) {
-            return k.clone();
+            return k.key();
         }
         if let Some((_, parent)) = name.split_once('.') {
             if let Some(k) = self.wildcard.get(parent) {
-                return k.clone();
+                return k.key();
             }
         }
-        self.default.clone()
+        self.default.key()
     }
 }
 

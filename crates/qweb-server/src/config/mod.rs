@@ -9,6 +9,7 @@ mod log;
 mod proxy;
 mod raw;
 mod sites;
+mod tls;
 pub mod units;
 
 use std::net::SocketAddr;
@@ -22,6 +23,7 @@ use raw::{RawConfig, RawListener, RawRoute, Workers};
 pub use sites::{
     ErrorPages, HeaderEdits, RedirectConfig, RewriteRule, RouteRules, SiteConfig, SitesConfig,
 };
+pub use tls::{OcspSource, SessionConfig, TicketKeys};
 use toml::Spanned;
 
 /// A validated configuration.
@@ -244,6 +246,8 @@ pub struct ListenerConfig {
     pub offload: Option<ListenerOffload>,
     /// Every request on this listener is redirected (`redirect = { to = ... }`).
     pub redirect: Option<RedirectConfig>,
+    /// TLS session resumption (tickets, session cache).
+    pub session: SessionConfig,
 }
 
 /// Where a TLS listener's certificates come from.
@@ -260,6 +264,9 @@ pub enum TlsConfig {
 pub struct CertificateConfig {
     /// PEM chain, leaf first.
     pub cert: PathBuf,
+    /// The OCSP response to staple: a DER file (`ocsp = "file.der"`, re-read when it
+    /// changes) or fetched from the certificate's responder (`ocsp = "fetch"`).
+    pub ocsp: Option<OcspSource>,
     /// PEM private key (PKCS#8, PKCS#1 or SEC1). `None`: a key server holds it (the
     /// listener's offload engine is a key server).
     pub key: Option<PathBuf>,
@@ -482,6 +489,7 @@ fn default_listeners() -> Vec<ListenerConfig> {
             http2: true,
             offload: None,
             redirect: None,
+            session: SessionConfig::default(),
         },
         ListenerConfig {
             address: ([127, 0, 0, 1], 8080).into(),
@@ -489,6 +497,7 @@ fn default_listeners() -> Vec<ListenerConfig> {
             http2: false,
             offload: None,
             redirect: None,
+            session: SessionConfig::default(),
         },
     ]
 }
@@ -987,7 +996,12 @@ impl Validator<'_> {
                                         e.to_string(),
                                     ));
                                 }
-                                certs.push(CertificateConfig { cert, key: None });
+                                let ocsp = self.ocsp(i, j, c)?;
+                                certs.push(CertificateConfig {
+                                    cert,
+                                    key: None,
+                                    ocsp,
+                                });
                                 continue;
                             };
                             let keyp = self.path(ck.get_ref());
@@ -1011,12 +1025,17 @@ impl Validator<'_> {
                             certs.push(CertificateConfig {
                                 cert,
                                 key: Some(keyp),
+                                ocsp: self.ocsp(i, j, c)?,
                             });
                         }
                         Some(TlsConfig::Certificates(certs))
                     }
                 }
             }
+        };
+        let session = match &l.tls {
+            Some(t) => self.session(i, t.get_ref(), engines)?,
+            None => SessionConfig::default(),
         };
         // h2c is not served: an explicit `http2 = true` on a plain listener is a mistake
         if let (Some(h), None) = (&l.http2, &tls) {
@@ -1038,6 +1057,7 @@ impl Validator<'_> {
                 Some(r) => Some(self.redirect(&format!("listener[{i}].redirect"), r)?),
                 None => None,
             },
+            session,
         })
     }
 

@@ -149,6 +149,11 @@ pub(crate) struct RawTls {
     pub self_signed: bool,
     #[serde(default)]
     pub certificates: Vec<RawCertificate>,
+    // session resumption (validated in config/tls.rs)
+    pub resumption: Option<bool>,
+    pub session_cache: Option<Spanned<usize>>,
+    pub ticket_rotation: Option<Spanned<Dur>>,
+    pub ticket_keys: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -156,6 +161,7 @@ pub(crate) struct RawTls {
 pub(crate) struct RawCertificate {
     pub cert: Spanned<PathBuf>,
     pub key: Option<Spanned<PathBuf>>,
+    pub ocsp: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -704,6 +704,8 @@ impl Validator<'_> {
         Ok(CertificateConfig {
             cert,
             key: Some(keyp),
+            // a site's certificates are not stapled (listener certificates only, for now)
+            ocsp: None,
         })
     }
 

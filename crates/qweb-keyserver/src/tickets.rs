@@ -1,0 +1,394 @@
+//! Fleet-wide session ticket keys.
+//!
+//! - [`TicketKeyRing`]: the key server's keys: previous, current and next, rotated every
+//!   `ticket_rotation`; every authenticated client may ask for them (frame kinds 4 and 5,
+//!   docs/KEYSERVER_PROTOCOL.md).
+//! - [`fetch`], [`fetch_blocking`], [`spawn_refresher`]: qweb's side: ask a key server (the
+//!   servers of a `keyserver` engine, in order, first answer wins) and install the keys in
+//!   the listener's [`Ticketer`]. The refresher asks again every quarter period (at most
+//!   every 5 minutes, at least every second); when no key server answers, the ticketer keeps
+//!   its last keys (and switches to the next key on time by itself), so tickets issued
+//!   before keep resuming and full handshakes are unaffected.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use qweb_tls::{FleetKeys, TicketKeyMaterial, Ticketer};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::watch;
+
+use crate::client::{connect, ClientConfig, Stream};
+use crate::protocol::Frame;
+
+/// The key server's ticket keys.
+pub struct TicketKeyRing {
+    rotation: Duration,
+    state: Mutex<Ring>,
+}
+
+struct Ring {
+    previous: Option<TicketKeyMaterial>,
+    current: TicketKeyMaterial,
+    next: TicketKeyMaterial,
+    current_since: Instant,
+}
+
+impl std::fmt::Debug for TicketKeyRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TicketKeyRing")
+            .field("rotation", &self.rotation)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TicketKeyRing {
+    /// Random keys, rotated every `rotation` (at least 1 s).
+    pub fn new(rotation: Duration) -> Result<TicketKeyRing, qweb_tls::ticket::TicketError> {
+        Ok(TicketKeyRing {
+            rotation: rotation.max(Duration::from_secs(1)),
+            state: Mutex::new(Ring {
+                previous: None,
+                current: TicketKeyMaterial::random()?,
+                next: TicketKeyMaterial::random()?,
+                current_since: Instant::now(),
+            }),
+        })
+    }
+
+    /// The keys now (rotating first when a period is over).
+    pub fn snapshot(&self) -> Result<FleetKeys, qweb_tls::ticket::TicketError> {
+        let mut r = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let mut turns = 0;
+        while now.duration_since(r.current_since) >= self.rotation {
+            turns += 1;
+            if turns > 2 {
+                // idle for more than two periods: nothing from before is worth keeping
+                r.previous = None;
+                r.current = TicketKeyMaterial::random()?;
+                r.next = TicketKeyMaterial::random()?;
+                r.current_since = now;
+                break;
+            }
+            let next = std::mem::replace(&mut r.next, TicketKeyMaterial::random()?);
+            let old = std::mem::replace(&mut r.current, next);
+            r.previous = Some(old);
+            r.current_since += self.rotation;
+        }
+        let age = now.duration_since(r.current_since);
+        Ok(FleetKeys {
+            previous: r.previous.clone(),
+            current: r.current.clone(),
+            next: r.next.clone(),
+            next_in: self.rotation.saturating_sub(age),
+            current_age: age,
+            rotation: self.rotation,
+        })
+    }
+}
+
+/// Asks one key server for the fleet's ticket keys (a connection of its own, closed after).
+pub async fn fetch(
+    server: &crate::client::Endpoint,
+    cfg: &ClientConfig,
+) -> std::io::Result<FleetKeys> {
+    let limit = cfg.timeout.max(Duration::from_secs(1));
+    let work = async {
+        match connect(server, cfg).await? {
+            Stream::Unix(s) => ask(s).await,
+            Stream::Tls(s) => ask(*s).await,
+        }
+    };
+    tokio::time::timeout(limit, work)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer in time"))?
+}
+
+async fn ask<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) -> std::io::Result<FleetKeys> {
+    let mut out = BytesMut::new();
+    Frame::TicketKeysRequest { id: 1 }.encode(&mut out);
+    s.write_all(&out).await?;
+    let mut buf = BytesMut::with_capacity(1024);
+    loop {
+        match Frame::decode(&mut buf) {
+            Ok(Some(Frame::TicketKeys { id: 1, keys })) => return Ok(keys),
+            Ok(Some(Frame::Error { message, .. })) => {
+                return Err(std::io::Error::other(format!("key server: {message}")))
+            }
+            Ok(Some(_)) => return Err(std::io::Error::other("key server: unexpected answer")),
+            Err(e) => return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+            Ok(None) => {}
+        }
+        if s.read_buf(&mut buf).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+}
+
+/// The first answer of the engine's key servers, in order.
+async fn fetch_any(cfg: &ClientConfig) -> Result<FleetKeys, String> {
+    let mut errors = Vec::new();
+    for server in &cfg.servers {
+        match fetch(server, cfg).await {
+            Ok(keys) => return Ok(keys),
+            Err(e) => errors.push(format!("{server}: {e}")),
+        }
+    }
+    Err(errors.join("; "))
+}
+
+/// Fetch outcomes, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct FetchStats {
+    /// Successful fetches.
+    pub ok: AtomicU64,
+    /// Failed fetches (no key server answered).
+    pub failed: AtomicU64,
+}
+
+/// One fetch at start, on a runtime of its own (qweb is not running yet). On failure the
+/// ticketer keeps its local keys until the refresher gets the fleet's.
+pub fn fetch_blocking(
+    cfg: &ClientConfig,
+    ticketer: &Ticketer,
+    stats: &FetchStats,
+) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let keys = rt.block_on(fetch_any(cfg));
+    install(keys, ticketer, stats)
+}
+
+fn install(
+    keys: Result<FleetKeys, String>,
+    ticketer: &Ticketer,
+    stats: &FetchStats,
+) -> Result<(), String> {
+    match keys.and_then(|k| {
+        ticketer
+            .install_fleet(&k)
+            .map_err(|e| e.to_string())
+            .map(|_| k)
+    }) {
+        Ok(_) => {
+            stats.ok.fetch_add(1, Relaxed);
+            Ok(())
+        }
+        Err(e) => {
+            stats.failed.fetch_add(1, Relaxed);
+            Err(e)
+        }
+    }
+}
+
+/// Keeps `ticketer` on the fleet's keys until `shutdown`; a thread of its own.
+pub fn spawn_refresher(
+    name: String,
+    cfg: ClientConfig,
+    ticketer: Arc<Ticketer>,
+    stats: Arc<FetchStats>,
+    mut shutdown: watch::Receiver<bool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("qweb-ticket-keys".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!("ticket key refresher: {e}");
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                let mut healthy = true;
+                let mut wait = Duration::from_secs(1);
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = crate::server::stopped(&mut shutdown) => return,
+                    }
+                    let got = fetch_any(&cfg).await;
+                    let rotation = got.as_ref().map(|k| k.rotation).ok();
+                    match install(got, &ticketer, &stats) {
+                        Ok(()) => {
+                            if !healthy {
+                                tracing::info!(engine = %name, "ticket keys: the key server answers again");
+                            }
+                            healthy = true;
+                            let every = rotation.unwrap_or(Duration::from_secs(4)) / 4;
+                            wait = every.clamp(Duration::from_secs(1), Duration::from_secs(300));
+                        }
+                        Err(e) => {
+                            if healthy {
+                                tracing::warn!(engine = %name, "ticket keys: no key server answers ({e}); resuming with the last keys");
+                            }
+                            healthy = false;
+                            wait = Duration::from_secs(1);
+                        }
+                    }
+                }
+            });
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ring_rotates_and_keeps_the_previous_key() {
+        let ring = TicketKeyRing::new(Duration::from_secs(1)).unwrap();
+        let a = ring.snapshot().unwrap();
+        assert!(a.previous.is_none());
+        assert!(a.next_in <= Duration::from_secs(1));
+        std::thread::sleep(Duration::from_millis(1100));
+        let b = ring.snapshot().unwrap();
+        assert_eq!(b.previous.as_ref(), Some(&a.current));
+        assert_eq!(b.current, a.next);
+        assert_ne!(b.next, a.next);
+        std::thread::sleep(Duration::from_millis(3100));
+        let c = ring.snapshot().unwrap();
+        // idle past two periods: all new
+        assert!(c.previous.is_none());
+        assert_ne!(c.current, b.current);
+        assert_ne!(c.current, b.next);
+    }
+
+    fn client(servers: Vec<crate::client::Endpoint>) -> ClientConfig {
+        ClientConfig {
+            servers,
+            connections: 1,
+            max_in_flight: 16,
+            timeout: Duration::from_secs(1),
+            tls: None,
+        }
+    }
+
+    fn keyserver(dir: &std::path::Path, rotation: Duration) -> crate::server::RunningKeyserver {
+        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let key = dir.join("k.pem");
+        std::fs::write(&key, kp.serialize_pem()).unwrap();
+        crate::server::start(crate::server::KeyserverConfig {
+            keys: vec![key],
+            threads: 1,
+            queue: 16,
+            // SAFETY: getuid(2) has no preconditions.
+            unix: Some((dir.join("ks.sock"), vec![unsafe { libc::getuid() }])),
+            tls: None,
+            admin: None,
+            limits: Default::default(),
+            added_latency: Duration::ZERO,
+            ticket_rotation: rotation,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn two_ticketers_get_the_same_keys_from_a_key_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let _ks = keyserver(dir.path(), Duration::from_secs(3600));
+        let cfg = client(vec![
+            // a dead server first: the next one answers
+            crate::client::Endpoint::Unix(dir.path().join("nobody.sock")),
+            crate::client::Endpoint::Unix(dir.path().join("ks.sock")),
+        ]);
+        let stats = FetchStats::default();
+        let a = Ticketer::local(Duration::from_secs(3600)).unwrap();
+        let b = Ticketer::local(Duration::from_secs(3600)).unwrap();
+        let t = rustls::server::ProducesTickets::encrypt(&*a, b"state").unwrap();
+        assert_eq!(rustls::server::ProducesTickets::decrypt(&*b, &t), None);
+        fetch_blocking(&cfg, &a, &stats).unwrap();
+        fetch_blocking(&cfg, &b, &stats).unwrap();
+        assert_eq!(a.current_key_name(), b.current_key_name());
+        let t = rustls::server::ProducesTickets::encrypt(&*a, b"state").unwrap();
+        assert_eq!(
+            rustls::server::ProducesTickets::decrypt(&*b, &t).unwrap(),
+            b"state"
+        );
+        assert_eq!(stats.ok.load(Relaxed), 2);
+    }
+
+    /// Hostile key servers: one that answers garbage, one that never answers, one that
+    /// closes at once. Each is an error in bounded time; nothing is installed.
+    #[test]
+    fn lying_stalling_and_vanishing_key_servers_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let answers: [(&str, &[u8]); 3] = [
+            (
+                "garbage.sock",
+                &[0, 0, 0, 12, 2, 5, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0],
+            ),
+            ("stall.sock", &[]),
+            ("close.sock", b"x"),
+        ];
+        let mut listeners = Vec::new();
+        for (name, _) in &answers {
+            listeners.push(std::os::unix::net::UnixListener::bind(dir.path().join(name)).unwrap());
+        }
+        let ticketer = Ticketer::local(Duration::from_secs(3600)).unwrap();
+        let before = ticketer.current_key_name();
+        for ((name, answer), l) in answers.iter().zip(listeners) {
+            let answer = answer.to_vec();
+            let stall = answer.is_empty();
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                if let Ok((mut s, _)) = l.accept() {
+                    let mut b = [0u8; 64];
+                    let _ = s.read(&mut b);
+                    let _ = s.write_all(&answer);
+                    if stall {
+                        std::thread::sleep(Duration::from_secs(5));
+                    }
+                }
+            });
+            let cfg = client(vec![crate::client::Endpoint::Unix(dir.path().join(name))]);
+            let started = Instant::now();
+            let r = rt.block_on(fetch_any(&cfg));
+            assert!(r.is_err(), "{name}: {r:?}");
+            assert!(started.elapsed() < Duration::from_secs(4), "{name}");
+            let stats = FetchStats::default();
+            assert!(install(r, &ticketer, &stats).is_err());
+            assert_eq!(stats.failed.load(Relaxed), 1);
+        }
+        assert_eq!(ticketer.current_key_name(), before);
+    }
+
+    #[test]
+    fn ticket_rotation_has_a_default_and_is_validated() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("ks.toml");
+        let parse = |extra: &str| {
+            std::fs::write(
+                &file,
+                format!("keys = [\"k.pem\"]\n{extra}[unix]\npath = \"ks.sock\"\n"),
+            )
+            .unwrap();
+            crate::server::KeyserverConfig::from_file(&file)
+        };
+        assert_eq!(
+            parse("").unwrap().ticket_rotation,
+            Duration::from_secs(12 * 3600)
+        );
+        assert_eq!(
+            parse("ticket_rotation = \"2s\"\n").unwrap().ticket_rotation,
+            Duration::from_secs(2)
+        );
+        for bad in ["0s", "85h", "soon"] {
+            let e = parse(&format!("ticket_rotation = \"{bad}\"\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("key `ticket_rotation`"), "{bad}: {e}");
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! `[listener.tls]` session resumption keys: `resumption`, `session_cache`,
+//! `ticket_rotation`, `ticket_keys`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use toml::Spanned;
+
+use super::raw::RawTls;
+use super::{ConfigError, EngineKind, OffloadConfig, Validator};
+
+/// Default `session_cache`.
+pub const DEFAULT_SESSION_CACHE: usize = 20_000;
+/// Default `ticket_rotation`.
+pub const DEFAULT_TICKET_ROTATION: Duration = Duration::from_secs(12 * 3600);
+/// Largest `session_cache`.
+const MAX_SESSION_CACHE: usize = 10_000_000;
+/// Longest `ticket_rotation`: tickets live two periods, and TLS 1.3 caps that at 7 days.
+const MAX_TICKET_ROTATION: Duration = Duration::from_secs(84 * 3600);
+
+/// How a TLS listener resumes sessions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionConfig {
+    /// Session tickets and the session cache (off: every handshake is full).
+    pub resumption: bool,
+    /// Sessions kept for TLS 1.2 session-id resumption, shared by the workers.
+    pub session_cache: usize,
+    /// How often local ticket keys rotate (the previous key decrypts for one more period).
+    pub ticket_rotation: Duration,
+    /// Where ticket keys come from.
+    pub ticket_keys: TicketKeys,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            resumption: true,
+            session_cache: DEFAULT_SESSION_CACHE,
+            ticket_rotation: DEFAULT_TICKET_ROTATION,
+            ticket_keys: TicketKeys::Local,
+        }
+    }
+}
+
+/// `ocsp` of a certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OcspSource {
+    /// A DER OCSP response file.
+    File(PathBuf),
+    /// Fetched from the certificate's OCSP responder (its Authority Information Access URL),
+    /// refreshed at half-life.
+    Fetch,
+}
+
+/// `ticket_keys`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TicketKeys {
+    /// Random keys of this process, rotated every `ticket_rotation` (the default).
+    Local,
+    /// A key file (nginx's `ssl_session_ticket_key` layout), re-read when it changes.
+    File(PathBuf),
+    /// The fleet's keys from the key servers of this `kind = "keyserver"` engine.
+    Keyserver(String),
+}
+
+impl Validator<'_> {
+    /// Validates listener `i`'s resumption keys.
+    pub(super) fn session(
+        &self,
+        i: usize,
+        raw: &RawTls,
+        engines: &OffloadConfig,
+    ) -> Result<SessionConfig, ConfigError> {
+        let key = |k: &str| format!("listener[{i}].tls.{k}");
+        let mut cfg = SessionConfig {
+            resumption: raw.resumption.unwrap_or(true),
+            ..SessionConfig::default()
+        };
+        if let Some(n) = &raw.session_cache {
+            if *n.get_ref() > MAX_SESSION_CACHE {
+                return Err(self.err(
+                    Some(n.span()),
+                    key("session_cache"),
+                    format!("at most {MAX_SESSION_CACHE} sessions"),
+                ));
+            }
+            cfg.session_cache = *n.get_ref();
+        }
+        if let Some(d) = &raw.ticket_rotation {
+            let v = d.get_ref().0;
+            if v < Duration::from_secs(1) || v > MAX_TICKET_ROTATION {
+                return Err(self.err(
+                    Some(d.span()),
+                    key("ticket_rotation"),
+                    "must be from 1s to 84h (a ticket lives two periods; TLS 1.3 allows 7 days)",
+                ));
+            }
+            cfg.ticket_rotation = v;
+        }
+        if let Some(tk) = &raw.ticket_keys {
+            if !cfg.resumption {
+                return Err(self.err(
+                    Some(tk.span()),
+                    key("ticket_keys"),
+                    "has no effect with `resumption = false`",
+                ));
+            }
+            cfg.ticket_keys = self.ticket_keys(tk, &key("ticket_keys"), engines)?;
+        }
+        Ok(cfg)
+    }
+
+    /// `ocsp` of `listener[i].tls.certificates[j]`: a readable DER file.
+    pub(super) fn ocsp(
+        &self,
+        i: usize,
+        j: usize,
+        c: &super::raw::RawCertificate,
+    ) -> Result<Option<OcspSource>, ConfigError> {
+        let Some(o) = &c.ocsp else { return Ok(None) };
+        let key = format!("listener[{i}].tls.certificates[{j}].ocsp");
+        let v = o.get_ref().trim();
+        if v == "fetch" {
+            let cert = self.path(c.cert.get_ref());
+            let chain = qweb_tls::load_certs(&cert)
+                .map_err(|e| self.err(Some(o.span()), key.as_str(), e.to_string()))?;
+            let url = qweb_tls::ocsp::responder_url(chain[0].as_ref())
+                .map_err(|e| self.err(Some(o.span()), key.as_str(), e.to_string()))?;
+            if url.is_none() {
+                return Err(self.err(
+                    Some(o.span()),
+                    key,
+                    format!(
+                        "{} has no http:// OCSP responder (Authority Information Access)",
+                        cert.display()
+                    ),
+                ));
+            }
+            if chain.len() < 2 {
+                return Err(self.err(
+                    Some(o.span()),
+                    key,
+                    format!("{} must hold the issuer's certificate after the leaf (the OCSP request names the issuer's key)", cert.display()),
+                ));
+            }
+            return Ok(Some(OcspSource::Fetch));
+        }
+        if v.is_empty() {
+            return Err(self.err(Some(o.span()), key, "a DER OCSP response file"));
+        }
+        let path = self.path(std::path::Path::new(v));
+        if let Err(e) = std::fs::metadata(&path).and_then(|m| {
+            if m.is_file() {
+                Ok(())
+            } else {
+                Err(std::io::Error::other("not a file"))
+            }
+        }) {
+            return Err(self.err(
+                Some(o.span()),
+                key,
+                format!("cannot read {}: {e}", path.display()),
+            ));
+        }
+        Ok(Some(OcspSource::File(path)))
+    }
+
+    fn ticket_keys(
+        &self,
+        tk: &Spanned<String>,
+        key: &str,
+        engines: &OffloadConfig,
+    ) -> Result<TicketKeys, ConfigError> {
+        let v = tk.get_ref().trim();
+        if let Some(name) = v.strip_prefix("keyserver:") {
+            return match engines.engines.iter().find(|e| e.name == name) {
+                Some(e) if matches!(e.kind, EngineKind::Keyserver(_)) => {
+                    Ok(TicketKeys::Keyserver(name.to_owned()))
+                }
+                Some(_) => Err(self.err(
+                    Some(tk.span()),
+                    key,
+                    format!("engine `{name}` is not a `kind = \"keyserver\"` engine"),
+                )),
+                None => Err(self.err(
+                    Some(tk.span()),
+                    key,
+                    format!("no engine named `{name}` (define `[offload.engines.{name}]` with `kind = \"keyserver\"`)"),
+                )),
+            };
+        }
+        if v.is_empty() {
+            return Err(self.err(
+                Some(tk.span()),
+                key,
+                "a key file path, or \"keyserver:ENGINE\"",
+            ));
+        }
+        let path = self.path(std::path::Path::new(v));
+        let bytes = std::fs::read(&path).map_err(|e| {
+            self.err(
+                Some(tk.span()),
+                key,
+                format!("cannot read {}: {e}", path.display()),
+            )
+        })?;
+        qweb_tls::ticket::parse_key_file(&bytes)
+            .map_err(|e| self.err(Some(tk.span()), key, format!("{}: {e}", path.display())))?;
+        Ok(TicketKeys::File(path))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Config;
+    use super::*;
+    use std::path::Path;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_str_at(text, Some(Path::new("/etc/qweb/test.toml")))
+    }
+
+    const HEAD: &str =
+        "[[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\nself_signed = true\n";
+
+    #[test]
+    fn defaults() {
+        let c = parse(HEAD).unwrap();
+        assert_eq!(c.listeners[0].session, SessionConfig::default());
+        assert_eq!(c.listeners[0].session.session_cache, 20_000);
+        assert_eq!(
+            c.listeners[0].session.ticket_rotation,
+            Duration::from_secs(43_200)
+        );
+    }
+
+    #[test]
+    fn values_and_located_errors() {
+        let c = parse(&format!(
+            "{HEAD}resumption = false\nsession_cache = 5\nticket_rotation = \"2s\"\n"
+        ))
+        .unwrap();
+        let s = &c.listeners[0].session;
+        assert!(!s.resumption);
+        assert_eq!(s.session_cache, 5);
+        assert_eq!(s.ticket_rotation, Duration::from_secs(2));
+
+        let e = parse(&format!("{HEAD}ticket_rotation = \"0s\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(":5:19: key `listener[0].tls.ticket_rotation`"),
+            "{e}"
+        );
+        let e = parse(&format!("{HEAD}session_cache = 99999999\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(":5:") && e.contains("listener[0].tls.session_cache"),
+            "{e}"
+        );
+        let e = parse(&format!("{HEAD}ticket_keys = \"/nonexistent/keys.bin\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(":5:15: key `listener[0].tls.ticket_keys`") && e.contains("cannot read"),
+            "{e}"
+        );
+        let e = parse(&format!("{HEAD}ticket_keys = \"keyserver:nope\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no engine named `nope`"), "{e}");
+        let e = parse(&format!(
+            "[offload.engines.p]\nkind = \"pool\"\n{HEAD}ticket_keys = \"keyserver:p\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("not a `kind = \"keyserver\"` engine"), "{e}");
+        let e = parse(&format!(
+            "{HEAD}resumption = false\nticket_keys = \"keyserver:x\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("no effect with `resumption = false`"), "{e}");
+    }
+
+    #[test]
+    fn ocsp_files_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let c = rcgen::CertificateParams::new(vec!["localhost".into()])
+            .unwrap()
+            .self_signed(&kp)
+            .unwrap();
+        std::fs::write(dir.path().join("c.pem"), c.pem()).unwrap();
+        std::fs::write(dir.path().join("k.pem"), kp.serialize_pem()).unwrap();
+        std::fs::write(dir.path().join("r.der"), b"x").unwrap();
+        let file = dir.path().join("q.toml");
+        let cfg = |ocsp: &str| {
+            format!(
+                "[[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\ncertificates = [{{ cert = \"c.pem\", key = \"k.pem\", ocsp = \"{ocsp}\" }}]\n"
+            )
+        };
+        let c = Config::from_str_at(&cfg("r.der"), Some(&file)).unwrap();
+        match &c.listeners[0].tls {
+            Some(super::super::TlsConfig::Certificates(list)) => {
+                assert_eq!(
+                    list[0].ocsp,
+                    Some(OcspSource::File(dir.path().join("r.der")))
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = Config::from_str_at(&cfg("missing.der"), Some(&file))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(":4:") && e.contains("key `listener[0].tls.certificates[0].ocsp`"),
+            "{e}"
+        );
+        let e = Config::from_str_at(&cfg("fetch"), Some(&file))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has no http:// OCSP responder"), "{e}");
+    }
+
+    #[test]
+    fn key_files_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("good.bin"), [7u8; 80]).unwrap();
+        std::fs::write(dir.path().join("bad.bin"), [7u8; 50]).unwrap();
+        let file = dir.path().join("q.toml");
+        let c = Config::from_str_at(&format!("{HEAD}ticket_keys = \"good.bin\"\n"), Some(&file))
+            .unwrap();
+        assert_eq!(
+            c.listeners[0].session.ticket_keys,
+            TicketKeys::File(dir.path().join("good.bin"))
+        );
+        let e = Config::from_str_at(&format!("{HEAD}ticket_keys = \"bad.bin\"\n"), Some(&file))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("50 bytes") && e.contains("ticket_keys"), "{e}");
+        let ks = Config::from_str_at(
+            &format!(
+                "[offload.engines.ks]\nkind = \"keyserver\"\nservers = [\"unix:/tmp/x.sock\"]\n{HEAD}ticket_keys = \"keyserver:ks\"\n"
+            ),
+            Some(&file),
+        )
+        .unwrap();
+        assert_eq!(
+            c.listeners[0].session.ticket_keys,
+            TicketKeys::File(dir.path().join("good.bin"))
+        );
+        assert_eq!(
+            ks.listeners[0].session.ticket_keys,
+            TicketKeys::Keyserver("ks".into())
+        );
+    }
+}
