@@ -8,6 +8,8 @@
 //! the signature; after the handshake the connection is a [`TlsStream`]. Sessions resume
 //! with tickets from one [`Ticketer`] per process (local, file or fleet keys; see [`ticket`]).
 
+#![forbid(unsafe_code)]
+
 mod certs;
 mod error;
 pub mod handshake;
