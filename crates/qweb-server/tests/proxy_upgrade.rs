@@ -13,6 +13,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_tungstenite::tungstenite::Message;
 
 use common::upstream;
+use common::ws::ws_echo;
 
 fn proxy_route(ups: &[SocketAddr], extra: &str) -> String {
     let list: Vec<String> = ups.iter().map(|a| format!("\"{a}\"")).collect();
@@ -20,31 +21,6 @@ fn proxy_route(ups: &[SocketAddr], extra: &str) -> String {
         "[[route]]\nprefix = \"/\"\nupstreams = [{}]\n{extra}\n",
         list.join(", ")
     )
-}
-
-/// A WebSocket echo server: every text or binary message comes back as sent.
-async fn ws_echo() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let Ok(mut ws) = tokio_tungstenite::accept_async(s).await else {
-                    return;
-                };
-                while let Some(Ok(m)) = ws.next().await {
-                    if m.is_text() || m.is_binary() {
-                        if ws.send(m).await.is_err() {
-                            return;
-                        }
-                    } else if m.is_close() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
 }
 
 /// Reads an HTTP head (through the blank line); `None` on EOF first.

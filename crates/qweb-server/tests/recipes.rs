@@ -102,7 +102,8 @@ fn start(text: &str, upstream: Option<SocketAddr>) -> Recipe {
 }
 
 /// A client trusting both test certificates, resolving the example names to `addr`.
-fn client(r: &Recipe, addr: SocketAddr) -> reqwest::Client {
+/// A client TLS configuration that trusts the recipes' certificates (HTTP/1.1).
+fn tls_config(r: &Recipe) -> rustls::ClientConfig {
     common::install_provider();
     let mut roots = rustls::RootCertStore::empty();
     for f in ["example.com.crt", "example.org.crt"] {
@@ -110,11 +111,15 @@ fn client(r: &Recipe, addr: SocketAddr) -> reqwest::Client {
             roots.add(c).unwrap();
         }
     }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
+    rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_no_client_auth()
+}
+
+fn client(r: &Recipe, addr: SocketAddr) -> reqwest::Client {
+    let tls = tls_config(r);
     let mut b = reqwest::Client::builder()
         .use_preconfigured_tls(tls)
         .redirect(reqwest::redirect::Policy::none());
@@ -209,6 +214,27 @@ async fn recipe_3_reverse_proxy() {
     assert_eq!(got[0].target(), "/api/items?page=2");
     assert_eq!(got[0].header_all("x-env"), ["production"]);
     assert_eq!(got[0].header("x-forwarded-proto").as_deref(), Some("https"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recipe_3_passes_websocket() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let up = common::ws::ws_echo().await;
+    let r = start(&recipes()[2], Some(up));
+    let tcp = tokio::net::TcpStream::connect(r.addrs[0]).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(tls_config(&r)))
+        .connect("example.com".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    let url = format!("wss://example.com:{}/chat", r.addrs[0].port());
+    let (mut ws, _) = tokio_tungstenite::client_async(url, tls)
+        .await
+        .expect("a WebSocket through recipe 3");
+    ws.send(Message::text("hello")).await.unwrap();
+    let m = ws.next().await.unwrap().unwrap();
+    assert_eq!(m.into_text().unwrap(), "hello");
+    ws.close(None).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

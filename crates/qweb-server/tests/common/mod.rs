@@ -4,6 +4,7 @@
 
 pub mod recorder;
 pub mod upstream;
+pub mod ws;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
