@@ -74,7 +74,6 @@ impl Service {
         } else {
             String::new()
         };
-        let route_metrics = self.route_metrics(&req);
         let version = req.version();
         let fields = self
             .worker
@@ -82,7 +81,12 @@ impl Service {
             .then(|| crate::access_log::RequestFields::of(&req));
         // Compression, part 1: negotiate, and map encoded ETags in If-None-Match.
         let negotiated = crate::compress::begin(self.worker.compression.as_ref(), &mut req);
-        let resp = self.route(req).await;
+        // the route that serves the request (after rewrites) says which metrics count it
+        let matched = std::cell::Cell::new(None);
+        let resp = self.route(req, &matched).await;
+        let route_metrics = matched
+            .take()
+            .unwrap_or_else(|| self.worker.unmatched.clone());
         // Compression, part 2: encode the response (or only mark it `Vary`).
         let mut resp = crate::compress::finish(negotiated, resp);
         resp.headers_mut()
@@ -123,17 +127,6 @@ impl Service {
         Ok(())
     }
 
-    /// The `/metrics` handles of the route that the request's site and path (before
-    /// rewrites) select (the unmatched ones when none).
-    fn route_metrics(&self, req: &Request<Incoming>) -> std::rc::Rc<crate::metrics::RouteMetrics> {
-        let site = self.worker.sites.select(crate::sites::host_of(req));
-        let routes = self.worker.sites.routes(site, &self.worker.routes);
-        Self::normalize(routes, req.uri().path())
-            .ok()
-            .and_then(|p| Self::find_route(routes, &p))
-            .map_or_else(|| self.worker.unmatched.clone(), |r| r.metrics.clone())
-    }
-
     fn find_route<'a>(routes: &'a [Route], path: &str) -> Option<&'a Route> {
         routes.iter().find(|r| covers(&r.prefix, path))
     }
@@ -153,7 +146,13 @@ impl Service {
         }
     }
 
-    async fn route(&self, mut req: Request<Incoming>) -> Response<Body> {
+    /// Routes `req`; `matched` gets the `/metrics` handles of the route that serves it (none:
+    /// refused before routing, or no route covers the path).
+    async fn route(
+        &self,
+        mut req: Request<Incoming>,
+        matched: &std::cell::Cell<Option<std::rc::Rc<crate::metrics::RouteMetrics>>>,
+    ) -> Response<Body> {
         if let Some(status) = head_too_large(&req, self.worker.limits.max_request_header_size) {
             let mut r = response::status(status);
             if req.version() <= Version::HTTP_11 {
@@ -207,6 +206,7 @@ impl Service {
                 }
             };
         let route = Self::find_route(routes, &path);
+        matched.set(route.map(|r| r.metrics.clone()));
         let pages = self.worker.sites.error_pages(site);
         let Some(route) = route else {
             let r = response::status(StatusCode::NOT_FOUND);
