@@ -633,14 +633,19 @@ mod tests {
 
     use crate::config::{Config, ProxyConfig, RouteAction};
 
-    fn route(keys: &str) -> Result<ProxyConfig, String> {
-        let text = format!("[[route]]\nprefix = \"/api\"\nupstreams = [\"127.0.0.1:9\"]\n{keys}\n");
+    /// The `/api` proxy route of a config with `upstreams` (a TOML list's items) and `keys`.
+    pub(super) fn proxy_route(upstreams: &str, keys: &str) -> Result<ProxyConfig, String> {
+        let text = format!("[[route]]\nprefix = \"/api\"\nupstreams = [{upstreams}]\n{keys}\n");
         let c = Config::from_str_at(&text, Some(Path::new("/etc/qweb/test.toml")))
             .map_err(|e| e.to_string())?;
         match &c.routes.iter().find(|r| r.prefix == "/api").unwrap().action {
             RouteAction::Proxy(p) => Ok(p.clone()),
             _ => panic!("not a proxy route"),
         }
+    }
+
+    fn route(keys: &str) -> Result<ProxyConfig, String> {
+        proxy_route("\"127.0.0.1:9\"", keys)
     }
 
     #[test]
@@ -691,21 +696,12 @@ mod tests {
 
 #[cfg(test)]
 mod balance_tests {
-    use std::path::Path;
     use std::time::Duration;
 
-    use crate::config::{Balance, Config, HashKey, RouteAction};
+    use crate::config::{Balance, HashKey};
 
     fn route(keys: &str) -> Result<crate::config::ProxyConfig, String> {
-        let text = format!(
-            "[[route]]\nprefix = \"/api\"\nupstreams = [\"127.0.0.1:9\", \"127.0.0.1:10\"]\n{keys}\n"
-        );
-        let c = Config::from_str_at(&text, Some(Path::new("/etc/qweb/test.toml")))
-            .map_err(|e| e.to_string())?;
-        match &c.routes.iter().find(|r| r.prefix == "/api").unwrap().action {
-            RouteAction::Proxy(p) => Ok(p.clone()),
-            _ => panic!("not a proxy route"),
-        }
+        super::tests::proxy_route("\"127.0.0.1:9\", \"127.0.0.1:10\"", keys)
     }
 
     #[test]
