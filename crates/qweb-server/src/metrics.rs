@@ -103,6 +103,19 @@ impl Collector for ConfigInfo {
     }
 }
 
+/// Writes one sample of a family read at scrape time: a counter (never below 0) or a gauge.
+fn encode_value(
+    sample: prometheus_client::encoding::MetricEncoder<'_>,
+    kind: MetricType,
+    value: i64,
+) -> std::fmt::Result {
+    if matches!(kind, MetricType::Counter) {
+        ConstCounter::new(value.max(0) as u64).encode(sample)
+    } else {
+        ConstGauge::new(value).encode(sample)
+    }
+}
+
 /// Reads the workers' counters at each scrape.
 struct WorkersCollector(Vec<Arc<WorkerMetrics>>);
 
@@ -148,16 +161,10 @@ impl Collector for WorkersCollector {
             ),
         ];
         for (name, kind, help, get) in families {
-            let counter = matches!(kind, MetricType::Counter);
             let mut family = encoder.encode_descriptor(name, help, None, kind)?;
             for (i, w) in self.0.iter().enumerate() {
                 let labels = [("worker", i.to_string())];
-                let sample = family.encode_family(&labels)?;
-                if counter {
-                    ConstCounter::new(get(w).max(0) as u64).encode(sample)?;
-                } else {
-                    ConstGauge::new(get(w)).encode(sample)?;
-                }
+                encode_value(family.encode_family(&labels)?, kind, get(w))?;
             }
         }
         Ok(())
@@ -211,17 +218,11 @@ impl Collector for UpstreamsCollector {
             ),
         ];
         for (name, kind, help, get) in families {
-            let counter = matches!(kind, MetricType::Counter);
             let mut family = encoder.encode_descriptor(name, help, None, kind)?;
             for (route, names, g) in routes.iter() {
                 for (i, n) in names.iter().enumerate() {
                     let labels = [("route", route.clone()), ("upstream", n.clone())];
-                    let sample = family.encode_family(&labels)?;
-                    if counter {
-                        ConstCounter::new(get(g, i).max(0) as u64).encode(sample)?;
-                    } else {
-                        ConstGauge::new(get(g, i)).encode(sample)?;
-                    }
+                    encode_value(family.encode_family(&labels)?, kind, get(g, i))?;
                 }
             }
         }
