@@ -1,6 +1,7 @@
 //! The `qweb` command: `serve`, `reload`, `keyserver`, `check-config`.
 
 mod access_sink;
+mod profiling;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,8 +16,14 @@ use tracing_subscriber::Layer;
 /// mimalloc instead of glibc's malloc: after a burst (an attack, a traffic peak) freed pages go
 /// back to the system, and large buffers (file chunks, TLS records) are reused rather than
 /// mmapped and unmapped each time. docs/RELIABILITY.md has the soak figures.
+#[cfg(not(feature = "alloc-count"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Measurement builds: mimalloc, counted (see `profiling`).
+#[cfg(feature = "alloc-count")]
+#[global_allocator]
+static ALLOCATOR: profiling::alloc_count::Counting = profiling::alloc_count::Counting;
 
 /// qweb: an event-driven HTTPS web server and reverse proxy.
 #[derive(Parser)]
@@ -226,6 +233,10 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
         }
     };
     init_logging(&config.log, Some(sink.clone()));
+    #[cfg(feature = "alloc-count")]
+    profiling::alloc_count::register();
+    #[cfg(feature = "profile")]
+    let profiler = profiling::Profiler::from_env();
     match qweb_server::fd_limit::raise_fd_limit() {
         Ok((old, new)) if old != new => {
             tracing::debug!("open-file limit raised from {old:?} to {new:?}");
@@ -301,6 +312,10 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
 
     let code = signals.serve(server, sink);
     drop(pid_file);
+    #[cfg(feature = "profile")]
+    if let Some(p) = profiler {
+        p.finish();
+    }
     code
 }
 

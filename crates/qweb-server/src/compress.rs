@@ -23,7 +23,7 @@
 use std::cell::RefCell;
 use std::fs::File;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -48,11 +48,11 @@ use crate::config::{CompressionConfig, Config};
 #[derive(Debug, Clone)]
 pub(crate) struct StaticFile {
     /// The root's path joined with `rel` (names the file in the variant cache).
-    pub path: PathBuf,
+    pub path: Arc<Path>,
     /// The route's root: sidecars are opened beneath it, by the route's symlink rules.
     pub root: Arc<crate::files::Root>,
     /// The file's path relative to the root.
-    pub rel: PathBuf,
+    pub rel: Arc<Path>,
     pub len: u64,
     pub mtime: SystemTime,
 }
@@ -378,7 +378,7 @@ pub(crate) fn finish(neg: Option<Negotiated>, mut resp: Response<Body>) -> Respo
     let mut fill = None;
     if let (Some(f), true) = (&file, cfg.cache_size > 0) {
         let key = VariantKey {
-            path: f.path.clone(),
+            path: f.path.to_path_buf(),
             codec,
             level,
         };

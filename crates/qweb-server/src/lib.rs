@@ -27,6 +27,7 @@ pub mod notify;
 mod ocsp_fetch;
 mod path;
 mod plain_on_tls;
+pub mod process_counters;
 mod proxy;
 mod request_rules;
 mod response;

@@ -280,6 +280,8 @@ impl Metrics {
         );
         engines.register(&mut registry);
         compression.register(&mut registry);
+        registry.register_collector(Box::new(crate::process_counters::ProcessCounters));
+        registry.register_collector(Box::new(crate::files::cache::CacheCollector));
         Metrics {
             registry,
             engines,

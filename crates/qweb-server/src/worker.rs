@@ -233,6 +233,7 @@ impl Worker {
     fn apply(&mut self, g: Generation) -> std::io::Result<()> {
         let config = &g.config;
         qweb_offload::job::set_max_live(config.offload.max_jobs_per_worker);
+        crate::files::cache::configure(&config.file_cache);
         let batch = BatchConfig {
             enabled: config.offload.batch,
             max: config.offload.batch_max,

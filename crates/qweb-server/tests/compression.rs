@@ -373,7 +373,9 @@ async fn head_answers_with_the_headers_of_get() {
 
 #[tokio::test]
 async fn encoded_etags_and_conditional_requests() {
-    let t = common::start_with("[compression]\n", |dir| {
+    // the open-file cache sees the change below within `valid`
+    let extra = "[compression]\n[file_cache]\nvalid = \"50ms\"\n";
+    let t = common::start_with(extra, |dir| {
         std::fs::write(dir.join("site/a.css"), upstream::text(30_000)).unwrap();
     });
     let c = client(&t.cert(), Proto::H1);
@@ -429,6 +431,7 @@ async fn encoded_etags_and_conditional_requests() {
     // after a change of the file the old encoded tag no longer matches
     std::thread::sleep(Duration::from_millis(20));
     std::fs::write(t.site().join("a.css"), upstream::text(30_001)).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
     let g = get(
         &c,
         &url,

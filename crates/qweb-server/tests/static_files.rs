@@ -353,7 +353,9 @@ async fn conditional_requests() {
 
 #[tokio::test]
 async fn etag_changes_when_the_file_changes() {
-    let t = common::start();
+    // without the open-file cache, which sees changes only after `file_cache.valid`
+    // (tests/file_cache.rs)
+    let t = common::start_with("[file_cache]\nentries = 0\n", |_| {});
     let path = t.site().join("e.txt");
     write(&t.site(), "e.txt", "version one");
     set_mtime(&path, UNIX_EPOCH + Duration::from_secs(1_600_000_000));

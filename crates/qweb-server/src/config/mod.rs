@@ -5,12 +5,15 @@
 
 mod compression;
 mod error;
+mod file_cache;
 mod log;
 mod proxy;
 mod raw;
 mod sites;
 mod tls;
 pub mod units;
+
+pub use file_cache::FileCacheConfig;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -50,6 +53,8 @@ pub struct Config {
     /// The admin listener (`/metrics`), off unless configured.
     pub admin: Option<SocketAddr>,
     /// Response compression (`[compression]`).
+    /// The open-file cache of static routes (`[file_cache]`).
+    pub file_cache: FileCacheConfig,
     pub compression: CompressionConfig,
     /// Virtual hosts (`[[site]]`); `routes` answer the names no site claims unless a site is
     /// the default.
@@ -468,6 +473,7 @@ impl Config {
             offload: OffloadConfig::default(),
             admin: None,
             compression: CompressionConfig::default(),
+            file_cache: FileCacheConfig::default(),
             sites: SitesConfig::default(),
         }
     }
@@ -711,6 +717,7 @@ impl Validator<'_> {
 
         let compression = self.compression(raw.compression.as_ref(), &offload)?;
         let sites = self.sites(&raw, &mut listeners)?;
+        let file_cache = self.file_cache(&raw.file_cache)?;
         Ok(Config {
             source: self.file.map(absolute),
             workers,
@@ -726,6 +733,7 @@ impl Validator<'_> {
             offload,
             admin: raw.admin.as_ref().map(|a| *a.address.get_ref()),
             compression,
+            file_cache,
             sites,
         })
     }

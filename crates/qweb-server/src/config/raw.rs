@@ -26,6 +26,8 @@ pub(crate) struct RawConfig {
     pub offload: RawOffload,
     pub admin: Option<RawAdmin>,
     pub compression: Option<Spanned<super::compression::RawCompression>>,
+    #[serde(default)]
+    pub file_cache: super::file_cache::RawFileCache,
     #[serde(default, rename = "site")]
     pub sites: Vec<Spanned<super::sites::RawSite>>,
     pub rewrite: Option<Spanned<Vec<super::sites::RawRewrite>>>,

@@ -3,6 +3,7 @@
 
 mod autoindex;
 mod body;
+pub(crate) mod cache;
 mod conditional;
 mod open;
 mod range;
@@ -14,12 +15,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
 
 use crate::body::{empty, full, Body};
 use crate::config::StaticConfig;
 use crate::response;
 use body::FileBody;
+use cache::{FileHead, Identity};
 use conditional::Outcome;
 pub(crate) use open::Root;
 use range::RangeRequest;
@@ -52,7 +55,7 @@ impl StaticFiles {
     /// Serves `path` (the part of the request path this route maps; starts with `/`).
     /// `mount` is what precedes `path` in the request path (the route prefix when it was
     /// stripped, else empty): redirects point at `mount + path + "/"`. `query` is kept on
-    /// redirects.
+    /// redirects. Small files come from this worker's open-file cache ([`cache`]).
     pub(crate) fn serve(
         &self,
         method: &Method,
@@ -64,9 +67,24 @@ impl StaticFiles {
         if method != Method::GET && method != Method::HEAD {
             return response::method_not_allowed("GET, HEAD");
         }
-        match self.open(path, mount, query) {
+        let opened = match cache::lookup(self.root.id(), path) {
+            cache::Lookup::Fresh(e) => return self.respond_cached(method, headers, &e),
+            cache::Lookup::Stale(e) => {
+                let opened = self.open(path, mount, query);
+                match &opened {
+                    Ok(Opened::File(_, meta, _)) if Identity::of(meta) == e.head.identity => {
+                        cache::revalidated(&e);
+                        return self.respond_cached(method, headers, &e);
+                    }
+                    _ => cache::invalidate(&e),
+                }
+                opened
+            }
+            cache::Lookup::Miss => self.open(path, mount, query),
+        };
+        match opened {
             Ok(Opened::File(file, meta, rel)) => {
-                match self.serve_file(method, headers, file, &meta, rel) {
+                match self.serve_file(method, headers, path, file, &meta, rel) {
                     Ok(r) => r,
                     Err(code) => response::status(code),
                 }
@@ -74,6 +92,16 @@ impl StaticFiles {
             Ok(Opened::Redirect(r)) => r,
             Err(code) => response::status(code),
         }
+    }
+
+    fn respond_cached(
+        &self,
+        method: &Method,
+        headers: &HeaderMap,
+        e: &cache::Entry,
+    ) -> Response<Body> {
+        self.respond(method, headers, &e.head, Source::Memory(e.body.clone()))
+            .unwrap_or_else(response::status)
     }
 
     /// The regular file `path` names (a directory's index file), opened beneath the root, its
@@ -112,29 +140,63 @@ impl StaticFiles {
         Ok(Opened::File(index, meta, rel.join(&self.index)))
     }
 
+    /// The headers of the opened file `rel`.
+    fn head(&self, meta: &Metadata, rel: PathBuf) -> FileHead {
+        let path: Arc<Path> = self.root_path.join(&rel).into();
+        let mtime = meta.modified().unwrap_or(UNIX_EPOCH);
+        FileHead {
+            len: meta.len(),
+            mtime,
+            etag: HeaderValue::from_str(&etag(meta, mtime))
+                .unwrap_or(HeaderValue::from_static("\"0\"")),
+            last_modified: HeaderValue::from_str(&httpdate::fmt_http_date(mtime)).ok(),
+            content_type: content_type(&path),
+            path,
+            rel: rel.into(),
+            identity: Identity::of(meta),
+        }
+    }
+
+    /// Serves an opened file: whole from memory when small (and kept in the open-file cache
+    /// when it admits the size), else streamed from `file`.
     fn serve_file(
         &self,
         method: &Method,
         headers: &HeaderMap,
+        key: &str,
         mut file: File,
         meta: &Metadata,
         rel: PathBuf,
     ) -> Result<Response<Body>, StatusCode> {
-        let path = self.root_path.join(&rel);
-        let len = meta.len();
-        let mtime = meta.modified().unwrap_or(UNIX_EPOCH);
-        let etag = etag(meta, mtime);
-        let mut h = HeaderMap::new();
-        h.insert(header::CONTENT_TYPE, content_type(&path));
-        h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-        if let Ok(v) = HeaderValue::from_str(&etag) {
-            h.insert(header::ETAG, v);
+        let head = self.head(meta, rel);
+        if cache::admits(head.len) {
+            let body = read_whole(&mut file, head.len)?;
+            drop(file);
+            let e = cache::insert(self.root.id(), key, head, body);
+            return self.respond(method, headers, &e.head, Source::Memory(e.body.clone()));
         }
-        if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(mtime)) {
-            h.insert(header::LAST_MODIFIED, v);
-        }
+        self.respond(method, headers, &head, Source::File(file))
+    }
 
-        let range_allowed = match conditional::evaluate(headers, &etag, mtime) {
+    /// The response for `head` (status by the request's conditions and range), its body
+    /// from `source`.
+    fn respond(
+        &self,
+        method: &Method,
+        headers: &HeaderMap,
+        head: &FileHead,
+        source: Source,
+    ) -> Result<Response<Body>, StatusCode> {
+        let len = head.len;
+        let mut h = HeaderMap::with_capacity(8);
+        h.insert(header::CONTENT_TYPE, head.content_type.clone());
+        h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+        h.insert(header::ETAG, head.etag.clone());
+        if let Some(v) = &head.last_modified {
+            h.insert(header::LAST_MODIFIED, v.clone());
+        }
+        let etag = head.etag.to_str().unwrap_or_default();
+        let range_allowed = match conditional::evaluate(headers, etag, head.mtime) {
             Outcome::NotModified => {
                 h.remove(header::CONTENT_TYPE);
                 h.remove(header::ACCEPT_RANGES);
@@ -168,26 +230,43 @@ impl StaticFiles {
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(count));
         // for the compression layer (variant cache, sidecars)
         let info = crate::compress::StaticFile {
-            path,
+            path: head.path.clone(),
             root: self.root.clone(),
-            rel,
+            rel: head.rel.clone(),
             len,
-            mtime,
+            mtime: head.mtime,
         };
         if method == Method::HEAD {
             return Ok(with_file(with_headers(status, h, empty()), info));
         }
-        if start > 0 {
-            file.seek(SeekFrom::Start(start))
-                .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
-        }
-        let body = if count <= SMALL {
-            read_small(&mut file, count)?
-        } else {
-            crate::body::boxed(FileBody::new(file, count))
+        let body = match source {
+            Source::Memory(bytes) => {
+                let (start, end) = (start as usize, (start + count) as usize);
+                full(bytes.slice(start..end.min(bytes.len())))
+            }
+            Source::File(mut file) if count <= SMALL => {
+                file.seek(SeekFrom::Start(start))
+                    .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+                full(read_whole(&mut file, count)?)
+            }
+            Source::File(mut file) => {
+                if start > 0 {
+                    file.seek(SeekFrom::Start(start))
+                        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+                }
+                crate::body::boxed(FileBody::new(file, count))
+            }
         };
         Ok(with_file(with_headers(status, h, body), info))
     }
+}
+
+/// Where a response's body comes from.
+enum Source {
+    /// The whole file, in memory.
+    Memory(Bytes),
+    /// The opened file (streamed, or read whole when the part sent is small).
+    File(File),
 }
 
 /// What a request path led to.
@@ -203,11 +282,12 @@ fn with_file(mut r: Response<Body>, info: crate::compress::StaticFile) -> Respon
     r
 }
 
-fn read_small(file: &mut File, count: u64) -> Result<Body, StatusCode> {
+/// The next `count` bytes of `file` (a file that shrank meanwhile is a 500).
+fn read_whole(file: &mut File, count: u64) -> Result<Bytes, StatusCode> {
     let mut buf = vec![0u8; count as usize];
     file.read_exact(&mut buf)
         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
-    Ok(full(buf))
+    Ok(Bytes::from(buf))
 }
 
 fn with_headers(status: StatusCode, headers: HeaderMap, body: Body) -> Response<Body> {

@@ -49,6 +49,8 @@ enum How {
 /// A static route's document root, opened.
 #[derive(Debug)]
 pub(crate) struct Root {
+    /// Unique in the process (the open-file cache's key), never reused.
+    id: u64,
     dir: OwnedFd,
     symlinks: Symlinks,
     how: How,
@@ -71,7 +73,19 @@ impl Root {
             OpenMethod::Auto if openat2_works(dir.as_fd()) => How::Openat2,
             OpenMethod::Auto => How::Walk,
         };
-        Ok(Root { dir, symlinks, how })
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Root {
+            id,
+            dir,
+            symlinks,
+            how,
+        })
+    }
+
+    /// This root's id: unique in the process, never reused (not even after a reload).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     /// Opens `rel` (relative, without `..`: what `resolve::decode` returns; empty is the root
