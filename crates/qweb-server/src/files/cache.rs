@@ -92,9 +92,31 @@ pub(crate) enum Lookup {
     Miss,
 }
 
+/// The LRU's keys are already SipHash values (keyed per worker): hashed again, they would only
+/// cost time.
+#[derive(Default, Clone, Copy)]
+struct Prehashed(u64);
+
+impl std::hash::Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // only `write_u64` is used (the key is a u64); fold anything else in
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+type Lru = LruCache<u64, Rc<Entry>, std::hash::BuildHasherDefault<Prehashed>>;
+
 struct Cache {
     cfg: FileCacheConfig,
-    lru: LruCache<u64, Rc<Entry>>,
+    lru: Lru,
     /// Content plus overhead of every entry held.
     bytes: u64,
     hasher: RandomState,
@@ -155,7 +177,7 @@ fn cost(len: usize) -> u64 {
 pub(crate) fn configure(cfg: &FileCacheConfig) {
     let cache = NonZeroUsize::new(cfg.entries).map(|n| Cache {
         cfg: *cfg,
-        lru: LruCache::new(n),
+        lru: Lru::with_hasher(n, Default::default()),
         bytes: 0,
         hasher: RandomState::new(),
     });
