@@ -11,9 +11,11 @@
 //!   unit tested without network or nginx.
 
 pub mod certs;
+pub mod clients;
 pub mod configs;
 pub mod error;
 pub mod load;
+pub mod peers;
 pub mod procs;
 pub mod report;
 pub mod runner;

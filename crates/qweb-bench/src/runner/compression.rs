@@ -17,10 +17,7 @@ impl Runner {
         for (mode, section) in &comp.sections {
             kinds.push((
                 format!("qweb gzip {mode}"),
-                ServerKind::Qweb {
-                    offload: Offload::None,
-                    compression: Some(section.clone()),
-                },
+                ServerKind::qweb(Offload::None, Some(section.clone())),
                 "gzip",
             ));
         }
@@ -28,21 +25,12 @@ impl Runner {
             for enc in ["br", "zstd"] {
                 kinds.push((
                     format!("qweb {enc} sync"),
-                    ServerKind::Qweb {
-                        offload: Offload::None,
-                        compression: Some(sync.clone()),
-                    },
+                    ServerKind::qweb(Offload::None, Some(sync.clone())),
                     enc,
                 ));
             }
         }
-        kinds.push((
-            "nginx gzip".into(),
-            ServerKind::Nginx {
-                gzip_level: Some(6),
-            },
-            "gzip",
-        ));
+        kinds.push(("nginx gzip".into(), ServerKind::nginx(Some(6)), "gzip"));
         let servers: Vec<Option<ServerProc>> = kinds
             .iter()
             .map(|(l, k, _)| self.start(l, k, &cert))
@@ -202,31 +190,22 @@ impl Runner {
         let kinds: Vec<(String, ServerKind, Option<&str>)> = vec![
             (
                 "qweb none + gzip sync".into(),
-                ServerKind::Qweb {
-                    offload: Offload::None,
-                    compression: sync,
-                },
+                ServerKind::qweb(Offload::None, sync),
                 None,
             ),
             (
                 "qweb async pool + gzip pipelined".into(),
-                ServerKind::Qweb {
-                    offload: Offload::Pool {
+                ServerKind::qweb(
+                    Offload::Pool {
                         mode: OffloadMode::Async,
                         threads: self.workers,
                         added_latency_ms: 0,
                     },
-                    compression: piped,
-                },
+                    piped,
+                ),
                 Some("pool"),
             ),
-            (
-                "nginx gzip".into(),
-                ServerKind::Nginx {
-                    gzip_level: Some(6),
-                },
-                None,
-            ),
+            ("nginx gzip".into(), ServerKind::nginx(Some(6)), None),
         ];
         let servers: Vec<Option<ServerProc>> = kinds
             .iter()

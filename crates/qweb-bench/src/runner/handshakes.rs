@@ -30,13 +30,13 @@ impl Runner {
                         for mode in [OffloadMode::Sync, OffloadMode::Async] {
                             kinds.push((
                                 format!("qweb {} keyserver {lat}ms", mode.as_str()),
-                                ServerKind::Qweb {
-                                    offload: Offload::Keyserver {
+                                ServerKind::qweb(
+                                    Offload::Keyserver {
                                         mode,
                                         engine_toml: ks.engine_toml(lat),
                                     },
-                                    compression: None,
-                                },
+                                    None,
+                                ),
                                 Some("ks"),
                             ));
                         }
@@ -46,7 +46,7 @@ impl Runner {
                     .skipped
                     .push(format!("A key server rows: skipped: not available ({why})")),
             }
-            kinds.push(("nginx".into(), ServerKind::Nginx { gzip_level: None }, None));
+            kinds.push(("nginx".into(), ServerKind::nginx(None), None));
             let mut servers = Vec::new();
             for (label, kind, _) in &kinds {
                 servers.push(self.start(label, kind, &cert));

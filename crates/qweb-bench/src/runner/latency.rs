@@ -12,7 +12,7 @@ impl Runner {
                 self.pool(OffloadMode::Async, 0),
                 Some("pool"),
             ),
-            ("nginx".into(), ServerKind::Nginx { gzip_level: None }, None),
+            ("nginx".into(), ServerKind::nginx(None), None),
         ];
         let servers: Vec<Option<ServerProc>> = kinds
             .iter()

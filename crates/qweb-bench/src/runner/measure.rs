@@ -28,10 +28,15 @@ impl Runner {
         let name = format!("{seq:02}-{slug}");
         let res = (|| -> Result<ServerProc> {
             let port = procs::free_port()?;
-            match kind {
+            let plain = procs::free_port()?;
+            // SAFETY: geteuid has no preconditions.
+            let root = unsafe { libc::geteuid() } == 0;
+            let mut p = match kind {
                 ServerKind::Qweb {
                     offload,
                     compression,
+                    resumption,
+                    ticket_keyserver,
                 } => {
                     let admin = procs::free_port()?;
                     let key = match offload {
@@ -49,6 +54,9 @@ impl Runner {
                         compression: compression.clone(),
                         keepalive_secs: 300,
                         max_connections_per_worker: 20_000,
+                        plain_port: Some(plain),
+                        resumption: *resumption,
+                        ticket_keyserver: ticket_keyserver.clone(),
                     };
                     let dir = self.out.join("configs");
                     std::fs::create_dir_all(&dir).map_err(|e| Error::path("create", &dir, e))?;
@@ -66,9 +74,12 @@ impl Runner {
                         port,
                         Some(admin),
                         self.out.join("logs").join(format!("{name}.log")),
-                    )
+                    )?
                 }
-                ServerKind::Nginx { gzip_level } => {
+                ServerKind::Nginx {
+                    gzip_level,
+                    resumption,
+                } => {
                     let Some(nginx) = &self.nginx else {
                         return Err(Error::Other(format!(
                             "skipped: nginx not available ({})",
@@ -78,8 +89,6 @@ impl Runner {
                     let prefix = self.out.join("nginx").join(&name);
                     std::fs::create_dir_all(prefix.join("tmp"))
                         .map_err(|e| Error::path("create", &prefix, e))?;
-                    // SAFETY: geteuid has no preconditions.
-                    let root = unsafe { libc::geteuid() } == 0;
                     let spec = NginxSpec {
                         workers: self.workers,
                         port,
@@ -88,15 +97,17 @@ impl Runner {
                         root: self.files.www.clone(),
                         prefix: prefix.clone(),
                         gzip_level: *gzip_level,
-                        http2: configs::Http2Syntax::for_version(nginx.version),
+                        http2: nginx_conf::Http2Syntax::for_version(nginx.version),
                         keepalive_secs: 300,
                         // One fd per client connection (no upstreams), within our limit.
                         worker_connections: (self.fd_limit.saturating_sub(1100) as usize)
                             .clamp(1024, 20_000),
                         user_root: root,
+                        plain_port: Some(plain),
+                        resumption: *resumption,
                     };
                     let conf = prefix.join("nginx.conf");
-                    std::fs::write(&conf, configs::nginx_conf(&spec))
+                    std::fs::write(&conf, nginx_conf::nginx_conf(&spec))
                         .map_err(|e| Error::path("write", &conf, e))?;
                     ServerProc::start(
                         label,
@@ -112,9 +123,86 @@ impl Runner {
                         port,
                         None,
                         self.out.join("logs").join(format!("{name}.log")),
-                    )
+                    )?
                 }
-            }
+                ServerKind::H2o { resumption } => {
+                    let info = self.h2o.as_ref().map_err(|why| {
+                        Error::Other(format!("skipped: h2o not available ({why})"))
+                    })?;
+                    let prefix = self.out.join("h2o").join(&name);
+                    std::fs::create_dir_all(&prefix)
+                        .map_err(|e| Error::path("create", &prefix, e))?;
+                    let spec = H2oSpec {
+                        workers: self.workers,
+                        port,
+                        plain_port: Some(plain),
+                        cert: cert.cert.clone(),
+                        key: cert.key.clone(),
+                        root: self.files.www.clone(),
+                        prefix: prefix.clone(),
+                        max_connections: (self.fd_limit.saturating_sub(1100) as usize)
+                            .clamp(1024, 40_000),
+                        keepalive_secs: 300,
+                        resumption: *resumption,
+                        user_root: root,
+                    };
+                    let conf = prefix.join("h2o.conf");
+                    std::fs::write(&conf, h2o_conf(&spec))
+                        .map_err(|e| Error::path("write", &conf, e))?;
+                    ServerProc::start(
+                        label,
+                        &info.bin,
+                        &["-c".into(), conf.to_string_lossy().into()],
+                        port,
+                        None,
+                        self.out.join("logs").join(format!("{name}.log")),
+                    )?
+                }
+                ServerKind::Caddy => {
+                    let info = self.caddy.as_ref().map_err(|why| {
+                        Error::Other(format!("skipped: caddy not available ({why})"))
+                    })?;
+                    let prefix = self.out.join("caddy").join(&name);
+                    std::fs::create_dir_all(&prefix)
+                        .map_err(|e| Error::path("create", &prefix, e))?;
+                    let spec = CaddySpec {
+                        port,
+                        plain_port: Some(plain),
+                        cert: cert.cert.clone(),
+                        key: cert.key.clone(),
+                        root: self.files.www.clone(),
+                        prefix: prefix.clone(),
+                        keepalive_secs: 300,
+                        tickets: false,
+                    };
+                    let conf = prefix.join("caddy.json");
+                    std::fs::write(&conf, caddy_json(&spec))
+                        .map_err(|e| Error::path("write", &conf, e))?;
+                    // Caddy's own state (autosave, locks) goes to its prefix, not $HOME; its
+                    // parallelism is GOMAXPROCS = workers.
+                    let home = prefix.to_string_lossy().into_owned();
+                    ServerProc::start_with_env(
+                        label,
+                        &info.bin,
+                        &[
+                            "run".into(),
+                            "--config".into(),
+                            conf.to_string_lossy().into(),
+                        ],
+                        &[
+                            ("GOMAXPROCS", self.workers.to_string()),
+                            ("HOME", home.clone()),
+                            ("XDG_DATA_HOME", home.clone()),
+                            ("XDG_CONFIG_HOME", home),
+                        ],
+                        port,
+                        None,
+                        self.out.join("logs").join(format!("{name}.log")),
+                    )?
+                }
+            };
+            p.plain_port = Some(plain);
+            Ok(p)
         })();
         let p = match res {
             Ok(p) => p,
@@ -256,21 +344,18 @@ impl Runner {
     }
 
     pub(super) fn pool(&self, mode: OffloadMode, latency_ms: u64) -> ServerKind {
-        ServerKind::Qweb {
-            offload: Offload::Pool {
+        ServerKind::qweb(
+            Offload::Pool {
                 mode,
                 threads: self.workers,
                 added_latency_ms: latency_ms,
             },
-            compression: None,
-        }
+            None,
+        )
     }
 
     pub(super) fn qweb_none(&self) -> ServerKind {
-        ServerKind::Qweb {
-            offload: Offload::None,
-            compression: None,
-        }
+        ServerKind::qweb(Offload::None, None)
     }
 
     pub(super) fn cert(&self, k: KeyKind) -> CertFiles {

@@ -13,8 +13,13 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::certs::{self, CertFiles, KeyKind};
-use crate::configs::{self, NginxSpec, Offload, OffloadMode, QwebSpec};
+use crate::clients;
+use crate::configs::{self, Offload, OffloadMode, QwebSpec};
 use crate::load::{run_load, IdleSet, LoadReport, LoadSpec, Mode};
+use crate::peers::caddy::{caddy_json, CaddySpec};
+use crate::peers::h2o::{h2o_conf, H2oSpec};
+use crate::peers::nginx::{self as nginx_conf, NginxSpec};
+use crate::peers::{self, Peer, PeerInfo};
 use crate::procs::{self, parse_metric, ServerProc};
 use crate::report::{ms, num, ratio, Table};
 use crate::stats::median;
@@ -27,6 +32,8 @@ mod handshakes;
 mod latency;
 mod measure;
 mod memory;
+mod per_request;
+mod resumption;
 mod setup;
 mod sweep;
 mod throughput;
@@ -54,13 +61,19 @@ pub struct RunArgs {
     /// The nginx binary (default: `nginx` on PATH; installed with apt-get when missing).
     #[arg(long)]
     pub nginx: Option<PathBuf>,
-    /// Do not install nginx when missing: its rows are skipped.
+    /// The h2o binary (default: /usr/bin/h2o; installed with apt-get when missing).
+    #[arg(long)]
+    pub h2o: Option<PathBuf>,
+    /// The Caddy binary (default: /usr/bin/caddy; installed with apt-get when missing).
+    #[arg(long)]
+    pub caddy: Option<PathBuf>,
+    /// Do not install nginx, h2o or Caddy when missing: their rows are skipped.
     #[arg(long)]
     pub no_install: bool,
     /// Server workers (qweb worker threads, nginx worker processes; default: one per CPU).
     #[arg(long)]
     pub workers: Option<usize>,
-    /// Only these experiments (comma-separated: A,sweep,B,C,D,E,F).
+    /// Only these experiments (comma-separated: A,sweep,B,C,D,E,F,G,H,I).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -84,8 +97,12 @@ pub struct Profile {
     pub sweep_latencies: Vec<u64>,
     /// Key types of the sweep.
     pub sweep_keys: Vec<KeyKind>,
-    /// Idle connections of experiment F.
-    pub idle_connections: usize,
+    /// Idle connections of experiment F (one measure per count).
+    pub idle_connections: Vec<usize>,
+    /// Seconds of one wrk run (experiment G).
+    pub wrk_secs: u64,
+    /// Requests of one h2load run (experiment G).
+    pub h2_requests: u64,
     /// Requests for the time-to-last-byte measure of the 8 MiB response.
     pub ttlb_count: u64,
 }
@@ -102,7 +119,9 @@ impl Profile {
             a_keys: vec![KeyKind::Rsa2048],
             sweep_latencies: vec![5],
             sweep_keys: vec![KeyKind::EcdsaP256],
-            idle_connections: 1000,
+            idle_connections: vec![1000],
+            wrk_secs: 2,
+            h2_requests: 4000,
             ttlb_count: 3,
         }
     }
@@ -118,7 +137,9 @@ impl Profile {
             a_keys: vec![KeyKind::Rsa2048, KeyKind::EcdsaP256],
             sweep_latencies: vec![0, 1, 5, 20],
             sweep_keys: vec![KeyKind::Rsa2048, KeyKind::EcdsaP256],
-            idle_connections: 10_000,
+            idle_connections: vec![1000, 10_000],
+            wrk_secs: 4,
+            h2_requests: 30_000,
             ttlb_count: 10,
         }
     }
@@ -188,10 +209,39 @@ enum ServerKind {
     Qweb {
         offload: Offload,
         compression: Option<String>,
+        /// TLS session resumption (qweb's default: on); off in rows of full handshakes.
+        resumption: bool,
+        /// Body of the `[offload.engines.tickets]` key server table the ticket keys come from.
+        ticket_keyserver: Option<String>,
     },
     Nginx {
         gzip_level: Option<u32>,
+        resumption: bool,
     },
+    H2o {
+        resumption: bool,
+    },
+    Caddy,
+}
+
+impl ServerKind {
+    /// qweb without resumption (every handshake full, as the peers without it).
+    fn qweb(offload: Offload, compression: Option<String>) -> Self {
+        ServerKind::Qweb {
+            offload,
+            compression,
+            resumption: false,
+            ticket_keyserver: None,
+        }
+    }
+
+    /// nginx without session cache and tickets.
+    fn nginx(gzip_level: Option<u32>) -> Self {
+        ServerKind::Nginx {
+            gzip_level,
+            resumption: false,
+        }
+    }
 }
 
 /// Whether an optional feature of qweb is there, and how to configure it.
@@ -265,6 +315,13 @@ struct Runner {
     qweb: PathBuf,
     nginx: Option<NginxInfo>,
     nginx_missing: String,
+    /// h2o and Caddy, or why not.
+    h2o: std::result::Result<PeerInfo, String>,
+    caddy: std::result::Result<PeerInfo, String>,
+    /// wrk, h2load and strace, when installed.
+    wrk: Option<PathBuf>,
+    h2load: Option<PathBuf>,
+    strace: Option<PathBuf>,
     workers: usize,
     rsa: CertFiles,
     ecdsa: CertFiles,
@@ -315,6 +372,22 @@ pub fn run(args: RunArgs) -> Result<PathBuf> {
             (None, e.to_string())
         }
     };
+    let peer = |p: Peer, explicit: &Option<PathBuf>| match peers::find(
+        p,
+        explicit.as_deref(),
+        !args.no_install,
+    ) {
+        Ok(i) => Ok(i),
+        Err(e) => {
+            eprintln!("qweb-bench: {} rows skipped: {e}", p.name());
+            Err(e.to_string())
+        }
+    };
+    let h2o = peer(Peer::H2o, &args.h2o);
+    let caddy = peer(Peer::Caddy, &args.caddy);
+    let wrk = clients::find_tool("wrk");
+    let h2load = clients::find_tool("h2load");
+    let strace = clients::find_tool("strace");
     let certs_dir = out.join("certs");
     let rsa = certs::generate(&certs_dir, KeyKind::Rsa2048)?;
     let ecdsa = certs::generate(&certs_dir, KeyKind::EcdsaP256)?;
@@ -335,6 +408,11 @@ pub fn run(args: RunArgs) -> Result<PathBuf> {
         qweb,
         nginx,
         nginx_missing,
+        h2o,
+        caddy,
+        wrk,
+        h2load,
+        strace,
         workers,
         rsa,
         ecdsa,
@@ -350,7 +428,7 @@ pub fn run(args: RunArgs) -> Result<PathBuf> {
         fd_limit: limit,
     };
     type Experiment = fn(&mut Runner) -> Result<()>;
-    let experiments: [(&str, Experiment); 7] = [
+    let experiments: [(&str, Experiment); 10] = [
         ("A", Runner::exp_a),
         ("sweep", Runner::exp_sweep),
         ("B", Runner::exp_b),
@@ -358,6 +436,9 @@ pub fn run(args: RunArgs) -> Result<PathBuf> {
         ("D", Runner::exp_d),
         ("E", Runner::exp_e),
         ("F", Runner::exp_f),
+        ("G", Runner::exp_g),
+        ("H", Runner::exp_h),
+        ("I", Runner::exp_i),
     ];
     for (name, f) in experiments {
         if !r.args.only.is_empty() && !r.args.only.iter().any(|o| o.eq_ignore_ascii_case(name)) {
@@ -502,6 +583,21 @@ impl Runner {
                 .map(|n| n.version_text.clone())
                 .unwrap_or_else(|| format!("not available ({})", self.nginx_missing))
         ));
+        for (name, p) in [("h2o", &self.h2o), ("Caddy", &self.caddy)] {
+            md.push_str(&format!(
+                "- {name}: {}\n",
+                match p {
+                    Ok(i) => format!("{} ({})", i.version_text, i.bin.display()),
+                    Err(e) => format!("not available ({e})"),
+                }
+            ));
+        }
+        md.push_str(&format!(
+            "- wrk: {}; h2load: {}; strace: {}\n",
+            tool_version(self.wrk.as_deref(), &["-v"]),
+            tool_version(self.h2load.as_deref(), &["--version"]),
+            tool_version(self.strace.as_deref(), &["-V"])
+        ));
         md.push_str(&format!(
             "- Client: qweb-bench {} (tokio multi-thread, {} threads per load, rustls {} + aws-lc-rs)\n",
             env!("CARGO_PKG_VERSION"),
@@ -582,6 +678,16 @@ fn row_cells(label: &str, tls: &str, m: &Measured, base: f64, ngx: f64) -> Vec<S
         num(m.client_cpu_pct),
         m.errors.to_string(),
     ]
+}
+
+/// The first line of a tool's version output, or "not installed".
+fn tool_version(bin: Option<&Path>, args: &[&str]) -> String {
+    match bin {
+        Some(b) => command_output(b, args)
+            .and_then(|o| o.lines().next().map(|l| l.trim().to_string()))
+            .unwrap_or_else(|| b.display().to_string()),
+        None => "not installed".into(),
+    }
 }
 
 fn tls_name(v: TlsVersion) -> &'static str {

@@ -64,7 +64,7 @@ pub(super) fn find_nginx(args: &RunArgs) -> Result<NginxInfo> {
     };
     let text = command_output(&bin, &["-v"])
         .ok_or_else(|| Error::Other(format!("cannot run {} -v", bin.display())))?;
-    let version = configs::parse_nginx_version(&text)
+    let version = nginx_conf::parse_nginx_version(&text)
         .ok_or_else(|| Error::Other(format!("cannot parse nginx version from {text:?}")))?;
     Ok(NginxInfo {
         bin,
@@ -264,6 +264,9 @@ pub(super) fn detect_compression(
             compression: Some(section.clone()),
             keepalive_secs: 75,
             max_connections_per_worker: 100,
+            plain_port: None,
+            resumption: false,
+            ticket_keyserver: None,
         };
         let p = dir.join(format!("check-compression-{mode}.toml"));
         if let Err(e) = std::fs::write(&p, configs::qweb_toml(&spec)) {

@@ -7,7 +7,7 @@ impl Runner {
         let cert = self.rsa.clone();
         let kinds = [
             ("qweb none".to_string(), self.qweb_none()),
-            ("nginx".to_string(), ServerKind::Nginx { gzip_level: None }),
+            ("nginx".to_string(), ServerKind::nginx(None)),
         ];
         let servers: Vec<Option<ServerProc>> =
             kinds.iter().map(|(l, k)| self.start(l, k, &cert)).collect();
