@@ -65,6 +65,8 @@ pub struct H2loadOutput {
     pub data_bytes: u64,
     /// Whether the summary lines were there.
     pub complete: bool,
+    /// "TLS Protocol", "Cipher" and "Server Temp Key" (first word each), joined.
+    pub tls: Option<String>,
 }
 
 /// Parses h2load's output.
@@ -73,7 +75,17 @@ pub fn parse(out: &str) -> H2loadOutput {
     let mut seen = 0;
     for line in out.lines() {
         let l = line.trim();
-        if let Some(rest) = l.strip_prefix("finished in ") {
+        if let Some(v) = l.strip_prefix("TLS Protocol: ") {
+            o.tls = Some(v.trim().to_string());
+        } else if let Some(v) = l
+            .strip_prefix("Cipher: ")
+            .or_else(|| l.strip_prefix("Server Temp Key: "))
+        {
+            if let Some(t) = o.tls.as_mut() {
+                t.push(' ');
+                t.push_str(v.split_whitespace().next().unwrap_or(""));
+            }
+        } else if let Some(rest) = l.strip_prefix("finished in ") {
             let v = leading_number(rest).unwrap_or(0.0);
             o.secs = if rest
                 .trim_start_matches(|c: char| c.is_ascii_digit() || c == '.')
@@ -171,6 +183,7 @@ pub fn run(spec: &H2loadSpec) -> Result<ClientRun> {
         mib_per_sec: o.data_bytes as f64 / secs / 1048576.0,
         secs: o.secs,
         problems,
+        tls: o.tls,
     })
 }
 
@@ -188,6 +201,10 @@ mod tests {
         assert_eq!(o.status, [2000, 0, 0, 0]);
         assert_eq!(o.data_bytes, 204_800_000);
         assert!((o.secs - 0.99968).abs() < 1e-9);
+        assert_eq!(
+            o.tls.as_deref(),
+            Some("TLSv1.3 TLS_AES_128_GCM_SHA256 X25519")
+        );
         assert_eq!(check(&o, 2000, 102_400), Vec::<String>::new());
         // A count that differs from what was asked for is a problem.
         assert!(!check(&o, 3000, 102_400).is_empty());

@@ -25,6 +25,40 @@ pub struct ClientRun {
     pub secs: f64,
     /// What went wrong: non-2xx responses, socket errors, byte counts that do not add up.
     pub problems: Vec<String>,
+    /// TLS version, cipher suite and key exchange the tool negotiated, when it says.
+    pub tls: Option<String>,
+}
+
+/// What an OpenSSL client with default settings (as wrk's) negotiates with 127.0.0.1:`port`:
+/// "TLSv1.3 TLS_AES_256_GCM_SHA384 X25519", from `openssl s_client -brief`.
+pub fn openssl_negotiates(port: u16) -> Option<String> {
+    let bin = find_tool("openssl")?;
+    let out = std::process::Command::new(bin)
+        .args([
+            "s_client",
+            "-brief",
+            "-connect",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    parse_s_client_brief(&text)
+}
+
+/// "Protocol version: TLSv1.3", "Ciphersuite: X", "Server Temp Key: X25519, 253 bits" of
+/// `openssl s_client -brief` as "TLSv1.3 X X25519".
+pub fn parse_s_client_brief(text: &str) -> Option<String> {
+    let field = |k: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(k))
+            .map(|v| v.trim().split([',', ' ']).next().unwrap_or("").to_string())
+    };
+    let mut parts = vec![field("Protocol version:")?, field("Ciphersuite:")?];
+    parts.extend(field("Server Temp Key:").or_else(|| field("Peer Temp Key:")));
+    Some(parts.join(" "))
 }
 
 /// `name` on PATH or in the usual system folders.
@@ -53,6 +87,23 @@ fn leading_number(s: &str) -> Option<f64> {
         .take_while(|c| c.is_ascii_digit() || *c == '.')
         .collect();
     t.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn s_client_brief_names_version_cipher_and_group() {
+        let t = "CONNECTION ESTABLISHED\nProtocol version: TLSv1.3\nCiphersuite: TLS_AES_256_GCM_SHA384\n\
+                 Peer certificate: CN = localhost\nServer Temp Key: X25519, 253 bits\n";
+        assert_eq!(
+            super::parse_s_client_brief(t).as_deref(),
+            Some("TLSv1.3 TLS_AES_256_GCM_SHA384 X25519")
+        );
+        assert_eq!(
+            super::parse_s_client_brief("connect: Connection refused"),
+            None
+        );
+    }
 }
 
 /// The integer that follows `key` in `line` ("requests=12" with key "requests=").

@@ -66,11 +66,17 @@ pub struct Tracer {
 }
 
 impl Tracer {
-    /// Attaches to `pid` (and its threads and children); waits until strace says it attached.
-    pub fn attach(bin: &Path, pid: u32, out: &Path) -> Result<Tracer> {
+    /// Attaches to `pids` (every process of the server: nginx's workers are already running,
+    /// `-f` only follows children forked later) and their threads.
+    pub fn attach(bin: &Path, pids: &[u32], out: &Path) -> Result<Tracer> {
         let _ = std::fs::remove_file(out);
-        let child = Command::new(bin)
-            .args(["-c", "-f", "-p", &pid.to_string(), "-o"])
+        let mut cmd = Command::new(bin);
+        cmd.args(["-c", "-f"]);
+        for p in pids {
+            cmd.arg("-p").arg(p.to_string());
+        }
+        let child = cmd
+            .arg("-o")
             .arg(out)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

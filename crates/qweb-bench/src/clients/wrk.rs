@@ -176,6 +176,7 @@ pub fn run(spec: &WrkSpec) -> Result<ClientRun> {
         },
         secs: o.secs,
         problems,
+        tls: None,
     })
 }
 

@@ -128,6 +128,11 @@ impl Runner {
         let kinds = self.four_servers();
         let servers: Vec<Option<ServerProc>> =
             kinds.iter().map(|(l, k)| self.start(l, k, &cert)).collect();
+        // What wrk's OpenSSL negotiates with each server (openssl s_client, default settings).
+        let tls_seen: Vec<Option<String>> = servers
+            .iter()
+            .map(|s| s.as_ref().and_then(|s| clients::openssl_negotiates(s.port)))
+            .collect();
         let loads = [
             Load::WrkPlain("1k.bin", 32),
             Load::WrkTls("1k.bin", 32),
@@ -240,6 +245,14 @@ impl Runner {
                     num(f(|r| r.1)),
                     num(f(|r| r.2)),
                     runs.iter().map(|r| r.0.requests).sum::<u64>().to_string(),
+                    match load {
+                        Load::WrkPlain(..) => "—".into(),
+                        Load::WrkTls(..) => tls_seen[si].clone().unwrap_or_default(),
+                        Load::H2(..) => runs
+                            .first()
+                            .and_then(|r| r.0.tls.clone())
+                            .unwrap_or_default(),
+                    },
                     note,
                 ]);
                 let mut m = Measured::missing("G", &format!("{label} {}", load.title()));
@@ -305,12 +318,12 @@ impl Runner {
                 continue;
             };
             for load in [Load::WrkPlain("1k.bin", 8), Load::WrkTls("1k.bin", 8)] {
-                let Some(pid) = server.pid() else { continue };
+                let pids = server.pids();
                 let out = self.out.join("logs").join(format!(
                     "strace-{label}-{}.txt",
                     matches!(load, Load::WrkTls(..))
                 ));
-                let tracer = match Tracer::attach(&strace, pid, &out) {
+                let tracer = match Tracer::attach(&strace, &pids, &out) {
                     Ok(t) => t,
                     Err(e) => {
                         self.failures.push(format!("G strace {label}: {e}"));
