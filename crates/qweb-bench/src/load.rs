@@ -891,7 +891,8 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadReport> {
         .map(|u| parse_target(u))
         .collect::<Result<Vec<_>>>()?;
     let (connector, resume_connector) = if spec.resume_ratio > 0.0 {
-        let c = resuming_configs(spec.tls, spec.http, 256)?;
+        // Enough tickets for every connection to hold one while the others come back.
+        let c = resuming_configs(spec.tls, spec.http, (spec.connections * 4).max(64))?;
         (
             TlsConnector::from(c.full),
             Some(TlsConnector::from(c.resume)),

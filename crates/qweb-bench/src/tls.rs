@@ -6,8 +6,7 @@ use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::{
-    ClientSessionMemoryCache, ClientSessionStore, Resumption, Tls12ClientSessionValue,
-    Tls13ClientSessionValue,
+    ClientSessionStore, Resumption, Tls12ClientSessionValue, Tls13ClientSessionValue,
 };
 use rustls::crypto::{aws_lc_rs, CryptoProvider};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -102,6 +101,81 @@ pub struct ResumingConfigs {
     pub full: Arc<ClientConfig>,
 }
 
+/// The client's session store: per server name the key-exchange hint, the latest TLS 1.2
+/// session and up to `per_server` TLS 1.3 tickets (newest taken first). rustls' own memory
+/// cache keeps only 8 tickets per server, which a run of 128 concurrent connections empties
+/// at once: most of them would then offer nothing and do full handshakes.
+#[derive(Debug)]
+pub struct SessionPool {
+    per_server: usize,
+    inner: std::sync::Mutex<std::collections::HashMap<ServerName<'static>, PoolEntry>>,
+}
+
+#[derive(Debug, Default)]
+struct PoolEntry {
+    kx_hint: Option<NamedGroup>,
+    tls12: Option<Tls12ClientSessionValue>,
+    tls13: std::collections::VecDeque<Tls13ClientSessionValue>,
+}
+
+impl SessionPool {
+    /// A pool that keeps up to `per_server` TLS 1.3 tickets per server name.
+    pub fn new(per_server: usize) -> Self {
+        SessionPool {
+            per_server: per_server.max(1),
+            inner: Default::default(),
+        }
+    }
+
+    fn with<R>(&self, name: &ServerName<'_>, f: impl FnOnce(&mut PoolEntry) -> R) -> R {
+        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        f(m.entry(name.to_owned()).or_default())
+    }
+}
+
+impl ClientSessionStore for SessionPool {
+    fn set_kx_hint(&self, server_name: ServerName<'static>, group: NamedGroup) {
+        self.with(&server_name, |e| e.kx_hint = Some(group))
+    }
+
+    fn kx_hint(&self, server_name: &ServerName<'_>) -> Option<NamedGroup> {
+        self.with(server_name, |e| e.kx_hint)
+    }
+
+    fn set_tls12_session(&self, server_name: ServerName<'static>, value: Tls12ClientSessionValue) {
+        self.with(&server_name, |e| e.tls12 = Some(value))
+    }
+
+    fn tls12_session(&self, server_name: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
+        self.with(server_name, |e| e.tls12.clone())
+    }
+
+    fn remove_tls12_session(&self, server_name: &ServerName<'static>) {
+        self.with(server_name, |e| e.tls12 = None)
+    }
+
+    fn insert_tls13_ticket(
+        &self,
+        server_name: ServerName<'static>,
+        value: Tls13ClientSessionValue,
+    ) {
+        let cap = self.per_server;
+        self.with(&server_name, |e| {
+            if e.tls13.len() >= cap {
+                e.tls13.pop_front();
+            }
+            e.tls13.push_back(value);
+        })
+    }
+
+    fn take_tls13_ticket(
+        &self,
+        server_name: &ServerName<'static>,
+    ) -> Option<Tls13ClientSessionValue> {
+        self.with(server_name, |e| e.tls13.pop_back())
+    }
+}
+
 /// A session store that keeps what it is given and never hands anything out.
 #[derive(Debug)]
 struct WriteOnly(Arc<dyn ClientSessionStore>);
@@ -144,13 +218,13 @@ impl ClientSessionStore for WriteOnly {
 }
 
 /// The pair of configurations for a run that resumes (see [`ResumingConfigs`]); the store
-/// holds up to `sessions` server names' sessions (8 TLS 1.3 tickets each, rustls' bound).
+/// keeps up to `tickets` TLS 1.3 tickets per server name ([`SessionPool`]).
 pub fn resuming_configs(
     version: TlsVersion,
     http: HttpVersion,
-    sessions: usize,
+    tickets: usize,
 ) -> Result<ResumingConfigs> {
-    let store: Arc<dyn ClientSessionStore> = Arc::new(ClientSessionMemoryCache::new(sessions));
+    let store: Arc<dyn ClientSessionStore> = Arc::new(SessionPool::new(tickets));
     // Both from one configuration: rustls resumes a session only with the certificate
     // verifier (the same `Arc`) that verified it.
     let base = client_config(version, http)?;

@@ -127,6 +127,25 @@ fn about_the_asked_fraction_resumes_on_a_server_that_resumes() {
 }
 
 #[test]
+fn many_concurrent_connections_still_find_tickets() {
+    // rustls' own client cache keeps 8 TLS 1.3 tickets per server: 64 connections taking
+    // tickets at once would mostly find none and do full handshakes.
+    let addr = serve(Sessions::Resume);
+    let mut s = spec(addr, TlsVersion::Tls13, 0.8);
+    s.connections = 64;
+    s.count = Some(1500);
+    s.warmup = 0.5;
+    let r = run_load(&s).expect("run");
+    assert_eq!(r.errors.total(), 0, "{:?} {:?}", r.errors, r.error_samples);
+    let asked = r.resume_asked as f64 / r.handshakes as f64;
+    assert!(
+        (r.resumed_fraction() - asked).abs() < 0.03,
+        "asked {asked}, resumed {}",
+        r.resumed_fraction()
+    );
+}
+
+#[test]
 fn a_server_that_refuses_sessions_gets_no_resumption_counted() {
     let addr = serve(Sessions::Refuse);
     for tls in [TlsVersion::Tls13, TlsVersion::Tls12] {

@@ -288,6 +288,24 @@ impl Runner {
                     server.name
                 ));
             }
+            if spec.resume_ratio > 0.0 {
+                let res = parse_metric(
+                    &m1,
+                    "qweb_tls_session_handshakes_total",
+                    &["kind=\"resumed\""],
+                ) - parse_metric(
+                    &m0,
+                    "qweb_tls_session_handshakes_total",
+                    &["kind=\"resumed\""],
+                );
+                let client = rep.resumed_all as f64;
+                if res < client || res > client + slack {
+                    self.failures.push(format!(
+                        "{}: server counted {res} resumed handshakes, the client {client}",
+                        server.name
+                    ));
+                }
+            }
             if let Some(engine) = engine {
                 let label = format!("engine=\"{engine}\"");
                 let sub = parse_metric(&m1, "qweb_offload_ops_submitted_total", &[&label])
