@@ -68,18 +68,27 @@ impl Runner {
         );
         let mut series: Vec<(String, Vec<f64>)> =
             kinds.iter().map(|(l, _)| (l.clone(), vec![])).collect();
+        let mut shortfalls = Vec::new();
         for (vi, v) in versions.iter().enumerate() {
             let chunk = &res[vi * kinds.len()..(vi + 1) * kinds.len()];
             let (ngx, h2o) = (chunk[1].ops_per_sec, chunk[2].ops_per_sec);
             for (k, m) in chunk.iter().enumerate() {
                 let (asked, resumed) = fractions(m);
-                if !m.rounds.is_empty() && (resumed - asked).abs() > 0.05 {
-                    self.failures.push(format!(
-                        "H {}: {:.1}% of handshakes offered a session but {:.1}% resumed",
-                        m.label,
-                        asked * 100.0,
-                        resumed * 100.0
-                    ));
+                let short = format!(
+                    "{}: {:.1}% of handshakes offered a session but {:.1}% resumed",
+                    m.label,
+                    asked * 100.0,
+                    resumed * 100.0
+                );
+                // qweb must resume what it is offered; a peer that does not is a property
+                // of the peer (e.g. h2o 2.2 issues no new TLS 1.3 ticket on a resumed
+                // connection, and tickets are used once), shown, not failed.
+                if !m.rounds.is_empty() && (k == 0 || resumed > asked + 0.05) {
+                    if (resumed - asked).abs() > 0.05 {
+                        self.failures.push(format!("H {short}"));
+                    }
+                } else if !m.rounds.is_empty() && asked - resumed > 0.05 {
+                    shortfalls.push(short);
                 }
                 series[k].1.push(m.ops_per_sec);
                 t.row(vec![
@@ -104,9 +113,16 @@ impl Runner {
              \"resumed\" are measured per connection from rustls' `handshake_kind()`. qweb: \
              default resumption (tickets and a session cache); nginx: `ssl_session_cache \
              shared:SSL:10m; ssl_session_tickets on;`; h2o: `ssl-session-resumption: mode: all`. \
-             qweb's resumed-handshake counter is checked against the client's. Full handshakes \
-             only: experiment A."
+             qweb's resumed-handshake counter is checked against the client's. Tickets are \
+             used once (as browsers do). Full handshakes only: experiment A."
         ));
+        for sf in shortfalls {
+            t.notes.push(format!(
+                "{sf}: the server did not resume every offered session (h2o 2.2.5 sends two \
+                 TLS 1.3 tickets after a full handshake and none after a resumed one, so with \
+                 single-use tickets at most 2/3 of handshakes can resume)."
+            ));
+        }
         self.write_chart(
             "h-resumption.svg",
             &svg::bar_chart(
