@@ -89,6 +89,13 @@ fn leading_number(s: &str) -> Option<f64> {
     t.parse().ok()
 }
 
+/// The integer that follows `key` in `line` ("requests=12" with key "requests=").
+fn int_after(line: &str, key: &str) -> Option<u64> {
+    let rest = &line[line.find(key)? + key.len()..];
+    let t: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    t.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -104,11 +111,4 @@ mod tests {
             None
         );
     }
-}
-
-/// The integer that follows `key` in `line` ("requests=12" with key "requests=").
-fn int_after(line: &str, key: &str) -> Option<u64> {
-    let rest = &line[line.find(key)? + key.len()..];
-    let t: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
-    t.parse().ok()
 }

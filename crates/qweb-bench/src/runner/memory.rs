@@ -38,7 +38,7 @@ impl Runner {
             for (ci, &n) in counts.iter().enumerate() {
                 // A fresh server per count: what one count left behind does not hide the next.
                 let Some(s) = self.start(label, kind, &cert) else {
-                    rows[si].extend(std::iter::repeat_n(String::new(), 6));
+                    rows[si].extend(vec![String::new(); 6]);
                     continue;
                 };
                 std::thread::sleep(Duration::from_millis(300));

@@ -207,6 +207,7 @@ impl Runner {
                     "server CPU %",
                     "client CPU %",
                     "requests checked",
+                    "client TLS",
                     "problems",
                 ],
             );
@@ -229,7 +230,7 @@ impl Runner {
                 }
                 let note = if skipped && runs.is_empty() {
                     problems[i][0].clone()
-                } else if servers_missing(runs) {
+                } else if runs.is_empty() {
                     "did not run".into()
                 } else if real.is_empty() {
                     "none".into()
@@ -335,8 +336,9 @@ impl Runner {
                 match (run, sum) {
                     (Ok((run, _, _)), Ok(sum)) if run.problems.is_empty() && run.requests > 0 => {
                         let n = run.requests as f64;
-                        let top: Vec<String> = sum
-                            .rows
+                        let mut rows = sum.rows.clone();
+                        rows.sort_by_key(|r| std::cmp::Reverse(r.calls));
+                        let top: Vec<String> = rows
                             .iter()
                             .take(6)
                             .map(|r| format!("{} {:.1}", r.name, r.calls as f64 / n))
@@ -366,13 +368,10 @@ impl Runner {
         t.notes.push(
             "`strace -c -f -p PID` attached to the server (all threads; nginx: master and workers) \
              during a 2 s wrk run with 8 connections; syscalls counted by strace divided by the \
-             requests wrk completed. Connection setup is included (8 connections per run)."
+             requests wrk completed; the six most frequent per request. Connection setup is \
+             included (8 connections per run)."
                 .into(),
         );
         self.section(t, None);
     }
-}
-
-fn servers_missing(runs: &[(ClientRun, f64, f64)]) -> bool {
-    runs.is_empty()
 }
