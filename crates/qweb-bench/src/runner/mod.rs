@@ -1,8 +1,10 @@
 //! The experiment runner (`qweb-bench run`): prepares certificates, files and configurations
-//! in the output folder, starts qweb and nginx on 127.0.0.1, runs the matrix (A handshakes,
-//! the engine-latency sweep, B throughput, C compression, D TLS + compression, E latency under
-//! a handshake storm, F memory with idle connections) with A/B runs interleaved, checks every
-//! run (client errors, qweb's handshake and offload counters), and writes `results.md`,
+//! in the output folder, starts qweb and its peers (nginx, h2o, Caddy) on 127.0.0.1, runs the
+//! matrix (A handshakes, the engine-latency sweep, B throughput, C compression, D TLS +
+//! compression, E latency under a handshake storm, F memory with idle connections, G
+//! per-request cost with wrk/h2load/strace, H resumption, I two nodes sharing ticket keys)
+//! with the rows of a table interleaved, checks every run (client errors, status and byte
+//! counts, qweb's handshake, resumption and offload counters), and writes `results.md`,
 //! `results.json` and SVG charts.
 
 use std::collections::BTreeMap;
@@ -70,7 +72,8 @@ pub struct RunArgs {
     /// Do not install nginx, h2o or Caddy when missing: their rows are skipped.
     #[arg(long)]
     pub no_install: bool,
-    /// Server workers (qweb worker threads, nginx worker processes; default: one per CPU).
+    /// Server workers (qweb worker threads, nginx worker processes, h2o `num-threads`, Caddy
+    /// `GOMAXPROCS`; default: one per CPU).
     #[arg(long)]
     pub workers: Option<usize>,
     /// Only these experiments (comma-separated: A,sweep,B,C,D,E,F,G,H,I).
