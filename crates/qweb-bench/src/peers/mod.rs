@@ -127,3 +127,22 @@ pub fn find(peer: Peer, explicit: Option<&Path>, install: bool) -> Result<PeerIn
         version_text: text.lines().next().unwrap_or("").trim().to_string(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_explicit_binary_that_is_not_there_is_refused_not_installed() {
+        let e = find(Peer::Caddy, Some(Path::new("/nonexistent/caddy")), true)
+            .expect_err("no such binary");
+        assert!(e.to_string().contains("--caddy /nonexistent/caddy"), "{e}");
+    }
+
+    #[test]
+    fn names_and_version_commands() {
+        assert_eq!(Peer::H2o.name(), "h2o");
+        assert_eq!(Peer::Nginx.version_args(), ["-v"]);
+        assert!(Peer::Caddy.candidates().contains(&"/usr/bin/caddy"));
+    }
+}

@@ -29,47 +29,17 @@ pub(super) fn find_qweb(args: &RunArgs, workspace: &Path) -> Result<PathBuf> {
 }
 
 pub(super) fn find_nginx(args: &RunArgs) -> Result<NginxInfo> {
-    let bin = match &args.nginx {
-        Some(p) => p.clone(),
-        None => {
-            let candidates = ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"];
-            match candidates.iter().map(PathBuf::from).find(|p| p.is_file()) {
-                Some(p) => p,
-                None if args.no_install => {
-                    return Err(Error::Other("nginx not installed (--no-install)".into()))
-                }
-                None => {
-                    eprintln!(
-                        "qweb-bench: installing nginx: apt-get update && apt-get install -y nginx"
-                    );
-                    let st = Command::new("sh")
-                        .args([
-                            "-c",
-                            "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx",
-                        ])
-                        .status()
-                        .map_err(|e| Error::io("run apt-get", e))?;
-                    let p = candidates.iter().map(PathBuf::from).find(|p| p.is_file());
-                    match p {
-                        Some(p) if st.success() => p,
-                        _ => {
-                            return Err(Error::Other(format!(
-                                "apt-get install nginx failed ({st})"
-                            )))
-                        }
-                    }
-                }
-            }
-        }
-    };
-    let text = command_output(&bin, &["-v"])
-        .ok_or_else(|| Error::Other(format!("cannot run {} -v", bin.display())))?;
-    let version = nginx_conf::parse_nginx_version(&text)
-        .ok_or_else(|| Error::Other(format!("cannot parse nginx version from {text:?}")))?;
+    let info = peers::find(Peer::Nginx, args.nginx.as_deref(), !args.no_install)?;
+    let version = nginx_conf::parse_nginx_version(&info.version_text).ok_or_else(|| {
+        Error::Other(format!(
+            "cannot parse nginx version from {:?}",
+            info.version_text
+        ))
+    })?;
     Ok(NginxInfo {
-        bin,
+        bin: info.bin,
         version,
-        version_text: text.trim().to_string(),
+        version_text: info.version_text,
     })
 }
 
