@@ -46,11 +46,11 @@ use setup::{detect_compression, detect_keyserver, find_nginx, find_qweb, make_fi
 /// Options of `qweb-bench run`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
-    /// Smoke profile (under 3 minutes): every experiment once, short; fails when a server
+    /// Smoke profile (about 3 minutes): every experiment once, short; fails when a server
     /// does not answer or any request errs.
     #[arg(long, conflicts_with = "full")]
     pub quick: bool,
-    /// The full matrix (default; under 20 minutes).
+    /// The full matrix (default; about 20 minutes).
     #[arg(long)]
     pub full: bool,
     /// Results folder (default: target/qweb-bench/<profile>-<UTC time> in the workspace).
@@ -123,7 +123,7 @@ impl Profile {
             sweep_latencies: vec![5],
             sweep_keys: vec![KeyKind::EcdsaP256],
             idle_connections: vec![1000],
-            wrk_secs: 2,
+            wrk_secs: 1,
             h2_requests: 4000,
             ttlb_count: 3,
         }

@@ -45,6 +45,17 @@ fn children_cpu_secs() -> f64 {
 }
 
 impl Runner {
+    /// Why a server of `label` has no numbers: its "skipped: not available" note, or that it
+    /// did not start (the reason is under Problems).
+    pub(super) fn why_missing(&self, label: &str) -> String {
+        let prefix = format!("{label}: ");
+        self.skipped
+            .iter()
+            .find_map(|s| s.strip_prefix(&prefix))
+            .map(str::to_string)
+            .unwrap_or_else(|| "did not run (see Problems)".into())
+    }
+
     /// The four servers of G, H's peers and F, each with the RSA-2048 certificate's settings.
     pub(super) fn four_servers(&self) -> Vec<(String, ServerKind)> {
         vec![
@@ -231,7 +242,7 @@ impl Runner {
                 let note = if skipped && runs.is_empty() {
                     problems[i][0].clone()
                 } else if runs.is_empty() {
-                    "did not run".into()
+                    self.why_missing(label)
                 } else if real.is_empty() {
                     "none".into()
                 } else {
@@ -331,7 +342,7 @@ impl Runner {
                         continue;
                     }
                 };
-                let run = self.run_client(&server, load, 2, 0);
+                let run = self.run_client(&server, load, self.profile.wrk_secs.min(2), 0);
                 let sum = tracer.finish();
                 match (run, sum) {
                     (Ok((run, _, _)), Ok(sum)) if run.problems.is_empty() && run.requests > 0 => {
@@ -367,7 +378,7 @@ impl Runner {
         }
         t.notes.push(
             "`strace -c -f -p PID` attached to the server (all threads; nginx: master and workers) \
-             during a 2 s wrk run with 8 connections; syscalls counted by strace divided by the \
+             during a wrk run (2 s; 1 s in the quick profile) with 8 connections; syscalls counted by strace divided by the \
              requests wrk completed; the six most frequent per request. Connection setup is \
              included (8 connections per run)."
                 .into(),

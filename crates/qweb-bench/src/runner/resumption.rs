@@ -92,7 +92,11 @@ impl Runner {
                 }
                 series[k].1.push(m.ops_per_sec);
                 t.row(vec![
-                    kinds[k].0.clone(),
+                    if m.rounds.is_empty() {
+                        format!("{} ({})", kinds[k].0, self.why_missing(&kinds[k].0))
+                    } else {
+                        kinds[k].0.clone()
+                    },
                     tls_name(*v).into(),
                     num(m.ops_per_sec),
                     ratio(m.ops_per_sec, ngx),
