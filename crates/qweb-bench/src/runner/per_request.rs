@@ -240,7 +240,10 @@ impl Runner {
                         .push(format!("G {label} {}: {p}", load.title()));
                 }
                 let note = if skipped && runs.is_empty() {
-                    problems[i][0].clone()
+                    let why = problems[i][0].clone();
+                    self.skipped
+                        .push(format!("G {label} {}: {why}", load.title()));
+                    why
                 } else if runs.is_empty() {
                     self.why_missing(label)
                 } else if real.is_empty() {
