@@ -211,6 +211,29 @@ mod tests {
     }
 
     #[test]
+    fn a_run_cut_short_has_no_summary() {
+        // h2load killed (or crashed) mid-run: the progress lines are there, the summary not.
+        let full = include_str!("fixtures/h2load-ok.txt");
+        let cut = &full[..full.find("finished in").unwrap()];
+        let o = parse(cut);
+        assert!(!o.complete);
+        assert_eq!(
+            o.tls.as_deref(),
+            Some("TLSv1.3 TLS_AES_128_GCM_SHA256 X25519")
+        );
+        assert_eq!(check(&o, 2000, 102_400), vec!["h2load printed no summary"]);
+    }
+
+    #[test]
+    fn short_bodies_are_caught_even_when_every_status_is_2xx() {
+        let mut o = parse(include_str!("fixtures/h2load-ok.txt"));
+        o.data_bytes -= 1;
+        let p = check(&o, 2000, 102_400);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].contains("204799999 data bytes"), "{p:?}");
+    }
+
+    #[test]
     fn not_found_is_reported() {
         let o = parse(include_str!("fixtures/h2load-404.txt"));
         assert_eq!(o.status, [0, 0, 100, 0]);

@@ -208,6 +208,24 @@ mod tests {
     }
 
     #[test]
+    fn a_run_cut_short_or_without_the_hook_is_no_result() {
+        // Without the done hook's line (wrk killed, or the script not loaded) the rounded
+        // human summary is not trusted.
+        let full = include_str!("fixtures/wrk-ok.txt");
+        let o = parse(&full[..full.find("qweb-bench:").unwrap()]);
+        assert!(!o.complete);
+        assert_eq!(o.requests, 21838);
+        assert_eq!(check(&o, 1024, 32).len(), 1);
+    }
+
+    #[test]
+    fn extra_bytes_beyond_a_plausible_header_are_caught() {
+        let mut o = parse(include_str!("fixtures/wrk-ok.txt"));
+        o.bytes = (o.requests + 32) * (1024 + 1024) + 1;
+        assert!(check(&o, 1024, 32)[0].contains("bytes read"));
+    }
+
+    #[test]
     fn a_refused_connection_is_no_result() {
         let o = parse(include_str!("fixtures/wrk-refused.txt"));
         assert!(!o.complete);
