@@ -1,19 +1,23 @@
 //! qweb-bench: the load generator and the experiment runner that reproduce the QWEB paper's
-//! measurements on this machine, with qweb and nginx side by side.
+//! measurements on this machine, with qweb, nginx, h2o and Caddy side by side.
 //!
 //! - [`load`]: the load generator (`qweb-bench load`): full TLS handshakes without resumption
 //!   (handshake rate) or keep-alive requests (throughput and latency percentiles), HTTP/1.1 or
 //!   HTTP/2, TLS 1.2 or 1.3, every response checked (status, body bytes, encoding).
 //! - [`runner`]: the experiment runner (`qweb-bench run`): generates certificates, files and
-//!   configurations, starts qweb and nginx, runs the matrix A–F and the engine-latency sweep,
-//!   and writes markdown tables, JSON and SVG charts.
-//! - The pure parts ([`stats`], [`report`], [`svg`], [`configs`], [`procs::parse_metric`]) are
-//!   unit tested without network or nginx.
+//!   configurations, starts qweb and its [`peers`], runs the matrix A–I and the engine-latency
+//!   sweep (with the external [`clients`] wrk, h2load and strace in G), and writes markdown
+//!   tables, JSON and SVG charts.
+//! - The pure parts ([`stats`], [`report`], [`svg`], [`configs`], [`peers`]' configurations,
+//!   the [`clients`]' output parsers, [`procs::parse_metric`]) are unit tested without network
+//!   or servers.
 
 pub mod certs;
+pub mod clients;
 pub mod configs;
 pub mod error;
 pub mod load;
+pub mod peers;
 pub mod procs;
 pub mod report;
 pub mod runner;

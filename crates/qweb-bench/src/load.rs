@@ -33,7 +33,7 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use crate::stats::{summarize, LatencySummary};
-use crate::tls::{client_config, HttpVersion, TlsVersion};
+use crate::tls::{client_config, resuming_configs, HttpVersion, TlsVersion};
 use crate::{Error, Result};
 
 /// What each connection does.
@@ -110,6 +110,16 @@ pub struct LoadSpec {
     /// Per-operation timeout in seconds (counted as an error).
     #[arg(long, default_value_t = 10.0)]
     pub timeout: f64,
+    /// Handshake mode: each new connection tries, with this probability, to resume a session
+    /// (TLS 1.3 ticket, TLS 1.2 ticket or session id) an earlier connection of the run got;
+    /// the others offer none and must be full. 0: no session store at all. Whether each
+    /// handshake resumed is read from rustls (`handshake_kind`) and counted.
+    #[arg(long, default_value_t = 0.0)]
+    pub resume_ratio: f64,
+    /// More servers (the same path is requested): new connections go round-robin over the URL
+    /// and these, like a load balancer; sessions from one may be offered to another.
+    #[arg(long)]
+    pub also: Vec<String>,
 }
 
 impl LoadSpec {
@@ -135,6 +145,8 @@ impl LoadSpec {
             rate: None,
             threads: None,
             timeout: 10.0,
+            resume_ratio: 0.0,
+            also: vec![],
         }
     }
 
@@ -194,6 +206,12 @@ impl LoadSpec {
         }
         if let Some(t) = self.threads {
             a.push(format!("--threads {t}"));
+        }
+        if self.resume_ratio > 0.0 {
+            a.push(format!("--resume-ratio {}", self.resume_ratio));
+        }
+        for u in &self.also {
+            a.push(format!("--also {u}"));
         }
         a.join(" ")
     }
@@ -256,11 +274,17 @@ pub struct LoadReport {
     pub ops: u64,
     /// `ops / measured_secs`.
     pub ops_per_sec: f64,
-    /// Full handshakes completed in the window.
+    /// Handshakes completed in the window (full or, with --resume-ratio, resumed).
     pub handshakes: u64,
-    /// Full handshakes completed over the whole run, warm-up included (to compare with the
+    /// Handshakes completed over the whole run, warm-up included (to compare with the
     /// server's handshake counter).
     pub handshakes_all: u64,
+    /// Resumed handshakes in the window (rustls' `HandshakeKind::Resumed`).
+    pub resumed: u64,
+    /// Resumed handshakes over the whole run, warm-up included.
+    pub resumed_all: u64,
+    /// Connections in the window that offered a session (asked to resume).
+    pub resume_asked: u64,
     /// Requests completed in the window.
     pub requests: u64,
     /// Response body bytes received in the window (as sent: compressed when compressed).
@@ -277,6 +301,15 @@ pub struct LoadReport {
 }
 
 impl LoadReport {
+    /// Resumed handshakes / handshakes in the window (NaN without handshakes).
+    pub fn resumed_fraction(&self) -> f64 {
+        if self.handshakes == 0 {
+            f64::NAN
+        } else {
+            self.resumed as f64 / self.handshakes as f64
+        }
+    }
+
     /// A human-readable summary.
     pub fn human(&self) -> String {
         let what = match self.spec.mode {
@@ -302,6 +335,15 @@ impl LoadReport {
             self.requests,
             self.errors.total()
         );
+        if self.spec.resume_ratio > 0.0 {
+            s.push_str(&format!(
+                "\nresumption: {} of {} handshakes offered a session, {} resumed ({:.1}%)",
+                self.resume_asked,
+                self.handshakes,
+                self.resumed,
+                self.resumed_fraction() * 100.0
+            ));
+        }
         if self.errors.total() > 0 {
             s.push_str(&format!("\nerrors by kind: {:?}", self.errors));
             for m in &self.error_samples {
@@ -361,7 +403,13 @@ fn parse_target(url: &str) -> Result<Target> {
 struct Shared {
     spec: LoadSpec,
     target: Target,
+    /// `--also` targets; new connections go round-robin over `target` and these.
+    others: Vec<Target>,
+    next_target: AtomicU64,
+    /// Offers no session (with --resume-ratio: stores what it gets).
     connector: TlsConnector,
+    /// With --resume-ratio: offers a stored session.
+    resume_connector: Option<TlsConnector>,
     start: Instant,
     warmup_end: Instant,
     /// End of the measured window (far away in count mode).
@@ -380,6 +428,9 @@ struct TaskStats {
     ops: u64,
     handshakes: u64,
     handshakes_all: u64,
+    resumed: u64,
+    resumed_all: u64,
+    resume_asked: u64,
     requests: u64,
     bytes: u64,
     errors: ErrorCounts,
@@ -456,12 +507,27 @@ fn admit(sh: &Shared) -> Option<bool> {
     }
 }
 
+/// How one handshake went: whether the client offered a session, whether it resumed.
+#[derive(Debug, Clone, Copy, Default)]
+struct HsKind {
+    asked: bool,
+    resumed: bool,
+}
+
 /// Records a completed operation when it is in the measured window.
-fn complete(sh: &Shared, stats: &Stats, counted: bool, began: Instant, bytes: u64, hs: bool) {
+fn complete(
+    sh: &Shared,
+    stats: &Stats,
+    counted: bool,
+    began: Instant,
+    bytes: u64,
+    hs: Option<HsKind>,
+) {
     let now = Instant::now();
     let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
-    if hs {
+    if let Some(k) = hs {
         s.handshakes_all += 1;
+        s.resumed_all += k.resumed as u64;
     }
     let in_window = if sh.tickets.is_some() {
         counted
@@ -473,8 +539,10 @@ fn complete(sh: &Shared, stats: &Stats, counted: bool, began: Instant, bytes: u6
     }
     s.ops += 1;
     s.bytes += bytes;
-    if hs {
+    if let Some(k) = hs {
         s.handshakes += 1;
+        s.resumed += k.resumed as u64;
+        s.resume_asked += k.asked as u64;
     }
     if sh.spec.mode == Mode::Keepalive || sh.spec.request {
         s.requests += 1;
@@ -485,22 +553,40 @@ fn complete(sh: &Shared, stats: &Stats, counted: bool, began: Instant, bytes: u6
         .fetch_max(now.duration_since(sh.start).as_nanos() as u64, Relaxed);
 }
 
-async fn connect_tls(sh: &Shared) -> Result<TlsStream<TcpStream>, OpError> {
-    let tcp = TcpStream::connect(sh.target.addr)
+/// Connects to the next target and does the TLS handshake, offering a stored session when
+/// `resume` (and there is a resume connector). A connection that offered none must have had
+/// a full handshake; one that offered a session may still get a full one (the server did
+/// not accept it), which is counted, not an error.
+async fn connect_tls(sh: &Shared, resume: bool) -> Result<(TlsStream<TcpStream>, HsKind), OpError> {
+    let target = if sh.others.is_empty() {
+        &sh.target
+    } else {
+        let i = sh.next_target.fetch_add(1, Relaxed) as usize % (sh.others.len() + 1);
+        if i == 0 {
+            &sh.target
+        } else {
+            &sh.others[i - 1]
+        }
+    };
+    let tcp = TcpStream::connect(target.addr)
         .await
         .map_err(|e| OpError::Connect(e.to_string()))?;
     let _ = tcp.set_nodelay(true);
     let _ = socket2::SockRef::from(&tcp).set_linger(Some(Duration::ZERO));
-    let tls = sh
-        .connector
-        .connect(sh.target.server_name.clone(), tcp)
+    let (connector, asked) = match (&sh.resume_connector, resume) {
+        (Some(c), true) => (c, true),
+        _ => (&sh.connector, false),
+    };
+    let tls = connector
+        .connect(target.server_name.clone(), tcp)
         .await
         .map_err(|e| OpError::Tls(e.to_string()))?;
     let kind = tls.get_ref().1.handshake_kind();
-    if kind != Some(rustls::HandshakeKind::Full) {
+    let resumed = kind == Some(rustls::HandshakeKind::Resumed);
+    if !asked && kind != Some(rustls::HandshakeKind::Full) {
         return Err(OpError::NotFull(format!("{kind:?}")));
     }
-    Ok(tls)
+    Ok((tls, HsKind { asked, resumed }))
 }
 
 enum Sender {
@@ -641,14 +727,14 @@ async fn request(sh: &Shared, sender: &mut Sender) -> Result<u64, OpError> {
 }
 
 /// One handshake-mode operation.
-async fn handshake_op(sh: &Shared) -> Result<u64, OpError> {
-    let mut tls = connect_tls(sh).await?;
+async fn handshake_op(sh: &Shared, resume: bool) -> Result<(u64, HsKind), OpError> {
+    let (mut tls, kind) = connect_tls(sh, resume).await?;
     if sh.spec.request {
         let (mut sender, conn) = http_handshake(sh, tls).await?;
         let n = request(sh, &mut sender).await;
         drop(sender);
         conn.abort();
-        n
+        n.map(|n| (n, kind))
     } else {
         // close_notify + FIN, then wait for the server to close: it has then read our
         // Finished, i.e. completed its side of the handshake.
@@ -660,15 +746,21 @@ async fn handshake_op(sh: &Shared) -> Result<u64, OpError> {
                 Ok(_) => {}
             }
         }
-        Ok(0)
+        Ok((0, kind))
     }
 }
 
-async fn handshake_task(sh: Arc<Shared>, stats: Stats) {
+async fn handshake_task(sh: Arc<Shared>, stats: Stats, index: usize) {
+    // Whether each connection offers a session: a per-task xorshift, so runs are repeatable.
+    let mut rng = (index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     while let Some(counted) = admit(&sh) {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let resume = ((rng >> 11) as f64 / (1u64 << 53) as f64) < sh.spec.resume_ratio;
         let began = Instant::now();
-        match tokio::time::timeout(sh.timeout, handshake_op(&sh)).await {
-            Ok(Ok(n)) => complete(&sh, &stats, counted, began, n, true),
+        match tokio::time::timeout(sh.timeout, handshake_op(&sh, resume)).await {
+            Ok(Ok((n, kind))) => complete(&sh, &stats, counted, began, n, Some(kind)),
             Ok(Err(e)) => {
                 record_error(&stats, e);
                 tokio::time::sleep(Duration::from_millis(5)).await;
@@ -699,7 +791,7 @@ async fn request_loop(
             _ => Instant::now(),
         };
         match tokio::time::timeout(sh.timeout, request(sh, sender)).await {
-            Ok(Ok(n)) => complete(sh, stats, counted, began, n, false),
+            Ok(Ok(n)) => complete(sh, stats, counted, began, n, None),
             Ok(Err(e)) => {
                 record_error(stats, e);
                 return false;
@@ -726,7 +818,7 @@ async fn keepalive_task(sh: Arc<Shared>, stats: Stats, index: usize) {
             return;
         }
         let setup = async {
-            let tls = connect_tls(&sh).await?;
+            let (tls, _) = connect_tls(&sh, false).await?;
             http_handshake(&sh, tls).await
         };
         let (mut sender, conn) = match tokio::time::timeout(sh.timeout, setup).await {
@@ -786,18 +878,53 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadReport> {
             "--duration and --timeout must be > 0, --warmup >= 0".into(),
         ));
     }
+    if !(0.0..=1.0).contains(&spec.resume_ratio) {
+        return Err(Error::Arg("--resume-ratio must be within 0..=1".into()));
+    }
+    if spec.resume_ratio > 0.0 && spec.mode != Mode::Handshake {
+        return Err(Error::Arg("--resume-ratio needs --mode handshake".into()));
+    }
     let target = parse_target(&spec.url)?;
-    let connector = TlsConnector::from(client_config(spec.tls, spec.http)?);
+    let others = spec
+        .also
+        .iter()
+        .map(|u| parse_target(u))
+        .collect::<Result<Vec<_>>>()?;
+    let (connector, resume_connector) = if spec.resume_ratio > 0.0 {
+        // Enough tickets for every connection to hold one while the others come back.
+        let c = resuming_configs(spec.tls, spec.http, (spec.connections * 4).max(64))?;
+        (
+            TlsConnector::from(c.full),
+            Some(TlsConnector::from(c.resume)),
+        )
+    } else {
+        (
+            TlsConnector::from(client_config(spec.tls, spec.http)?),
+            None,
+        )
+    };
     crate::raise_fd_limit(spec.connections as u64 * 2 + 1024);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(spec.threads.unwrap_or_else(crate::cpus).max(1))
         .enable_all()
         .build()
         .map_err(|e| Error::io("start the client runtime", e))?;
-    rt.block_on(run_async(spec.clone(), target, connector))
+    rt.block_on(run_async(
+        spec.clone(),
+        target,
+        others,
+        connector,
+        resume_connector,
+    ))
 }
 
-async fn run_async(spec: LoadSpec, target: Target, connector: TlsConnector) -> Result<LoadReport> {
+async fn run_async(
+    spec: LoadSpec,
+    target: Target,
+    others: Vec<Target>,
+    connector: TlsConnector,
+    resume_connector: Option<TlsConnector>,
+) -> Result<LoadReport> {
     let start = Instant::now();
     let warmup_end = start + Duration::from_secs_f64(spec.warmup);
     let end = match spec.count {
@@ -809,7 +936,10 @@ async fn run_async(spec: LoadSpec, target: Target, connector: TlsConnector) -> R
         tickets: spec.count.map(|n| AtomicI64::new(n as i64)),
         spec,
         target,
+        others,
+        next_target: AtomicU64::new(0),
         connector,
+        resume_connector,
         start,
         warmup_end,
         end,
@@ -824,7 +954,7 @@ async fn run_async(spec: LoadSpec, target: Target, connector: TlsConnector) -> R
         let sh = sh.clone();
         handles.push(tokio::spawn(async move {
             match sh.spec.mode {
-                Mode::Handshake => handshake_task(sh, stats).await,
+                Mode::Handshake => handshake_task(sh, stats, i).await,
                 Mode::Keepalive => keepalive_task(sh, stats, i).await,
             }
         }));
@@ -853,6 +983,9 @@ async fn run_async(spec: LoadSpec, target: Target, connector: TlsConnector) -> R
         total.ops += s.ops;
         total.handshakes += s.handshakes;
         total.handshakes_all += s.handshakes_all;
+        total.resumed += s.resumed;
+        total.resumed_all += s.resumed_all;
+        total.resume_asked += s.resume_asked;
         total.requests += s.requests;
         total.bytes += s.bytes;
         total.errors.add(&s.errors);
@@ -870,6 +1003,9 @@ async fn run_async(spec: LoadSpec, target: Target, connector: TlsConnector) -> R
         ops_per_sec: total.ops as f64 / secs,
         handshakes: total.handshakes,
         handshakes_all: total.handshakes_all,
+        resumed: total.resumed,
+        resumed_all: total.resumed_all,
+        resume_asked: total.resume_asked,
         requests: total.requests,
         body_bytes: total.bytes,
         mib_per_sec: total.bytes as f64 / secs / (1024.0 * 1024.0),
@@ -908,7 +1044,10 @@ impl IdleSet {
             tickets: None,
             spec: spec.clone(),
             target,
+            others: vec![],
+            next_target: AtomicU64::new(0),
             connector,
+            resume_connector: None,
             start: now,
             warmup_end: now,
             end: now,
@@ -924,7 +1063,7 @@ impl IdleSet {
                 set.spawn(async move {
                     let _permit = sem.acquire_owned().await.ok()?;
                     let open = async {
-                        let tls = connect_tls(&sh).await?;
+                        let (tls, _) = connect_tls(&sh, false).await?;
                         let (mut s, c) = http_handshake(&sh, tls).await?;
                         match request(&sh, &mut s).await {
                             Ok(_) => Ok((s, c)),

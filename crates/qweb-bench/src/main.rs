@@ -7,7 +7,7 @@ use qweb_bench::load::{run_load, LoadSpec};
 use qweb_bench::runner::{run, RunArgs};
 
 /// qweb's benchmark tools: a TLS/HTTP load generator and the runner that reproduces the QWEB
-/// paper's experiments with qweb and nginx side by side.
+/// paper's experiments with qweb, nginx, h2o and Caddy side by side.
 #[derive(Parser)]
 #[command(version, about, long_about = None)]
 struct Cli {
@@ -26,7 +26,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Run the experiment matrix (starts qweb and nginx itself) and write tables and charts.
+    /// Run the experiment matrix (starts qweb, nginx, h2o and Caddy itself) and write tables and
+    /// charts.
     Run(RunArgs),
 }
 

@@ -27,6 +27,8 @@ pub struct ServerProc {
     pub port: u16,
     /// Admin port (/metrics), qweb only.
     pub admin_port: Option<u16>,
+    /// Plain-HTTP port, when the server has a plain listener too.
+    pub plain_port: Option<u16>,
     /// Log file (stdout and stderr).
     pub log: PathBuf,
     child: Option<Child>,
@@ -42,7 +44,20 @@ impl ServerProc {
         admin_port: Option<u16>,
         log: PathBuf,
     ) -> Result<ServerProc> {
-        let mut p = ServerProc::spawn(name, program, args, port, admin_port, log)?;
+        ServerProc::start_with_env(name, program, args, &[], port, admin_port, log)
+    }
+
+    /// [`ServerProc::start`] with extra environment variables.
+    pub fn start_with_env(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, String)],
+        port: u16,
+        admin_port: Option<u16>,
+        log: PathBuf,
+    ) -> Result<ServerProc> {
+        let mut p = ServerProc::spawn(name, program, args, env, port, admin_port, log)?;
         p.wait_ready(Duration::from_secs(20))?;
         Ok(p)
     }
@@ -51,6 +66,7 @@ impl ServerProc {
         name: &str,
         program: &Path,
         args: &[String],
+        env: &[(&str, String)],
         port: u16,
         admin_port: Option<u16>,
         log: PathBuf,
@@ -59,6 +75,9 @@ impl ServerProc {
         let err = out.try_clone().map_err(|e| Error::path("dup", &log, e))?;
         let mut cmd = Command::new(program);
         cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
         // SAFETY: the closure runs in the child between fork and exec and only calls
         // prctl, which is async-signal-safe.
         unsafe {
@@ -74,6 +93,7 @@ impl ServerProc {
             name: name.to_string(),
             port,
             admin_port,
+            plain_port: None,
             log,
             child: Some(child),
         })
@@ -88,7 +108,7 @@ impl ServerProc {
         socket: &Path,
         log: PathBuf,
     ) -> Result<ServerProc> {
-        let mut p = ServerProc::spawn(name, program, args, 0, None, log)?;
+        let mut p = ServerProc::spawn(name, program, args, &[], 0, None, log)?;
         let t0 = Instant::now();
         loop {
             if let Some(c) = p.child.as_mut() {

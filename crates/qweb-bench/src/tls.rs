@@ -5,9 +5,12 @@
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::Resumption;
+use rustls::client::{
+    ClientSessionStore, Resumption, Tls12ClientSessionValue, Tls13ClientSessionValue,
+};
 use rustls::crypto::{aws_lc_rs, CryptoProvider};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::NamedGroup;
 use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
 
 use crate::{Error, Result};
@@ -86,6 +89,153 @@ impl ServerCertVerifier for AcceptAnyCert {
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
     }
+}
+
+/// Client TLS configurations of a run whose connections resume some of the time: both share one
+/// session store; `resume` takes tickets (TLS 1.3) or sessions (TLS 1.2) from it, `full` only
+/// puts what servers send into it and never offers a session, so its handshakes are full.
+pub struct ResumingConfigs {
+    /// Offers a stored session when there is one.
+    pub resume: Arc<ClientConfig>,
+    /// Never offers one (but stores what it gets).
+    pub full: Arc<ClientConfig>,
+}
+
+/// The client's session store: per server name the key-exchange hint, the latest TLS 1.2
+/// session and up to `per_server` TLS 1.3 tickets (newest taken first). rustls' own memory
+/// cache keeps only 8 tickets per server, which a run of 128 concurrent connections empties
+/// at once: most of them would then offer nothing and do full handshakes.
+#[derive(Debug)]
+pub struct SessionPool {
+    per_server: usize,
+    inner: std::sync::Mutex<std::collections::HashMap<ServerName<'static>, PoolEntry>>,
+}
+
+#[derive(Debug, Default)]
+struct PoolEntry {
+    kx_hint: Option<NamedGroup>,
+    tls12: Option<Tls12ClientSessionValue>,
+    tls13: std::collections::VecDeque<Tls13ClientSessionValue>,
+}
+
+impl SessionPool {
+    /// A pool that keeps up to `per_server` TLS 1.3 tickets per server name.
+    pub fn new(per_server: usize) -> Self {
+        SessionPool {
+            per_server: per_server.max(1),
+            inner: Default::default(),
+        }
+    }
+
+    fn with<R>(&self, name: &ServerName<'_>, f: impl FnOnce(&mut PoolEntry) -> R) -> R {
+        let mut m = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        f(m.entry(name.to_owned()).or_default())
+    }
+}
+
+impl ClientSessionStore for SessionPool {
+    fn set_kx_hint(&self, server_name: ServerName<'static>, group: NamedGroup) {
+        self.with(&server_name, |e| e.kx_hint = Some(group))
+    }
+
+    fn kx_hint(&self, server_name: &ServerName<'_>) -> Option<NamedGroup> {
+        self.with(server_name, |e| e.kx_hint)
+    }
+
+    fn set_tls12_session(&self, server_name: ServerName<'static>, value: Tls12ClientSessionValue) {
+        self.with(&server_name, |e| e.tls12 = Some(value))
+    }
+
+    fn tls12_session(&self, server_name: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
+        self.with(server_name, |e| e.tls12.clone())
+    }
+
+    fn remove_tls12_session(&self, server_name: &ServerName<'static>) {
+        self.with(server_name, |e| e.tls12 = None)
+    }
+
+    fn insert_tls13_ticket(
+        &self,
+        server_name: ServerName<'static>,
+        value: Tls13ClientSessionValue,
+    ) {
+        let cap = self.per_server;
+        self.with(&server_name, |e| {
+            if e.tls13.len() >= cap {
+                e.tls13.pop_front();
+            }
+            e.tls13.push_back(value);
+        })
+    }
+
+    fn take_tls13_ticket(
+        &self,
+        server_name: &ServerName<'static>,
+    ) -> Option<Tls13ClientSessionValue> {
+        self.with(server_name, |e| e.tls13.pop_back())
+    }
+}
+
+/// A session store that keeps what it is given and never hands anything out.
+#[derive(Debug)]
+struct WriteOnly(Arc<dyn ClientSessionStore>);
+
+impl ClientSessionStore for WriteOnly {
+    fn set_kx_hint(&self, server_name: ServerName<'static>, group: NamedGroup) {
+        self.0.set_kx_hint(server_name, group)
+    }
+
+    fn kx_hint(&self, server_name: &ServerName<'_>) -> Option<NamedGroup> {
+        self.0.kx_hint(server_name)
+    }
+
+    fn set_tls12_session(&self, server_name: ServerName<'static>, value: Tls12ClientSessionValue) {
+        self.0.set_tls12_session(server_name, value)
+    }
+
+    fn tls12_session(&self, _server_name: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
+        None
+    }
+
+    fn remove_tls12_session(&self, server_name: &ServerName<'static>) {
+        self.0.remove_tls12_session(server_name)
+    }
+
+    fn insert_tls13_ticket(
+        &self,
+        server_name: ServerName<'static>,
+        value: Tls13ClientSessionValue,
+    ) {
+        self.0.insert_tls13_ticket(server_name, value)
+    }
+
+    fn take_tls13_ticket(
+        &self,
+        _server_name: &ServerName<'static>,
+    ) -> Option<Tls13ClientSessionValue> {
+        None
+    }
+}
+
+/// The pair of configurations for a run that resumes (see [`ResumingConfigs`]); the store
+/// keeps up to `tickets` TLS 1.3 tickets per server name ([`SessionPool`]).
+pub fn resuming_configs(
+    version: TlsVersion,
+    http: HttpVersion,
+    tickets: usize,
+) -> Result<ResumingConfigs> {
+    let store: Arc<dyn ClientSessionStore> = Arc::new(SessionPool::new(tickets));
+    // Both from one configuration: rustls resumes a session only with the certificate
+    // verifier (the same `Arc`) that verified it.
+    let base = client_config(version, http)?;
+    let mut resume = (*base).clone();
+    resume.resumption = Resumption::store(store.clone());
+    let mut full = (*base).clone();
+    full.resumption = Resumption::store(Arc::new(WriteOnly(store)));
+    Ok(ResumingConfigs {
+        resume: Arc::new(resume),
+        full: Arc::new(full),
+    })
 }
 
 /// The client configuration: `version` only, AES-128-GCM suites, X25519 (P-256 also

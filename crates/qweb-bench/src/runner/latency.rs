@@ -1,0 +1,152 @@
+//! Experiment E: latency of paced small requests, idle and during a handshake storm.
+
+use super::*;
+
+impl Runner {
+    pub(super) fn exp_e(&mut self) -> Result<()> {
+        let cert = self.rsa.clone();
+        let kinds: Vec<(String, ServerKind, Option<&'static str>)> = vec![
+            ("qweb none".into(), self.qweb_none(), None),
+            (
+                "qweb async pool".into(),
+                self.pool(OffloadMode::Async, 0),
+                Some("pool"),
+            ),
+            ("nginx".into(), ServerKind::nginx(None), None),
+        ];
+        let servers: Vec<Option<ServerProc>> = kinds
+            .iter()
+            .map(|(l, k, _)| self.start(l, k, &cert))
+            .collect();
+        let probe_rate = 200.0;
+        // Per server: label, idle probe rounds, storm probe rounds, storm handshake rates.
+        type ERow = (String, Vec<Measured>, Vec<Measured>, Vec<f64>);
+        let mut results: Vec<ERow> = kinds
+            .iter()
+            .map(|(l, _, _)| (l.clone(), vec![], vec![], vec![]))
+            .collect();
+        for round in 0..self.profile.rounds {
+            let order: Vec<usize> = if round % 2 == 0 {
+                (0..kinds.len()).collect()
+            } else {
+                (0..kinds.len()).rev().collect()
+            };
+            for i in order {
+                let Some(s) = &servers[i] else { continue };
+                let mut probe = self.base_spec(s.port, "1k.bin", Mode::Keepalive);
+                probe.connections = 8;
+                probe.rate = Some(probe_rate);
+                probe.expect_bytes = Some(self.files.sizes["1k.bin"]);
+                // Idle: the probe alone.
+                match self.measure_once(s, &probe, None, true) {
+                    Ok(m) => results[i]
+                        .1
+                        .push(Measured::from_rounds("E", &kinds[i].0, vec![m])),
+                    Err(e) => self.failures.push(format!("E {}: {e}", kinds[i].0)),
+                }
+                // Storm: handshakes on other connections during the probe.
+                let mut storm = self.base_spec(s.port, "", Mode::Handshake);
+                storm.connections = self.profile.hs_connections;
+                storm.warmup = probe.warmup;
+                storm.duration = probe.duration + 1.0;
+                let storm_thread = std::thread::spawn(move || run_load(&storm));
+                std::thread::sleep(Duration::from_millis(500));
+                // The storm's handshakes land in the server's counter too: no counter check.
+                let pr = self.measure_once(s, &probe, None, false);
+                let st = storm_thread
+                    .join()
+                    .map_err(|_| Error::Other("storm thread panicked".into()))?;
+                match (pr, st) {
+                    (Ok(m), Ok(st)) => {
+                        if st.errors.total() > 0 {
+                            self.failures.push(format!(
+                                "E {} storm: {} errors {:?}",
+                                kinds[i].0,
+                                st.errors.total(),
+                                st.error_samples
+                            ));
+                        }
+                        results[i]
+                            .2
+                            .push(Measured::from_rounds("E", &kinds[i].0, vec![m]));
+                        results[i].3.push(st.ops_per_sec);
+                    }
+                    (Err(e), _) | (_, Err(e)) => {
+                        self.failures.push(format!("E {}: {e}", kinds[i].0))
+                    }
+                }
+            }
+        }
+        drop(servers);
+        let med =
+            |v: &[Measured], f: fn(&Measured) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
+        let mut t = Table::new(
+            format!(
+                "E. Latency of small keep-alive requests (1 KiB, {probe_rate:.0} req/s over 8 connections) \
+                 during a handshake storm ({} connections of full RSA-2048 TLS 1.3 handshakes)",
+                self.profile.hs_connections
+            ),
+            &[
+                "server", "idle p50 ms", "idle p99 ms", "storm p50 ms", "storm p99 ms",
+                "storm p99 vs nginx", "storm handshakes/s", "errors",
+            ],
+        );
+        let ngx_p99 = results
+            .last()
+            .map(|r| med(&r.2, |m| m.p99_us))
+            .unwrap_or(f64::NAN);
+        let mut series = vec![
+            ("idle p50".to_string(), vec![]),
+            ("idle p99".to_string(), vec![]),
+            ("storm p50".to_string(), vec![]),
+            ("storm p99".to_string(), vec![]),
+        ];
+        let mut cats = vec![];
+        for (label, idle, storm, rates) in &results {
+            let errs: u64 = idle.iter().chain(storm.iter()).map(|m| m.errors).sum();
+            let vals = [
+                med(idle, |m| m.p50_us),
+                med(idle, |m| m.p99_us),
+                med(storm, |m| m.p50_us),
+                med(storm, |m| m.p99_us),
+            ];
+            for (k, v) in vals.iter().enumerate() {
+                series[k].1.push(v / 1000.0);
+            }
+            cats.push(label.clone());
+            t.row(vec![
+                label.clone(),
+                ms(vals[0]),
+                ms(vals[1]),
+                ms(vals[2]),
+                ms(vals[3]),
+                ratio(vals[3], ngx_p99),
+                num(median(rates)),
+                errs.to_string(),
+            ]);
+            for (what, v) in [("idle", idle), ("during storm", storm)] {
+                for m in v {
+                    let mut m = m.clone();
+                    m.label = format!("{label} probe {what}");
+                    self.measured.push(m);
+                }
+            }
+        }
+        t.notes.push(
+            "Latency is measured from each request's scheduled send time (open loop), so time a \
+             request waits behind a busy worker counts. \"storm p99 vs nginx\": lower is better."
+                .into(),
+        );
+        self.write_chart(
+            "e-latency.svg",
+            &svg::bar_chart(
+                "E. Small-request latency, idle vs during a handshake storm",
+                "ms",
+                &cats,
+                &series,
+            ),
+        );
+        self.section(t, Some("e-latency.svg"));
+        Ok(())
+    }
+}
