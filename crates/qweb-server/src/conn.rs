@@ -273,7 +273,7 @@ pub(crate) async fn serve(
             let accept = qweb_tls::handshake::accept(stream, tls.config.clone(), driver);
             let hs = tokio::time::timeout_at(deadline, accept).await;
             let m = &worker.metrics;
-            let tls = match hs {
+            let mut tls = match hs {
                 Ok(Ok(stream)) => {
                     m.handshakes_ok.fetch_add(1, Relaxed);
                     if let Some(s) = &tls.sessions {
@@ -303,6 +303,8 @@ pub(crate) async fn serve(
             if let Some(name) = tls.connection().server_name() {
                 let _ = state.sni.set(name.into());
             }
+            // HTTP/2: the frames of every stream ready in one turn go out in one write
+            tls.set_flush_after_yield(h2);
             let io = Tracked::new(tls, &state, limits.write_burst);
             drive(io, true, h2, state, &listener, &worker).await;
         }
