@@ -218,25 +218,6 @@ fn subscriber(
         .with(access)
 }
 
-#[cfg(test)]
-mod tests {
-    /// Spans below the log level (h2 opens several per frame) are refused at their call site,
-    /// never created; access lines still pass at any level.
-    #[test]
-    fn disabled_spans_are_not_created() {
-        let config = qweb_server::config::LogConfig {
-            level: "warn".into(),
-            ..Default::default()
-        };
-        tracing::subscriber::with_default(super::subscriber(&config, None), || {
-            assert!(tracing::trace_span!(target: "h2::proto", "poll").is_disabled());
-            assert!(tracing::debug_span!("qweb").is_disabled());
-            assert!(!tracing::warn_span!("qweb").is_disabled());
-            assert!(tracing::enabled!(target: "qweb::access", tracing::Level::INFO));
-        });
-    }
-}
-
 fn serve(path: Option<PathBuf>) -> ExitCode {
     let config = match &path {
         Some(p) => match Config::from_file(p) {
@@ -537,5 +518,24 @@ impl Signals {
             // and for in-flight requests before the process could end.
             std::process::exit(code)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Spans below the log level (h2 opens several per frame) are refused at their call site,
+    /// never created; access lines still pass at any level.
+    #[test]
+    fn disabled_spans_are_not_created() {
+        let config = qweb_server::config::LogConfig {
+            level: "warn".into(),
+            ..Default::default()
+        };
+        tracing::subscriber::with_default(super::subscriber(&config, None), || {
+            assert!(tracing::trace_span!(target: "h2::proto", "poll").is_disabled());
+            assert!(tracing::debug_span!("qweb").is_disabled());
+            assert!(!tracing::warn_span!("qweb").is_disabled());
+            assert!(tracing::enabled!(target: "qweb::access", tracing::Level::INFO));
+        });
     }
 }

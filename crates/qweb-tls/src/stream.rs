@@ -467,6 +467,36 @@ mod tests {
         assert!(got == sent, "bytes differ");
     }
 
+    /// With `flush_after_yield` a flush first yields once, then delivers everything: a
+    /// flush never hangs, and a frame written by another task in that turn joins the write.
+    #[tokio::test]
+    async fn flush_after_yield_yields_once_then_delivers() {
+        let p = pair();
+        let (mut server, mut client) = connect(&p, 1 << 20).await;
+        server.set_flush_after_yield(true);
+        server.write_all(b"frame-1").await.unwrap();
+        let mut flush = std::pin::pin!(server.flush());
+        use std::future::Future;
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(
+            flush.as_mut().poll(&mut cx).is_pending(),
+            "the first poll yields"
+        );
+        assert!(matches!(
+            flush.as_mut().poll(&mut cx),
+            std::task::Poll::Ready(Ok(()))
+        ));
+        let mut got = [0u8; 7];
+        client.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"frame-1");
+        // nothing to send: no yield
+        let mut flush = std::pin::pin!(server.flush());
+        assert!(matches!(
+            flush.as_mut().poll(&mut cx),
+            std::task::Poll::Ready(Ok(()))
+        ));
+    }
+
     #[tokio::test]
     async fn a_peer_that_leaves_mid_handshake_is_an_error() {
         let p = pair();
