@@ -20,6 +20,7 @@ use tokio::time::{sleep_until, Instant};
 
 use crate::conn_state::{ConnState, Expiry, Phase, StreamCancel, Timeouts};
 use crate::h2_flood::FloodMeter;
+use crate::idle::{IdleWatch, ReadReady};
 use crate::service::Service;
 use crate::worker::{ListenerCtx, WorkerCtx};
 use crate::write_burst::WriteBurst;
@@ -35,6 +36,8 @@ struct Tracked<T> {
     flood: Option<(FloodMeter, usize)>,
     /// Bytes written in a row; past `[limits] write_burst` the worker turns to the others.
     burst: WriteBurst,
+    /// HTTP/1: told what hyper does with the transport (see [`crate::idle`]).
+    idle: Option<Rc<IdleWatch>>,
 }
 
 impl<T> Tracked<T> {
@@ -45,6 +48,7 @@ impl<T> Tracked<T> {
             prefix: bytes::Bytes::new(),
             flood: None,
             burst: WriteBurst::new(write_burst),
+            idle: None,
         }
     }
 
@@ -53,7 +57,11 @@ impl<T> Tracked<T> {
         match r {
             Poll::Ready(Ok(v)) => {
                 self.state.on_write(false);
-                self.burst.wrote(n(v));
+                let n = n(v);
+                self.burst.wrote(n);
+                if let Some(w) = &self.idle {
+                    w.on_write(n);
+                }
             }
             Poll::Pending => {
                 self.state.on_write(true);
@@ -127,13 +135,27 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Tracked<T> {
         }
         if !self.prefix.is_empty() {
             let n = self.prefix.len().min(buf.remaining());
-            let chunk = self.prefix.split_to(n);
+            // the whole prefix is taken, not split: an empty rest would keep its buffer alive
+            let chunk = if n == self.prefix.len() {
+                std::mem::take(&mut self.prefix)
+            } else {
+                self.prefix.split_to(n)
+            };
             buf.put_slice(&chunk);
+            if let Some(w) = &self.idle {
+                w.on_read();
+            }
             return Poll::Ready(Ok(()));
         }
         let before = buf.filled().len();
         let this = &mut *self;
         let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let Some(w) = &this.idle {
+            match r {
+                Poll::Pending => w.on_read_pending(&this.state),
+                Poll::Ready(_) => w.on_read(),
+            }
+        }
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             this.state.on_read(&buf.filled()[before..]);
             if let Some((m, _)) = &mut this.flood {
@@ -208,10 +230,22 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let r = Pin::new(&mut self.inner).poll_flush(cx);
         self.on_write(&r, |_| 0);
+        if let (Poll::Ready(Ok(())), Some(w)) = (&r, &self.idle) {
+            w.on_flushed(&self.state);
+        }
         r
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl<T: ReadReady> ReadReady for Tracked<T> {
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            return Poll::Ready(Ok(()));
+        }
+        self.inner.poll_read_ready(cx)
     }
 }
 
@@ -271,7 +305,8 @@ pub(crate) async fn serve(
             // A handshake in progress (perhaps paused on an offloaded signature) is not cut by
             // a shutdown: it may finish within its own timeout, bounded by the drain deadline.
             let accept = qweb_tls::handshake::accept(stream, tls.config.clone(), driver);
-            let hs = tokio::time::timeout_at(deadline, accept).await;
+            // boxed: the handshake's state is freed once it is done
+            let hs = tokio::time::timeout_at(deadline, Box::pin(accept)).await;
             let m = &worker.metrics;
             let tls = match hs {
                 Ok(Ok(stream)) => {
@@ -317,7 +352,7 @@ async fn drive<T>(
     listener: &Rc<ListenerCtx>,
     worker: &Rc<WorkerCtx>,
 ) where
-    T: AsyncRead + AsyncWrite + Unpin + 'static,
+    T: AsyncRead + AsyncWrite + ReadReady + Unpin + 'static,
 {
     let limits = &worker.limits;
     let svc = Rc::new(Service::new(
@@ -327,7 +362,15 @@ async fn drive<T>(
         listener.local_addr,
         listener.redirect.clone(),
     ));
-    let service = service_fn(move |req| {
+    let watch = Rc::new(IdleWatch::default());
+    let handed = watch.clone();
+    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        use hyper::body::Body as _;
+        handed.handed(
+            !req.body().is_end_stream()
+                || req.method() == hyper::Method::CONNECT
+                || req.headers().contains_key(hyper::header::UPGRADE),
+        );
         let svc = svc.clone();
         // boxed: an HTTP/1 connection is polled without its shutdown (to be taken apart
         // after an upgrade), which needs an `Unpin` future
@@ -342,111 +385,116 @@ async fn drive<T>(
     let mut retire = worker.retire.subscribe();
     let mut retire_pending = false;
     if h2 {
-        io.flood = Some((FloodMeter::new(limits.h2_control_frames_per_second), 0));
-        let io = TokioIo::new(io);
-        state.protocol.set("HTTP/2");
-        let conn = hyper::server::conn::http2::Builder::new(LocalExec)
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(limits.max_concurrent_streams)
-            .max_header_list_size(limits.max_request_header_size as u32)
-            // WebSocket over HTTP/2 (RFC 8441), for proxy routes
-            .enable_connect_protocol()
-            .serve_connection(io, service);
-        let mut conn = pin!(conn);
-        let mut closing = false;
-        // An idle connection gets a GOAWAY, then this long to close before it is dropped
-        // (a client that never answers must not hold it forever).
-        let mut drop_at: Option<Instant> = None;
-        // Closed whatever is in flight at this time (stalled, flooding).
-        let mut cut_at: Option<Instant> = None;
-        // HTTP/2 frames that are not requests (PING, WINDOW_UPDATE) may arrive while idle:
-        // only the keep-alive timeout applies (h2 bounds header blocks itself).
-        let timeouts = Timeouts {
-            head: limits.keepalive_timeout,
-            idle: limits.keepalive_timeout,
-            send: limits.send_timeout,
-            per_response: true,
-        };
-        loop {
-            if state.flooded() && cut_at.is_none() {
-                if let Some(n) = worker.peer_log.hit(state.peer.ip()) {
-                    tracing::warn!(peer = %state.peer, suppressed = n, "HTTP/2 control-frame flood: GOAWAY ENHANCE_YOUR_CALM, closing");
-                }
-                state.reset_all_streams();
-                cut_at = Some(Instant::now() + Duration::from_secs(1));
-            }
-            // GOAWAY once the client's first request is in: hyper drops a connection still in
-            // its HTTP/2 handshake instead, and that request would be lost
-            if retire_pending && !closing && state.requests_started() > 0 {
-                conn.as_mut().graceful_shutdown();
-                closing = true;
-            }
-            let deadline = state
-                .deadline(timeouts)
-                .filter(|(_, why)| !closing || !matches!(why, Expiry::Idle | Expiry::Head));
-            tokio::select! {
-                r = conn.as_mut() => {
-                    if state.flooded() && cut_at.is_none() {
-                        // the flood ended the connection before the loop saw it
-                        if let Some(n) = worker.peer_log.hit(state.peer.ip()) {
-                            tracing::warn!(peer = %state.peer, suppressed = n, "HTTP/2 control-frame flood: GOAWAY ENHANCE_YOUR_CALM, closing");
-                        }
+        // Boxed: what an HTTP/2 connection holds while it lives does not size the task of
+        // every connection (see `crate::idle`).
+        Box::pin(async move {
+            io.flood = Some((FloodMeter::new(limits.h2_control_frames_per_second), 0));
+            let io = TokioIo::new(io);
+            state.protocol.set("HTTP/2");
+            let conn = hyper::server::conn::http2::Builder::new(LocalExec)
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(limits.max_concurrent_streams)
+                .max_header_list_size(limits.max_request_header_size as u32)
+                // WebSocket over HTTP/2 (RFC 8441), for proxy routes
+                .enable_connect_protocol()
+                .serve_connection(io, service);
+            let mut conn = pin!(conn);
+            let mut closing = false;
+            // An idle connection gets a GOAWAY, then this long to close before it is dropped
+            // (a client that never answers must not hold it forever).
+            let mut drop_at: Option<Instant> = None;
+            // Closed whatever is in flight at this time (stalled, flooding).
+            let mut cut_at: Option<Instant> = None;
+            // HTTP/2 frames that are not requests (PING, WINDOW_UPDATE) may arrive while idle:
+            // only the keep-alive timeout applies (h2 bounds header blocks itself).
+            let timeouts = Timeouts {
+                head: limits.keepalive_timeout,
+                idle: limits.keepalive_timeout,
+                send: limits.send_timeout,
+                per_response: true,
+            };
+            loop {
+                if state.flooded() && cut_at.is_none() {
+                    if let Some(n) = worker.peer_log.hit(state.peer.ip()) {
+                        tracing::warn!(peer = %state.peer, suppressed = n, "HTTP/2 control-frame flood: GOAWAY ENHANCE_YOUR_CALM, closing");
                     }
-                    if let Err(e) = r {
-                        let text = format!("{e:?}");
-                        if text.contains("ENHANCE_YOUR_CALM") && !state.flooded() {
-                            if let Some(n) = worker.peer_log.hit(state.peer.ip()) {
-                                tracing::warn!(peer = %state.peer, suppressed = n, "HTTP/2 peer misbehaved (too many resets): GOAWAY ENHANCE_YOUR_CALM");
-                            }
-                        } else {
-                            tracing::debug!(peer = %state.peer, "HTTP/2 connection error: {e}");
-                        }
-                    }
-                    return;
+                    state.reset_all_streams();
+                    cut_at = Some(Instant::now() + Duration::from_secs(1));
                 }
-                _ = state.changed.notified() => {}
-                _ = sleep_or_never(deadline.map(|d| d.0)) => {
-                    match state.deadline(timeouts) {
-                        Some((d, why)) if d <= Instant::now() => match why {
-                            Expiry::WriteStalled => {
-                                tracing::debug!(peer = %state.peer, "closing: {}", why.as_str());
-                                return;
-                            }
-                            Expiry::ResponseStalled => {
-                                if state.reset_stalled_streams(limits.send_timeout) {
-                                    // Every stream waits on a client that takes nothing.
-                                    tracing::debug!(peer = %state.peer, "closing: {}", why.as_str());
-                                    conn.as_mut().graceful_shutdown();
-                                    state.reset_all_streams();
-                                    closing = true;
-                                    cut_at = Some(Instant::now() + Duration::from_secs(1));
-                                }
-                            }
-                            Expiry::Idle | Expiry::Head => {
-                                conn.as_mut().graceful_shutdown();
-                                closing = true;
-                                drop_at = Some(Instant::now() + Duration::from_secs(1));
-                            }
-                        },
-                        _ => {}
-                    }
-                }
-                _ = sleep_or_never(drop_at) => {
-                    if state.in_flight() == 0 {
-                        return;
-                    }
-                    drop_at = None;
-                }
-                _ = sleep_or_never(cut_at) => return,
-                _ = shutdown.wait_for(|s| *s), if !closing => {
+                // GOAWAY once the client's first request is in: hyper drops a connection still in
+                // its HTTP/2 handshake instead, and that request would be lost
+                if retire_pending && !closing && state.requests_started() > 0 {
                     conn.as_mut().graceful_shutdown();
                     closing = true;
                 }
-                _ = retire.wait_for(|r| *r), if !closing && !retire_pending => {
-                    retire_pending = true;
+                let deadline = state
+                    .deadline(timeouts)
+                    .filter(|(_, why)| !closing || !matches!(why, Expiry::Idle | Expiry::Head));
+                tokio::select! {
+                    r = conn.as_mut() => {
+                        if state.flooded() && cut_at.is_none() {
+                            // the flood ended the connection before the loop saw it
+                            if let Some(n) = worker.peer_log.hit(state.peer.ip()) {
+                                tracing::warn!(peer = %state.peer, suppressed = n, "HTTP/2 control-frame flood: GOAWAY ENHANCE_YOUR_CALM, closing");
+                            }
+                        }
+                        if let Err(e) = r {
+                            let text = format!("{e:?}");
+                            if text.contains("ENHANCE_YOUR_CALM") && !state.flooded() {
+                                if let Some(n) = worker.peer_log.hit(state.peer.ip()) {
+                                    tracing::warn!(peer = %state.peer, suppressed = n, "HTTP/2 peer misbehaved (too many resets): GOAWAY ENHANCE_YOUR_CALM");
+                                }
+                            } else {
+                                tracing::debug!(peer = %state.peer, "HTTP/2 connection error: {e}");
+                            }
+                        }
+                        return;
+                    }
+                    _ = state.changed.notified() => {}
+                    _ = sleep_or_never(deadline.map(|d| d.0)) => {
+                        match state.deadline(timeouts) {
+                            Some((d, why)) if d <= Instant::now() => match why {
+                                Expiry::WriteStalled => {
+                                    tracing::debug!(peer = %state.peer, "closing: {}", why.as_str());
+                                    return;
+                                }
+                                Expiry::ResponseStalled => {
+                                    if state.reset_stalled_streams(limits.send_timeout) {
+                                        // Every stream waits on a client that takes nothing.
+                                        tracing::debug!(peer = %state.peer, "closing: {}", why.as_str());
+                                        conn.as_mut().graceful_shutdown();
+                                        state.reset_all_streams();
+                                        closing = true;
+                                        cut_at = Some(Instant::now() + Duration::from_secs(1));
+                                    }
+                                }
+                                Expiry::Idle | Expiry::Head => {
+                                    conn.as_mut().graceful_shutdown();
+                                    closing = true;
+                                    drop_at = Some(Instant::now() + Duration::from_secs(1));
+                                }
+                            },
+                            _ => {}
+                        }
+                    }
+                    _ = sleep_or_never(drop_at) => {
+                        if state.in_flight() == 0 {
+                            return;
+                        }
+                        drop_at = None;
+                    }
+                    _ = sleep_or_never(cut_at) => return,
+                    _ = shutdown.wait_for(|s| *s), if !closing => {
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    _ = retire.wait_for(|r| *r), if !closing && !retire_pending => {
+                        retire_pending = true;
+                    }
                 }
             }
-        }
+        })
+        .await;
     } else {
         let timeouts = Timeouts {
             head: limits.header_read_timeout,
@@ -454,100 +502,163 @@ async fn drive<T>(
             send: limits.send_timeout,
             per_response: false,
         };
-        // hyper's HTTP/1 connection allocates its read and write buffers (16 KiB) when it is
-        // built: build it only once the first request bytes arrive, so that idle connections
-        // cost little (as nginx allocates its header buffer on the first read).
-        let mut first = vec![0u8; 2048];
-        let n = loop {
-            let deadline = state.deadline(timeouts);
-            tokio::select! {
-                r = io.read(&mut first) => match r {
-                    Ok(0) => return,
-                    Err(e) => {
-                        tracing::debug!(peer = %state.peer, "read failed before the first request: {e}");
-                        return;
-                    }
-                    Ok(n) => break n,
-                },
-                _ = sleep_or_never(deadline.map(|d| d.0)) => {
-                    if state.deadline(timeouts).is_some_and(|(d, _)| d <= Instant::now()) {
-                        tracing::debug!(peer = %state.peer, "closing: idle before the first request");
-                        return;
-                    }
-                }
-                _ = shutdown.wait_for(|s| *s), if !late => return,
-            }
+        let builder = {
+            let mut b = hyper::server::conn::http1::Builder::new();
+            b.timer(TokioTimer::new())
+                .header_read_timeout(None)
+                // The service answers heads over the limit (414 for the target, 431 for the
+                // fields) with a body; hyper's parser only refuses heads over twice the limit.
+                .max_buf_size((limits.max_request_header_size * 2).max(8192))
+                // the header count follows the size limit: a 101st small header is no attack
+                .max_headers((limits.max_request_header_size / 32).max(100))
+                .keep_alive(true);
+            b
         };
-        first.truncate(n);
-        io.prefix = bytes::Bytes::from(first);
-        let io = TokioIo::new(io);
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(None)
-            // The service answers heads over the limit (414 for the target, 431 for the
-            // fields) with a body; hyper's parser only refuses heads over twice the limit.
-            .max_buf_size((limits.max_request_header_size * 2).max(8192))
-            // the header count follows the size limit: a 101st small header is no attack
-            .max_headers((limits.max_request_header_size / 32).max(100))
-            .keep_alive(true)
-            .serve_connection(io, service);
-        // Not pinned: once the exchange is over it is taken apart (an upgraded connection
-        // goes on as a tunnel; any other is shut down here).
-        let mut conn = conn;
-        let mut closing = false;
-        // Shutdown began while a request head was arriving: close after that request.
-        let mut close_after_request = false;
+        io.idle = Some(watch.clone());
+        let mut service = service;
+        // hyper's HTTP/1 connection allocates its read and write buffers (16 KiB) when it is
+        // built: it is built only once request bytes arrive, and taken apart again whenever
+        // it goes idle between requests (see `crate::idle`), so that idle connections cost
+        // little (as nginx allocates its header buffer on the first read and frees it on idle
+        // keep-alive).
+        let mut first = true;
         loop {
-            if close_after_request && state.phase() == Phase::Serving {
-                Pin::new(&mut conn).graceful_shutdown();
-                close_after_request = false;
+            if io.prefix.is_empty() {
+                if !park(&mut io, &state, timeouts, &mut shutdown, first && late).await {
+                    return;
+                }
             }
-            let deadline = state.deadline(timeouts);
-            tokio::select! {
-                r = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => {
-                    if let Err(e) = r {
-                        tracing::debug!(peer = %state.peer, "HTTP/1 connection error: {e}");
-                        if worker.access_log && (e.is_parse() || e.is_parse_too_large()) {
-                            // hyper's parser answered (400, or 431 for a head over its buffer)
-                            let status = if e.is_parse_too_large() { 431 } else { 400 };
-                            crate::access_log::refused(worker.log_format, state.peer, status);
+            first = false;
+            watch.restart();
+            let conn = builder.serve_connection(TokioIo::new(io), service);
+            // Boxed, with all the exchange's state, so that the task stays small while parked.
+            // Not pinned: once the exchange is over it is taken apart (an upgraded connection
+            // goes on as a tunnel; an idle one parks; any other is shut down here). `None`:
+            // the connection is over.
+            let exchange = Box::pin(async {
+                let mut conn = conn;
+                let mut closing = false;
+                // Shutdown began while a request head was arriving: close after that request.
+                let mut close_after_request = false;
+                let parked = loop {
+                    if close_after_request && state.phase() == Phase::Serving {
+                        Pin::new(&mut conn).graceful_shutdown();
+                        close_after_request = false;
+                    }
+                    if !closing && !close_after_request && watch.parkable(&state) {
+                        break true;
+                    }
+                    let deadline = state.deadline(timeouts);
+                    tokio::select! {
+                        r = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => {
+                            if let Err(e) = r {
+                                tracing::debug!(peer = %state.peer, "HTTP/1 connection error: {e}");
+                                if worker.access_log && (e.is_parse() || e.is_parse_too_large()) {
+                                    // hyper's parser answered (400, or 431 for a head over its buffer)
+                                    let status = if e.is_parse_too_large() { 431 } else { 400 };
+                                    crate::access_log::refused(worker.log_format, state.peer, status);
+                                }
+                                return None;
+                            }
+                            break false;
                         }
-                        return;
-                    }
-                    break;
-                }
-                _ = state.changed.notified() => {}
-                _ = sleep_or_never(deadline.map(|d| d.0)) => {
-                    if let Some((d, why)) = state.deadline(timeouts) {
-                        if d <= Instant::now() {
-                            // Dropping the connection drops the response body: its file is
-                            // closed, its upstream connection freed.
-                            tracing::debug!(peer = %state.peer, "closing: {}", why.as_str());
-                            return;
+                        _ = state.changed.notified() => {}
+                        _ = sleep_or_never(deadline.map(|d| d.0)) => {
+                            if let Some((d, why)) = state.deadline(timeouts) {
+                                if d <= Instant::now() {
+                                    // Dropping the connection drops the response body: its file is
+                                    // closed, its upstream connection freed.
+                                    tracing::debug!(peer = %state.peer, "closing: {}", why.as_str());
+                                    return None;
+                                }
+                            }
                         }
-                    }
-                }
-                _ = shutdown.wait_for(|s| *s), if !closing => {
-                    closing = true;
-                    match state.phase() {
-                        Phase::AwaitRequest => return,
-                        // hyper would close before reading the head: let it arrive first
-                        // (bounded by header_read_timeout).
-                        Phase::ReadingHead => close_after_request = true,
-                        Phase::Serving => Pin::new(&mut conn).graceful_shutdown(),
-                    }
-                }
+                        _ = shutdown.wait_for(|s| *s), if !closing => {
+                            closing = true;
+                            match state.phase() {
+                                Phase::AwaitRequest => return None,
+                                // hyper would close before reading the head: let it arrive first
+                                // (bounded by header_read_timeout).
+                                Phase::ReadingHead => close_after_request = true,
+                                Phase::Serving => Pin::new(&mut conn).graceful_shutdown(),
+                            }
+                        }
 
+                    }
+                };
+                Some((conn.into_parts(), parked))
+            });
+            let Some((parts, parked)) = exchange.await else {
+                return;
+            };
+            service = parts.service;
+            io = parts.io.into_inner();
+            if parked {
+                // bytes of the next request hyper read ahead (pipelining) are replayed to the
+                // next hyper connection, which is then built at once (an empty `read_buf` is
+                // not kept: it may still hold hyper's whole read buffer)
+                if !parts.read_buf.is_empty() {
+                    io.prefix = parts.read_buf;
+                }
+                continue;
             }
+            match state.tunnel.take() {
+                Some(t) => Box::pin(crate::proxy::run_tunnel(io, parts.read_buf, t)).await,
+                None => {
+                    let shut = tokio::io::AsyncWriteExt::shutdown(&mut io);
+                    let _ = tokio::time::timeout(limits.send_timeout, shut).await;
+                }
+            }
+            return;
         }
-        let parts = conn.into_parts();
-        let mut io = parts.io.into_inner();
-        match state.tunnel.take() {
-            Some(t) => crate::proxy::run_tunnel(io, parts.read_buf, t).await,
-            None => {
-                let shut = tokio::io::AsyncWriteExt::shutdown(&mut io);
-                let _ = tokio::time::timeout(limits.send_timeout, shut).await;
+    }
+}
+
+/// An idle HTTP/1 connection waits for its next request's bytes without any read buffer,
+/// then reads the first of them (which starts the request-head timeout). `false`: the
+/// connection ends (the client left, the keep-alive timeout passed, or shutdown began and
+/// `late` is not set: a connection whose handshake finished after shutdown began still gets
+/// its first request served).
+async fn park<T>(
+    io: &mut Tracked<T>,
+    state: &ConnState,
+    timeouts: Timeouts,
+    shutdown: &mut tokio::sync::watch::Receiver<bool>,
+    late: bool,
+) -> bool
+where
+    T: AsyncRead + AsyncWrite + ReadReady + Unpin,
+{
+    loop {
+        let deadline = state.deadline(timeouts);
+        // Only once bytes are there is there a buffer (as nginx's
+        // `ngx_http_wait_request_handler`).
+        let first = async {
+            crate::idle::wait_readable(io).await?;
+            let mut first = vec![0u8; 2048];
+            let n = io.read(&mut first).await?;
+            first.truncate(n);
+            Ok::<_, io::Error>(first)
+        };
+        tokio::select! {
+            r = first => return match r {
+                Ok(b) if b.is_empty() => false,
+                Ok(b) => {
+                    io.prefix = bytes::Bytes::from(b);
+                    true
+                }
+                Err(e) => {
+                    tracing::debug!(peer = %state.peer, "read failed while idle: {e}");
+                    false
+                }
+            },
+            _ = sleep_or_never(deadline.map(|d| d.0)) => {
+                if state.deadline(timeouts).is_some_and(|(d, _)| d <= Instant::now()) {
+                    tracing::debug!(peer = %state.peer, "closing: idle keep-alive timeout");
+                    return false;
+                }
             }
+            _ = shutdown.wait_for(|s| *s), if !late => return false,
         }
     }
 }
