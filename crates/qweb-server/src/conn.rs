@@ -265,6 +265,12 @@ where
 }
 
 /// Serves one accepted connection to completion.
+///
+/// Every step that holds much while it runs (the handshake, an HTTP/2 connection, an HTTP/1
+/// exchange) is boxed and its values are moved, never borrowed, into what comes next: an
+/// `async fn` keeps a borrowed local in its state until the end of its scope, and the
+/// connection's task is as large as its largest state for as long as it lives (see
+/// `crate::idle`).
 pub(crate) async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
@@ -272,76 +278,98 @@ pub(crate) async fn serve(
     worker: Rc<WorkerCtx>,
 ) {
     let state = Rc::new(ConnState::new(peer));
+    let write_burst = worker.limits.write_burst;
+    if listener.tls.is_none() {
+        let io = Tracked::new(stream, &state, write_burst);
+        drive(io, false, false, state, &listener, &worker).await;
+        return;
+    }
+    let Some(tls) = Box::pin(handshake(stream, &state, &listener, &worker)).await else {
+        return;
+    };
+    let (io, h2) = tls_io(tls, &state, write_burst);
+    drive(io, true, h2, state, &listener, &worker).await;
+}
+
+/// The TLS handshake (after a check for plain HTTP on the TLS port), under
+/// `tls_handshake_timeout`. `None`: the connection is over.
+async fn handshake(
+    stream: TcpStream,
+    state: &ConnState,
+    listener: &ListenerCtx,
+    worker: &WorkerCtx,
+) -> Option<qweb_tls::TlsStream> {
+    let peer = state.peer;
+    let tls = listener.tls.as_ref()?;
     let limits = &worker.limits;
-    match &listener.tls {
-        None => {
-            let io = Tracked::new(stream, &state, limits.write_burst);
-            drive(io, false, false, state, &listener, &worker).await;
+    // the first byte and the handshake share one deadline
+    let deadline = tokio::time::Instant::now() + limits.tls_handshake_timeout;
+    let plain = crate::plain_on_tls::starts_with_plain_http(&stream);
+    match tokio::time::timeout_at(deadline, plain).await {
+        Ok(false) => {}
+        Ok(true) => {
+            tracing::debug!(%peer, "plain HTTP on a TLS port: 400");
+            crate::plain_on_tls::answer(stream).await;
+            return None;
         }
-        Some(tls) => {
-            // the first byte and the handshake share one deadline
-            let deadline = tokio::time::Instant::now() + limits.tls_handshake_timeout;
-            let plain = crate::plain_on_tls::starts_with_plain_http(&stream);
-            match tokio::time::timeout_at(deadline, plain).await {
-                Ok(false) => {}
-                Ok(true) => {
-                    tracing::debug!(%peer, "plain HTTP on a TLS port: 400");
-                    crate::plain_on_tls::answer(stream).await;
-                    return;
-                }
-                Err(_) => {
-                    worker.metrics.handshakes_failed.fetch_add(1, Relaxed);
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            }
-            let driver = match &tls.offloader {
-                Some(offloader) => qweb_tls::handshake::Driver::Job {
-                    offloader,
-                    gauges: &worker.metrics.handshake,
-                },
-                None => qweb_tls::handshake::Driver::Direct,
-            };
-            // A handshake in progress (perhaps paused on an offloaded signature) is not cut by
-            // a shutdown: it may finish within its own timeout, bounded by the drain deadline.
-            let accept = qweb_tls::handshake::accept(stream, tls.config.clone(), driver);
-            // boxed: the handshake's state is freed once it is done
-            let hs = tokio::time::timeout_at(deadline, Box::pin(accept)).await;
-            let m = &worker.metrics;
-            let tls = match hs {
-                Ok(Ok(stream)) => {
-                    m.handshakes_ok.fetch_add(1, Relaxed);
-                    if let Some(s) = &tls.sessions {
-                        s.record(stream.connection());
-                    }
-                    stream
-                }
-                Ok(Err(e)) => {
-                    m.handshakes_failed.fetch_add(1, Relaxed);
-                    tracing::debug!(%peer, "TLS handshake failed: {e}");
-                    return;
-                }
-                Err(_) => {
-                    m.handshakes_failed.fetch_add(1, Relaxed);
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let h2 = tls.connection().alpn_protocol() == Some(qweb_tls::ALPN_H2);
-            state
-                .tls_version
-                .set(match tls.connection().protocol_version() {
-                    Some(rustls::ProtocolVersion::TLSv1_3) => Some("TLSv1.3"),
-                    Some(rustls::ProtocolVersion::TLSv1_2) => Some("TLSv1.2"),
-                    _ => None,
-                });
-            if let Some(name) = tls.connection().server_name() {
-                let _ = state.sni.set(name.into());
-            }
-            let io = Tracked::new(tls, &state, limits.write_burst);
-            drive(io, true, h2, state, &listener, &worker).await;
+        Err(_) => {
+            worker.metrics.handshakes_failed.fetch_add(1, Relaxed);
+            tracing::debug!(%peer, "TLS handshake timed out");
+            return None;
         }
     }
+    let driver = match &tls.offloader {
+        Some(offloader) => qweb_tls::handshake::Driver::Job {
+            offloader,
+            gauges: &worker.metrics.handshake,
+        },
+        None => qweb_tls::handshake::Driver::Direct,
+    };
+    // A handshake in progress (perhaps paused on an offloaded signature) is not cut by
+    // a shutdown: it may finish within its own timeout, bounded by the drain deadline.
+    let accept = qweb_tls::handshake::accept(stream, tls.config.clone(), driver);
+    let hs = tokio::time::timeout_at(deadline, accept).await;
+    let m = &worker.metrics;
+    match hs {
+        Ok(Ok(stream)) => {
+            m.handshakes_ok.fetch_add(1, Relaxed);
+            if let Some(s) = &tls.sessions {
+                s.record(stream.connection());
+            }
+            Some(stream)
+        }
+        Ok(Err(e)) => {
+            m.handshakes_failed.fetch_add(1, Relaxed);
+            tracing::debug!(%peer, "TLS handshake failed: {e}");
+            None
+        }
+        Err(_) => {
+            m.handshakes_failed.fetch_add(1, Relaxed);
+            tracing::debug!(%peer, "TLS handshake timed out");
+            None
+        }
+    }
+}
+
+/// Notes what the handshake chose (protocol version, SNI) and wraps the stream; `true`:
+/// HTTP/2 by ALPN.
+fn tls_io(
+    tls: qweb_tls::TlsStream,
+    state: &Rc<ConnState>,
+    write_burst: usize,
+) -> (Tracked<qweb_tls::TlsStream>, bool) {
+    let h2 = tls.connection().alpn_protocol() == Some(qweb_tls::ALPN_H2);
+    state
+        .tls_version
+        .set(match tls.connection().protocol_version() {
+            Some(rustls::ProtocolVersion::TLSv1_3) => Some("TLSv1.3"),
+            Some(rustls::ProtocolVersion::TLSv1_2) => Some("TLSv1.2"),
+            _ => None,
+        });
+    if let Some(name) = tls.connection().server_name() {
+        let _ = state.sni.set(name.into());
+    }
+    (Tracked::new(tls, state, write_burst), h2)
 }
 
 async fn drive<T>(
@@ -588,22 +616,25 @@ async fn drive<T>(
                 };
                 Some((conn.into_parts(), parked))
             });
-            let Some((parts, parked)) = exchange.await else {
-                return;
+            // taken apart in one expression: `parts` is borrowed nowhere, so it is not kept
+            // in this function's state (see `serve`)
+            let (next_io, read_buf, next_service, parked) = match exchange.await {
+                Some((p, parked)) => (p.io.into_inner(), p.read_buf, p.service, parked),
+                None => return,
             };
-            service = parts.service;
-            io = parts.io.into_inner();
+            io = next_io;
+            service = next_service;
             if parked {
                 // bytes of the next request hyper read ahead (pipelining) are replayed to the
                 // next hyper connection, which is then built at once (an empty `read_buf` is
                 // not kept: it may still hold hyper's whole read buffer)
-                if !parts.read_buf.is_empty() {
-                    io.prefix = parts.read_buf;
+                if !read_buf.is_empty() {
+                    io.prefix = read_buf;
                 }
                 continue;
             }
             match state.tunnel.take() {
-                Some(t) => Box::pin(crate::proxy::run_tunnel(io, parts.read_buf, t)).await,
+                Some(t) => Box::pin(crate::proxy::run_tunnel(io, read_buf, t)).await,
                 None => {
                     let shut = tokio::io::AsyncWriteExt::shutdown(&mut io);
                     let _ = tokio::time::timeout(limits.send_timeout, shut).await;
