@@ -281,14 +281,14 @@ pub(crate) async fn serve(
     let write_burst = worker.limits.write_burst;
     if listener.tls.is_none() {
         let io = Tracked::new(stream, &state, write_burst);
-        drive(io, false, false, state, &listener, &worker).await;
+        drive(Box::new(io), false, false, state, &listener, &worker).await;
         return;
     }
     let Some(tls) = Box::pin(handshake(stream, &state, &listener, &worker)).await else {
         return;
     };
     let (io, h2) = tls_io(tls, &state, write_burst);
-    drive(io, true, h2, state, &listener, &worker).await;
+    drive(Box::new(io), true, h2, state, &listener, &worker).await;
 }
 
 /// The TLS handshake (after a check for plain HTTP on the TLS port), under
@@ -372,8 +372,11 @@ fn tls_io(
     (Tracked::new(tls, state, write_burst), h2)
 }
 
+/// Serves HTTP on the connection's transport. `io` comes boxed: an `async fn` keeps its
+/// arguments in its state beside the locals they are moved into, and the transport (with
+/// rustls' connection) is its largest value.
 async fn drive<T>(
-    mut io: Tracked<T>,
+    mut io: Box<Tracked<T>>,
     tls: bool,
     h2: bool,
     state: Rc<ConnState>,
