@@ -119,11 +119,12 @@ async fn one(addr: &str, tls: &tokio_rustls::TlsConnector) -> Conn {
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     // head + 1024-byte body
-    while !got
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .is_some_and(|p| got.len() >= p + 4 + 1024)
-    {
+    let complete = |got: &[u8]| {
+        got.windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .is_some_and(|p| got.len() >= p + 4 + 1024)
+    };
+    while !complete(&got) {
         let n = s.read(&mut buf).await.unwrap();
         assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
         got.extend_from_slice(&buf[..n]);
@@ -180,7 +181,10 @@ async fn idle_tls_keepalive_connections_cost_at_most_10_kib_each() {
         )
     });
     let closed = futures_util::future::join_all(closed).await;
-    assert!(closed.iter().all(|c| *c), "an idle connection was not closed");
+    assert!(
+        closed.iter().all(|c| *c),
+        "an idle connection was not closed"
+    );
     assert!(
         since.elapsed() < Duration::from_secs(20),
         "idle connections closed late: {:?}",

@@ -554,10 +554,10 @@ async fn drive<T>(
         // keep-alive).
         let mut first = true;
         loop {
-            if io.prefix.is_empty() {
-                if !park(&mut io, &state, timeouts, &mut shutdown, first && late).await {
-                    return;
-                }
+            if io.prefix.is_empty()
+                && !park(&mut io, &state, timeouts, &mut shutdown, first && late).await
+            {
+                return;
             }
             first = false;
             watch.restart();
