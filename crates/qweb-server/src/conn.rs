@@ -32,8 +32,9 @@ struct Tracked<T> {
     inner: T,
     state: Rc<ConnState>,
     prefix: bytes::Bytes,
-    /// HTTP/2: the flood meter, and how much of its GOAWAY is still to be written.
-    flood: Option<(FloodMeter, usize)>,
+    /// HTTP/2: the flood meter, and how much of its GOAWAY is still to be written (boxed: an
+    /// idle HTTP/1 connection keeps this wrapper, see `crate::idle`).
+    flood: Option<Box<(FloodMeter, usize)>>,
     /// Bytes written in a row; past `[limits] write_burst` the worker turns to the others.
     burst: WriteBurst,
     /// HTTP/1: told what hyper does with the transport (see [`crate::idle`]).
@@ -72,7 +73,7 @@ impl<T> Tracked<T> {
     }
 
     fn meter_writes(&mut self, bufs: &[io::IoSlice<'_>], mut n: usize) {
-        if let Some((m, _)) = &mut self.flood {
+        if let Some((m, _)) = self.flood.as_deref_mut() {
             for b in bufs {
                 let k = n.min(b.len());
                 m.on_write(&b[..k]);
@@ -90,7 +91,7 @@ impl<T> Tracked<T> {
     where
         T: AsyncWrite + Unpin,
     {
-        let Some((m, sent)) = &mut self.flood else {
+        let Some((m, sent)) = self.flood.as_deref_mut() else {
             return Poll::Ready(Ok(()));
         };
         if m.write_to_boundary() > 0 {
@@ -158,7 +159,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Tracked<T> {
         }
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             this.state.on_read(&buf.filled()[before..]);
-            if let Some((m, _)) = &mut this.flood {
+            if let Some((m, _)) = this.flood.as_deref_mut() {
                 if m.on_read(&buf.filled()[before..]) {
                     // Over budget: hyper sees none of it; GOAWAY, then the end.
                     buf.set_filled(before);
@@ -185,7 +186,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
             return Poll::Pending;
         }
         if self.state.flooded() {
-            if let Some((m, _)) = &self.flood {
+            if let Some((m, _)) = self.flood.as_deref() {
                 // Let hyper finish the frame it started, and nothing more.
                 let left = m.write_to_boundary();
                 if left == 0 {
@@ -411,15 +412,18 @@ async fn drive<T>(
     // A connection that completed its handshake after shutdown began (it was paused) still
     // gets its first request served.
     let late = *shutdown.borrow();
-    // A reload retired this connection's configuration: HTTP/2 gets a GOAWAY (HTTP/1.1
-    // responses say `Connection: close`, see `Service::handle`).
-    let mut retire = worker.retire.subscribe();
-    let mut retire_pending = false;
     if h2 {
         // Boxed: what an HTTP/2 connection holds while it lives does not size the task of
         // every connection (see `crate::idle`).
         Box::pin(async move {
-            io.flood = Some((FloodMeter::new(limits.h2_control_frames_per_second), 0));
+            // A reload retired this connection's configuration: HTTP/2 gets a GOAWAY (HTTP/1.1
+            // responses say `Connection: close`, see `Service::handle`).
+            let mut retire = worker.retire.subscribe();
+            let mut retire_pending = false;
+            io.flood = Some(Box::new((
+                FloodMeter::new(limits.h2_control_frames_per_second),
+                0,
+            )));
             let io = TokioIo::new(io);
             state.protocol.set("HTTP/2");
             let conn = hyper::server::conn::http2::Builder::new(LocalExec)
@@ -533,18 +537,6 @@ async fn drive<T>(
             send: limits.send_timeout,
             per_response: false,
         };
-        let builder = {
-            let mut b = hyper::server::conn::http1::Builder::new();
-            b.timer(TokioTimer::new())
-                .header_read_timeout(None)
-                // The service answers heads over the limit (414 for the target, 431 for the
-                // fields) with a body; hyper's parser only refuses heads over twice the limit.
-                .max_buf_size((limits.max_request_header_size * 2).max(8192))
-                // the header count follows the size limit: a 101st small header is no attack
-                .max_headers((limits.max_request_header_size / 32).max(100))
-                .keep_alive(true);
-            b
-        };
         io.idle = Some(watch.clone());
         let mut service = service;
         // hyper's HTTP/1 connection allocates its read and write buffers (16 KiB) when it is
@@ -555,13 +547,14 @@ async fn drive<T>(
         let mut first = true;
         loop {
             if io.prefix.is_empty()
-                && !park(&mut io, &state, timeouts, &mut shutdown, first && late).await
+                && !park(&mut io, &state, &timeouts, &mut shutdown, first && late).await
             {
                 return;
             }
             first = false;
             watch.restart();
-            let conn = builder.serve_connection(TokioIo::new(io), service);
+            // (built anew each time rather than kept: an idle connection holds nothing more)
+            let conn = h1_builder(limits).serve_connection(TokioIo::new(io), service);
             // Boxed, with all the exchange's state, so that the task stays small while parked.
             // Not pinned: once the exchange is over it is taken apart (an upgraded connection
             // goes on as a tunnel; an idle one parks; any other is shut down here). `None`:
@@ -656,7 +649,7 @@ async fn drive<T>(
 async fn park<T>(
     io: &mut Tracked<T>,
     state: &ConnState,
-    timeouts: Timeouts,
+    timeouts: &Timeouts,
     shutdown: &mut tokio::sync::watch::Receiver<bool>,
     late: bool,
 ) -> bool
@@ -664,7 +657,7 @@ where
     T: AsyncRead + AsyncWrite + ReadReady + Unpin,
 {
     loop {
-        let deadline = state.deadline(timeouts);
+        let deadline = state.deadline(*timeouts);
         // Only once bytes are there is there a buffer (as nginx's
         // `ngx_http_wait_request_handler`).
         let first = async {
@@ -687,7 +680,7 @@ where
                 }
             },
             _ = sleep_or_never(deadline.map(|d| d.0)) => {
-                if state.deadline(timeouts).is_some_and(|(d, _)| d <= Instant::now()) {
+                if state.deadline(*timeouts).is_some_and(|(d, _)| d <= Instant::now()) {
                     tracing::debug!(peer = %state.peer, "closing: idle keep-alive timeout");
                     return false;
                 }
@@ -695,6 +688,20 @@ where
             _ = shutdown.wait_for(|s| *s), if !late => return false,
         }
     }
+}
+
+/// hyper's HTTP/1 connection settings.
+fn h1_builder(limits: &crate::config::Limits) -> hyper::server::conn::http1::Builder {
+    let mut b = hyper::server::conn::http1::Builder::new();
+    b.timer(TokioTimer::new())
+        .header_read_timeout(None)
+        // The service answers heads over the limit (414 for the target, 431 for the
+        // fields) with a body; hyper's parser only refuses heads over twice the limit.
+        .max_buf_size((limits.max_request_header_size * 2).max(8192))
+        // the header count follows the size limit: a 101st small header is no attack
+        .max_headers((limits.max_request_header_size / 32).max(100))
+        .keep_alive(true);
+    b
 }
 
 async fn sleep_or_never(deadline: Option<Instant>) {
