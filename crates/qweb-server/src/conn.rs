@@ -31,7 +31,9 @@ use crate::write_burst::WriteBurst;
 struct Tracked<T> {
     inner: T,
     state: Rc<ConnState>,
-    prefix: bytes::Bytes,
+    /// (Boxed, and `None` when empty: this wrapper is most of what an idle connection keeps;
+    /// see `crate::idle`.)
+    prefix: Option<Box<bytes::Bytes>>,
     /// HTTP/2: the flood meter, and how much of its GOAWAY is still to be written (boxed: an
     /// idle HTTP/1 connection keeps this wrapper, see `crate::idle`).
     flood: Option<Box<(FloodMeter, usize)>>,
@@ -46,7 +48,7 @@ impl<T> Tracked<T> {
         Tracked {
             inner,
             state: state.clone(),
-            prefix: bytes::Bytes::new(),
+            prefix: None,
             flood: None,
             burst: WriteBurst::new(write_burst),
             idle: None,
@@ -134,13 +136,15 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Tracked<T> {
                 Poll::Pending => Poll::Pending,
             };
         }
-        if !self.prefix.is_empty() {
-            let n = self.prefix.len().min(buf.remaining());
+        if let Some(prefix) = self.prefix.as_deref_mut() {
+            let n = prefix.len().min(buf.remaining());
             // the whole prefix is taken, not split: an empty rest would keep its buffer alive
-            let chunk = if n == self.prefix.len() {
-                std::mem::take(&mut self.prefix)
+            let chunk = if n == prefix.len() {
+                let whole = std::mem::take(prefix);
+                self.prefix = None;
+                whole
             } else {
-                self.prefix.split_to(n)
+                prefix.split_to(n)
             };
             buf.put_slice(&chunk);
             if let Some(w) = &self.idle {
@@ -243,7 +247,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
 
 impl<T: ReadReady> ReadReady for Tracked<T> {
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if !self.prefix.is_empty() {
+        if self.prefix.is_some() {
             return Poll::Ready(Ok(()));
         }
         self.inner.poll_read_ready(cx)
@@ -546,7 +550,7 @@ async fn drive<T>(
         // keep-alive).
         let mut first = true;
         loop {
-            if io.prefix.is_empty()
+            if io.prefix.is_none()
                 && !park(&mut io, &state, &timeouts, &mut shutdown, first && late).await
             {
                 return;
@@ -625,7 +629,7 @@ async fn drive<T>(
                 // next hyper connection, which is then built at once (an empty `read_buf` is
                 // not kept: it may still hold hyper's whole read buffer)
                 if !read_buf.is_empty() {
-                    io.prefix = read_buf;
+                    io.prefix = Some(Box::new(read_buf));
                 }
                 continue;
             }
@@ -671,7 +675,7 @@ where
             r = first => return match r {
                 Ok(b) if b.is_empty() => false,
                 Ok(b) => {
-                    io.prefix = bytes::Bytes::from(b);
+                    io.prefix = Some(Box::new(bytes::Bytes::from(b)));
                     true
                 }
                 Err(e) => {
