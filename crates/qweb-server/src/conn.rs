@@ -535,12 +535,6 @@ async fn drive<T>(
         })
         .await;
     } else {
-        let timeouts = Timeouts {
-            head: limits.header_read_timeout,
-            idle: limits.keepalive_timeout,
-            send: limits.send_timeout,
-            per_response: false,
-        };
         io.idle = Some(watch.clone());
         let mut service = service;
         // hyper's HTTP/1 connection allocates its read and write buffers (16 KiB) when it is
@@ -551,7 +545,7 @@ async fn drive<T>(
         let mut first = true;
         loop {
             if io.prefix.is_none()
-                && !park(&mut io, &state, &timeouts, &mut shutdown, first && late).await
+                && !park(&mut io, &state, limits, &mut shutdown, first && late).await
             {
                 return;
             }
@@ -564,6 +558,7 @@ async fn drive<T>(
             // goes on as a tunnel; an idle one parks; any other is shut down here). `None`:
             // the connection is over.
             let exchange = Box::pin(async {
+                let timeouts = h1_timeouts(limits);
                 let mut conn = conn;
                 let mut closing = false;
                 // Shutdown began while a request head was arriving: close after that request.
@@ -653,7 +648,7 @@ async fn drive<T>(
 async fn park<T>(
     io: &mut Tracked<T>,
     state: &ConnState,
-    timeouts: &Timeouts,
+    limits: &crate::config::Limits,
     shutdown: &mut tokio::sync::watch::Receiver<bool>,
     late: bool,
 ) -> bool
@@ -661,7 +656,7 @@ where
     T: AsyncRead + AsyncWrite + ReadReady + Unpin,
 {
     loop {
-        let deadline = state.deadline(*timeouts);
+        let deadline = state.deadline(h1_timeouts(limits));
         // Only once bytes are there is there a buffer (as nginx's
         // `ngx_http_wait_request_handler`).
         let first = async {
@@ -684,13 +679,27 @@ where
                 }
             },
             _ = sleep_or_never(deadline.map(|d| d.0)) => {
-                if state.deadline(*timeouts).is_some_and(|(d, _)| d <= Instant::now()) {
+                if state
+                    .deadline(h1_timeouts(limits))
+                    .is_some_and(|(d, _)| d <= Instant::now())
+                {
                     tracing::debug!(peer = %state.peer, "closing: idle keep-alive timeout");
                     return false;
                 }
             }
             _ = shutdown.wait_for(|s| *s), if !late => return false,
         }
+    }
+}
+
+/// The deadlines of an HTTP/1 connection (computed when needed rather than kept: an idle
+/// connection holds nothing more than it must).
+fn h1_timeouts(limits: &crate::config::Limits) -> Timeouts {
+    Timeouts {
+        head: limits.header_read_timeout,
+        idle: limits.keepalive_timeout,
+        send: limits.send_timeout,
+        per_response: false,
     }
 }
 
