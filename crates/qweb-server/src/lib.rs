@@ -20,6 +20,7 @@ mod files;
 mod h2_flood;
 mod head_scan;
 mod headers_rules;
+mod idle;
 mod listen;
 mod log_limit;
 mod metrics;

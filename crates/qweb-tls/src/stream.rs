@@ -93,6 +93,30 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
         &self.io
     }
 
+    /// Ready when a read would not wait: plaintext is buffered, or the peer closed (close_notify
+    /// or end of stream). Until then it reads and processes TLS records (and sends what they
+    /// ask for: alerts, key-update answers) but takes no plaintext, so that an idle
+    /// connection can wait for its next request without a read buffer above this stream.
+    /// A TLS error is returned here (the alert is sent, best effort).
+    pub fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            let st = match self.conn.process_new_packets() {
+                Ok(st) => st,
+                Err(e) => {
+                    let _ = self.poll_write_tls(cx);
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e)));
+                }
+            };
+            if st.plaintext_bytes_to_read() > 0 || st.peer_has_closed() || self.read_eof {
+                return Poll::Ready(Ok(()));
+            }
+            // (false: end of stream, reported on the next turn)
+            if ready!(self.poll_read_tls(cx))? && self.conn.wants_write() {
+                let _ = self.poll_write_tls(cx);
+            }
+        }
+    }
+
     /// Writes pending TLS records to the socket until rustls has none or the socket is full.
     fn poll_write_tls(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while self.conn.wants_write() {
@@ -367,6 +391,88 @@ mod tests {
         .expect("no deadlock");
         assert_eq!(got.len(), body.len());
         assert!(got == body, "bytes differ");
+    }
+
+    /// Waits for [`super::TlsStream::poll_read_ready`] for at most `ms` milliseconds.
+    async fn ready_within(
+        server: &mut super::TlsStream<DuplexStream>,
+        ms: u64,
+    ) -> Option<std::io::Result<()>> {
+        let ready = std::future::poll_fn(|cx| server.poll_read_ready(cx));
+        tokio::time::timeout(std::time::Duration::from_millis(ms), ready)
+            .await
+            .ok()
+    }
+
+    /// An idle stream waits for readiness without taking plaintext: records that carry none (a
+    /// client's key update) do not wake it and are answered; data wakes it and is then read
+    /// whole, under the new keys; close_notify wakes it and reads as end of stream.
+    #[tokio::test]
+    async fn read_ready_waits_for_plaintext_and_takes_none() {
+        let p = pair();
+        let (mut server, mut client) = connect(&p, 65536).await;
+        assert!(
+            ready_within(&mut server, 200).await.is_none(),
+            "nothing sent yet"
+        );
+
+        client.get_mut().1.refresh_traffic_keys().unwrap();
+        client.flush().await.unwrap();
+        assert!(
+            ready_within(&mut server, 300).await.is_none(),
+            "a key update is no plaintext"
+        );
+
+        client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        client.flush().await.unwrap();
+        ready_within(&mut server, 5000)
+            .await
+            .expect("ready once data arrived")
+            .unwrap();
+        // ready twice in a row: it took nothing
+        ready_within(&mut server, 5000).await.unwrap().unwrap();
+        let mut got = [0u8; 16];
+        server.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"GET / HTTP/1.1\r\n");
+
+        // the server answered the key update: its replies still decrypt
+        server.write_all(b"ok").await.unwrap();
+        server.flush().await.unwrap();
+        let mut b = [0u8; 2];
+        client.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"ok");
+
+        client.shutdown().await.unwrap();
+        ready_within(&mut server, 5000).await.unwrap().unwrap();
+        let mut rest = Vec::new();
+        server.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
+    }
+
+    /// Garbage where a record should be wakes an idle stream with an error; a peer that
+    /// vanishes wakes it with a clean end of stream.
+    #[tokio::test]
+    async fn read_ready_reports_garbage_and_vanished_peers() {
+        let p = pair();
+        let (mut server, mut client) = connect(&p, 65536).await;
+        client
+            .get_mut()
+            .0
+            .write_all(b"\x17\x03\x03\x00\x05hello")
+            .await
+            .unwrap();
+        let e = ready_within(&mut server, 5000)
+            .await
+            .expect("woken")
+            .expect_err("a record that does not decrypt");
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+
+        let (mut server, client) = connect(&p, 65536).await;
+        drop(client);
+        ready_within(&mut server, 5000).await.unwrap().unwrap();
+        let mut rest = Vec::new();
+        server.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
     }
 
     /// A peer that sends half a ClientHello and leaves: an error, not a hang.

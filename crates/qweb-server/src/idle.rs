@@ -1,0 +1,154 @@
+//! Idle HTTP/1 keep-alive connections hold no HTTP buffers.
+//!
+//! hyper's HTTP/1 connection keeps an 8 KiB read buffer and an 8 KiB write buffer for as long
+//! as it lives. Between two requests `conn.rs` takes it apart (`into_parts`) and the
+//! connection waits for its next request as its transport alone (the socket, or the TLS stream
+//! with rustls' own state), plus its [`ConnState`]; a new hyper connection is built when the
+//! next request's bytes arrive (as nginx frees its buffers in `ngx_http_set_keepalive` and
+//! allocates them again on the next read).
+//!
+//! Taking hyper apart is safe only when it holds nothing of the exchange: [`IdleWatch`] is
+//! told what hyper does with the transport (by `conn.rs`'s `Tracked` wrapper) and what it
+//! hands to the service, and [`IdleWatch::parkable`] says when every request hyper read has
+//! been answered, every byte it wrote was flushed, it asks for more bytes, and the last
+//! request had no body (so hyper is not draining one).
+
+use std::cell::Cell;
+use std::io;
+use std::task::{Context, Poll};
+
+use tokio::net::TcpStream;
+
+use crate::conn_state::{ConnState, Phase};
+
+/// A transport an idle connection can wait on without a read buffer.
+pub(crate) trait ReadReady {
+    /// Ready when a read would not wait (data, end of stream, or an error to report).
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+}
+
+impl ReadReady for TcpStream {
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        TcpStream::poll_read_ready(self, cx)
+    }
+}
+
+impl ReadReady for qweb_tls::TlsStream {
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        qweb_tls::TlsStream::poll_read_ready(self, cx)
+    }
+}
+
+/// What one HTTP/1 connection's hyper did lately, to tell when it can be taken apart.
+#[derive(Default)]
+pub(crate) struct IdleWatch {
+    /// Bytes were written since the last completed flush.
+    unflushed: Cell<bool>,
+    /// hyper's last read found nothing (and nothing was written since).
+    read_waiting: Cell<bool>,
+    /// Requests hyper handed to the service (over the connection's life).
+    handed: Cell<u64>,
+    /// The last of them came with a body or asked for an upgrade.
+    last_had_body: Cell<bool>,
+}
+
+impl IdleWatch {
+    /// hyper handed a request to the service; `has_body`: it came with a body (one hyper may
+    /// still be reading or draining after the response) or asked for an upgrade or CONNECT
+    /// (after which the connection may carry another protocol).
+    pub(crate) fn handed(&self, has_body: bool) {
+        self.handed.set(self.handed.get() + 1);
+        self.last_had_body.set(has_body);
+    }
+
+    /// A read returned bytes.
+    pub(crate) fn on_read(&self) {
+        self.read_waiting.set(false);
+    }
+
+    /// A read found nothing. Wakes the connection's loop (through `state.changed`) when this
+    /// may be the moment hyper went idle: once per quiet spell, never on every poll.
+    pub(crate) fn on_read_pending(&self, state: &ConnState) {
+        if !self.read_waiting.replace(true) && !self.unflushed.get() {
+            state.changed.notify_one();
+        }
+    }
+
+    /// A write took `n` bytes.
+    pub(crate) fn on_write(&self, n: usize) {
+        if n > 0 {
+            self.unflushed.set(true);
+            self.read_waiting.set(false);
+        }
+    }
+
+    /// A flush completed: everything written so far is on the socket.
+    pub(crate) fn on_flushed(&self, state: &ConnState) {
+        if self.unflushed.replace(false) && self.read_waiting.get() {
+            state.changed.notify_one();
+        }
+    }
+
+    /// A new hyper connection starts on the transport.
+    pub(crate) fn restart(&self) {
+        self.unflushed.set(false);
+        self.read_waiting.set(false);
+    }
+
+    /// Whether hyper holds nothing of any exchange: every request it handed over was started
+    /// and answered (its response body finished), it flushed all it wrote and then asked for
+    /// more bytes, and the last request had no body.
+    pub(crate) fn parkable(&self, state: &ConnState) -> bool {
+        self.read_waiting.get()
+            && !self.unflushed.get()
+            && !self.last_had_body.get()
+            && self.handed.get() == state.requests_started()
+            && state.in_flight() == 0
+            && state.phase() == Phase::AwaitRequest
+    }
+}
+
+/// Waits until `io` has bytes (or end of stream, or an error) without a read buffer.
+pub(crate) async fn wait_readable<T: ReadReady>(io: &mut T) -> io::Result<()> {
+    std::future::poll_fn(|cx| io.poll_read_ready(cx)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> ConnState {
+        ConnState::new("127.0.0.1:1".parse().unwrap())
+    }
+
+    /// One bodiless request: parkable only once its response was flushed and hyper asked for
+    /// more; a request with a body never is.
+    #[test]
+    fn parkable_only_after_a_flushed_answer_to_a_bodiless_request() {
+        let s = std::rc::Rc::new(state());
+        let w = IdleWatch::default();
+        w.on_read_pending(&s);
+        assert!(w.parkable(&s), "a fresh connection waiting for bytes");
+        w.on_read();
+        w.handed(false);
+        assert!(!w.parkable(&s), "handed, not yet started");
+        let guard = s.request_started_guard();
+        w.on_read_pending(&s); // hyper checks for EOF while serving
+        assert!(!w.parkable(&s), "in flight");
+        w.on_write(100);
+        drop(guard);
+        w.on_read_pending(&s);
+        assert!(!w.parkable(&s), "written, not flushed");
+        w.on_flushed(&s);
+        assert!(w.parkable(&s));
+
+        w.on_read();
+        w.handed(true);
+        let guard = s.request_started_guard();
+        w.on_write(10);
+        w.on_flushed(&s);
+        drop(guard);
+        w.on_read_pending(&s);
+        assert!(!w.parkable(&s), "hyper may still drain the body");
+    }
+}

@@ -1,0 +1,193 @@
+//! Memory per idle TLS keep-alive connection, through the real binary (mimalloc and all): 500
+//! HTTP/1.1 connections over TLS 1.3 (ECDSA P-256, as docs/BENCHMARKS.md experiment F), one
+//! request each, then idle: the qweb process's resident memory grows by at most 10 KiB per
+//! connection plus a stated margin; and the idle connections still close at
+//! `keepalive_timeout`.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const BIN: &str = env!("CARGO_BIN_EXE_qweb");
+
+/// Connections held idle.
+const N: usize = 500;
+/// The goal: KiB added per idle connection.
+const KIB_PER_CONN: u64 = 10;
+/// Allowance for what is not per connection and that the warm-up did not already allocate
+/// (a few allocator pages, 64 KiB each per size class and worker thread; slab and timer pages):
+/// 512 KiB, about 1 KiB per connection at N = 500, so that 11 KiB per connection fails.
+const MARGIN_KIB: u64 = 512;
+
+struct Qweb(Child);
+
+impl Drop for Qweb {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// Starts qweb on `config`; returns it and its TLS address (from its start-up lines).
+fn start(config: &Path) -> (Qweb, String) {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config"])
+        .arg(config)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = BufReader::new(child.stderr.take().unwrap());
+    let mut addr = None;
+    loop {
+        let mut l = String::new();
+        assert!(reader.read_line(&mut l).unwrap() > 0, "qweb exited");
+        if let Some(a) = l.split("https://").nth(1) {
+            addr = a.split('/').next().map(str::to_owned);
+        }
+        if l.contains("worker(s)") {
+            break;
+        }
+    }
+    // keep draining stderr so that qweb never blocks on it
+    std::thread::spawn(move || for _ in reader.lines() {});
+    (Qweb(child), addr.expect("an https:// address"))
+}
+
+fn setup(dir: &Path) -> (std::path::PathBuf, rustls::ClientConfig) {
+    let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+        .unwrap()
+        .self_signed(&kp)
+        .unwrap();
+    std::fs::write(dir.join("c.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("k.pem"), kp.serialize_pem()).unwrap();
+    std::fs::create_dir_all(dir.join("www")).unwrap();
+    std::fs::write(dir.join("www/1k.bin"), vec![b'x'; 1024]).unwrap();
+    let d = dir.display();
+    let config = dir.join("qweb.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "workers = 2\nstate_dir = \"{d}/state\"\n\
+             [limits]\nkeepalive_timeout = \"6s\"\n\
+             [[listener]]\naddress = \"127.0.0.1:0\"\nhttp2 = true\n\
+             [listener.tls]\ncertificates = [{{ cert = \"{d}/c.pem\", key = \"{d}/k.pem\" }}]\n\
+             [[route]]\nprefix = \"/\"\nroot = \"{d}/www\"\n"
+        ),
+    )
+    .unwrap();
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.der().clone()).unwrap();
+    let mut client = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    client.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // every connection a full handshake, as in experiment F
+    client.resumption = rustls::client::Resumption::disabled();
+    (config, client)
+}
+
+type Conn = tokio_rustls::client::TlsStream<TcpStream>;
+
+/// One connection with one request answered in full.
+async fn one(addr: &str, tls: &tokio_rustls::TlsConnector) -> Conn {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut s = tls.connect(name, tcp).await.unwrap();
+    s.write_all(b"GET /1k.bin HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    // head + 1024-byte body
+    let complete = |got: &[u8]| {
+        got.windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .is_some_and(|p| got.len() >= p + 4 + 1024)
+    };
+    while !complete(&got) {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(got.starts_with(b"HTTP/1.1 200"));
+    s
+}
+
+async fn open(addr: &str, tls: &tokio_rustls::TlsConnector, n: usize) -> Vec<Conn> {
+    let mut conns = Vec::with_capacity(n);
+    // a few at a time, as a browser population would arrive
+    for _ in 0..n / 10 {
+        let batch = (0..10).map(|_| one(addr, tls));
+        conns.extend(futures_util::future::join_all(batch).await);
+    }
+    conns
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_tls_keepalive_connections_cost_at_most_10_kib_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, client) = setup(dir.path());
+    let (qweb, addr) = start(&config);
+    let pid = qweb.0.id();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(client));
+
+    // Warm up: one-time allocations (handshake tables, allocator pages, timer wheel levels)
+    // are not per connection.
+    let warm = open(&addr, &tls, 100).await;
+    drop(warm);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = rss_kib(pid);
+
+    let conns = open(&addr, &tls, N).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = rss_kib(pid);
+    let per_conn = (after.saturating_sub(before)) as f64 / N as f64;
+    eprintln!(
+        "RSS {before} KiB -> {after} KiB with {N} idle TLS connections: {per_conn:.2} KiB each"
+    );
+    assert!(
+        after <= before + N as u64 * KIB_PER_CONN + MARGIN_KIB,
+        "{per_conn:.2} KiB per idle connection (RSS {before} -> {after} KiB), over \
+         {KIB_PER_CONN} KiB + {MARGIN_KIB} KiB in all"
+    );
+
+    // The parked connections still close at keepalive_timeout (6 s after their request).
+    let since = Instant::now();
+    let closed = conns.into_iter().map(|mut s| async move {
+        let mut b = [0u8; 16];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(30), s.read(&mut b)).await,
+            Ok(Ok(0)) | Ok(Err(_))
+        )
+    });
+    let closed = futures_util::future::join_all(closed).await;
+    assert!(
+        closed.iter().all(|c| *c),
+        "an idle connection was not closed"
+    );
+    assert!(
+        since.elapsed() < Duration::from_secs(20),
+        "idle connections closed late: {:?}",
+        since.elapsed()
+    );
+}
