@@ -50,6 +50,11 @@ pub(crate) struct IdleWatch {
     handed: Cell<u64>,
     /// The last of them came with a body or asked for an upgrade.
     last_had_body: Cell<bool>,
+    /// A request was handed and no flush has completed since every request was done. A
+    /// response hyper holds in its own write buffer is invisible to the transport: its request
+    /// may be done (an empty body is dropped before the head is written) while hyper, pushed
+    /// back by the write burst, has not written it yet.
+    unanswered: Cell<bool>,
 }
 
 impl IdleWatch {
@@ -59,6 +64,7 @@ impl IdleWatch {
     pub(crate) fn handed(&self, has_body: bool) {
         self.handed.set(self.handed.get() + 1);
         self.last_had_body.set(has_body);
+        self.unanswered.set(true);
     }
 
     /// A read returned bytes.
@@ -84,6 +90,10 @@ impl IdleWatch {
 
     /// A flush completed: everything written so far is on the socket.
     pub(crate) fn on_flushed(&self, state: &ConnState) {
+        if state.in_flight() == 0 && self.handed.get() == state.requests_started() {
+            // hyper flushes only once its own buffer is written: every answer is out
+            self.unanswered.set(false);
+        }
         if self.unflushed.replace(false) && self.read_waiting.get() {
             state.changed.notify_one();
         }
@@ -96,11 +106,12 @@ impl IdleWatch {
     }
 
     /// Whether hyper holds nothing of any exchange: every request it handed over was started
-    /// and answered (its response body finished), it flushed all it wrote and then asked for
-    /// more bytes, and the last request had no body.
+    /// and answered (its response body finished, and a flush completed after that), it
+    /// flushed all it wrote and then asked for more bytes, and the last request had no body.
     pub(crate) fn parkable(&self, state: &ConnState) -> bool {
         self.read_waiting.get()
             && !self.unflushed.get()
+            && !self.unanswered.get()
             && !self.last_had_body.get()
             && self.handed.get() == state.requests_started()
             && state.in_flight() == 0
@@ -150,5 +161,23 @@ mod tests {
         drop(guard);
         w.on_read_pending(&s);
         assert!(!w.parkable(&s), "hyper may still drain the body");
+    }
+
+    /// A response hyper has not written yet (its empty body already dropped, so the request
+    /// is done) keeps the connection from parking until a flush follows.
+    #[test]
+    fn a_done_request_is_not_parkable_until_its_answer_is_flushed() {
+        let s = std::rc::Rc::new(state());
+        let w = IdleWatch::default();
+        w.on_read();
+        w.handed(false);
+        w.on_read_pending(&s); // hyper looks for more bytes while the service runs
+        let guard = s.request_started_guard();
+        drop(guard); // the body was empty: dropped before hyper wrote the head
+        assert!(!w.parkable(&s), "the head is still in hyper's buffer");
+        w.on_write(40);
+        w.on_flushed(&s);
+        w.on_read_pending(&s);
+        assert!(w.parkable(&s));
     }
 }
