@@ -6,13 +6,19 @@
 //! (hyper polls a body only when it can write), and memory per response stays about
 //! `depth` x `chunk_size` (the chunks in flight, their outputs, and one partial chunk).
 //!
-//! - **sync** mode: one chunk at a time; the worker submits it straight to the engine and
-//!   blocks until it is done (the baseline the paper compares against).
-//! - **pipelined** mode: up to `depth` chunks in flight through the worker's [`Offloader`]
-//!   (batched submissions); outputs are joined strictly in order.
+//! The mode is the shared offload [`Mode`] (see [`qweb_offload::policy`]):
+//!
+//! - [`Mode::Sync`] (config `sync`): one chunk at a time; the worker submits it straight to
+//!   the engine and blocks until it is done (the baseline the paper compares against).
+//! - [`Mode::Async`] (config `pipelined`): up to `depth` chunks in flight through the
+//!   worker's [`Offloader`] (batched submissions); outputs are joined strictly in order.
+//! - [`Mode::InPlace`] (not offered by the config): one chunk at a time, compressed on the
+//!   worker without an engine.
 //!
 //! A chunk whose op fails, times out or finds the engine full is compressed in software on
-//! the worker (counted in `fallbacks`). When the inner body pauses with a partial chunk
+//! the worker (counted in `fallbacks`): compression's fallback is always
+//! [`Fallback::Software`](qweb_offload::Fallback::Software), the kernels being available
+//! everywhere. When the inner body pauses with a partial chunk
 //! buffered, the partial chunk is compressed and sent after `flush_after` (a streamed
 //! upstream response is never held back waiting for a full chunk).
 
@@ -28,7 +34,7 @@ use std::time::Duration;
 use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use qweb_offload::compress::{Codec, CompressOp};
-use qweb_offload::{run_blocking, Offloader, Op, OpError, OpOutput, OpResult, Timed};
+use qweb_offload::{run_blocking, Mode, Offloader, Op, OpError, OpOutput, OpResult, Timed};
 
 use crate::kernel::compress_chunk;
 use crate::metrics::CompressMetrics;
@@ -37,15 +43,6 @@ use crate::stream::StreamEncoder;
 /// Errors a body can yield.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// How chunks wait for the engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// One chunk at a time, the worker blocked on each.
-    Sync,
-    /// Up to `depth` chunks of one body in flight.
-    Pipelined,
-}
-
 /// How a body is encoded.
 #[derive(Debug, Clone)]
 pub struct EncodeParams {
@@ -53,11 +50,11 @@ pub struct EncodeParams {
     pub codec: Codec,
     /// Its level.
     pub level: u32,
-    /// How chunks wait.
+    /// How chunks wait ([`Mode::Async`] is the pipelined mode).
     pub mode: Mode,
     /// Input bytes per chunk (the last, and flushed ones, may be shorter).
     pub chunk_size: usize,
-    /// Most chunks in flight (pipelined mode).
+    /// Most chunks in flight ([`Mode::Async`]; see [`Mode::in_flight`]).
     pub depth: usize,
     /// Compress and send a partial chunk when the inner body has paused this long
     /// (`None`: wait for a full chunk or the end).
@@ -174,7 +171,7 @@ where
         self.metrics.chunks.fetch_add(1, Relaxed);
         self.metrics.chunks_in_flight.fetch_add(1, Relaxed);
         let wait = match self.params.mode {
-            Mode::Pipelined => {
+            Mode::Async => {
                 // a timeout gives the chunk up and counts it once as timed out
                 Wait::Engine(Box::pin(
                     self.offloader.submit_timed(Op::Compress(op.clone())),
@@ -188,16 +185,20 @@ where
                     self.offloader.timeout(),
                 ))
             }
+            // No engine: compressed right here (a kernel error is then retried once by the
+            // software fallback, and reported).
+            Mode::InPlace => Wait::Done(
+                compress_chunk(&op)
+                    .map(OpOutput::Compressed)
+                    .map_err(OpError::Failed),
+            ),
         };
         self.in_flight.push_back(InFlight { op, wait });
     }
 
     /// Reads input and submits chunks while the pipeline has room.
     fn fill(&mut self, cx: &mut Context<'_>) -> Result<(), BoxError> {
-        let cap = match self.params.mode {
-            Mode::Sync => 1,
-            Mode::Pipelined => self.params.depth,
-        };
+        let cap = self.params.mode.in_flight(self.params.depth);
         let chunk = self.params.chunk_size;
         loop {
             if self.last_submitted || self.in_flight.len() >= cap {
@@ -493,7 +494,7 @@ mod tests {
             for engine in engines() {
                 let off = offloader(&engine);
                 for codec in Codec::ALL {
-                    for mode in [Mode::Sync, Mode::Pipelined] {
+                    for mode in [Mode::InPlace, Mode::Sync, Mode::Async] {
                         for n in [0, 1, chunk - 1, chunk, chunk + 1, 9 * chunk + 17] {
                             for data in [text(n), random(n, 3)] {
                                 // odd frame sizes: chunks straddle frames
@@ -546,7 +547,7 @@ mod tests {
             let m = Arc::new(CompressMetrics::default());
             let mut body = CompressBody::new(
                 inner,
-                params(Codec::Gzip, Mode::Pipelined, chunk, depth),
+                params(Codec::Gzip, Mode::Async, chunk, depth),
                 offloader(&engine),
                 m.clone(),
             );
@@ -589,7 +590,7 @@ mod tests {
                 .unwrap(),
             );
             let data = text(64 * 1024);
-            for (mode, want) in [(Mode::Pipelined, 6), (Mode::Sync, 1)] {
+            for (mode, want) in [(Mode::Async, 6), (Mode::Sync, 1)] {
                 let (inner, _) = Frames::new(&data, 4096);
                 let body = CompressBody::new(
                     inner,
@@ -601,7 +602,7 @@ mod tests {
                 let z = body.collect().await.unwrap().to_bytes();
                 assert!(decode(Codec::Zstd, &z) == data);
                 let peak = engine.metrics().in_flight_peak.load(Relaxed);
-                if mode == Mode::Pipelined {
+                if mode == Mode::Async {
                     assert_eq!(peak, want, "{mode:?}");
                 } else {
                     // the peak from the pipelined run stays; sync never raised it past 1
@@ -648,7 +649,7 @@ mod tests {
                     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
                     let mut body = CompressBody::new(
                         Channel(rx),
-                        params(codec, Mode::Pipelined, 64 * 1024, 4),
+                        params(codec, Mode::Async, 64 * 1024, 4),
                         offloader(&engine),
                         Arc::new(CompressMetrics::default()),
                     );
@@ -693,7 +694,7 @@ mod tests {
                 )
                 .unwrap(),
             );
-            for mode in [Mode::Sync, Mode::Pipelined] {
+            for mode in [Mode::Sync, Mode::Async] {
                 let data = text(50_000);
                 let (inner, _) = Frames::new(&data, 7000);
                 let m = Arc::new(CompressMetrics::default());
@@ -711,6 +712,36 @@ mod tests {
     }
 
     #[test]
+    fn in_place_mode_never_touches_the_engine() {
+        local(async {
+            let engine: Arc<dyn Engine> = Arc::new(
+                PoolEngine::new(
+                    "failing",
+                    PoolConfig {
+                        inject_failures: true,
+                        ..Default::default()
+                    },
+                )
+                .unwrap(),
+            );
+            let data = text(50_000);
+            let (inner, _) = Frames::new(&data, 7000);
+            let m = Arc::new(CompressMetrics::default());
+            let body = CompressBody::new(
+                inner,
+                params(Codec::Gzip, Mode::InPlace, 8192, 4),
+                offloader(&engine),
+                m.clone(),
+            );
+            let z = body.collect().await.unwrap().to_bytes();
+            assert!(decode(Codec::Gzip, &z) == data);
+            assert_eq!(m.chunks.load(Relaxed), 7);
+            assert_eq!(m.fallbacks.load(Relaxed), 0);
+            assert_eq!(engine.metrics().submitted.load(Relaxed), 0);
+        });
+    }
+
+    #[test]
     fn the_sink_gets_the_whole_body_only_when_it_fits() {
         local(async {
             let engine: Arc<dyn Engine> = Arc::new(InlineEngine::new("inline"));
@@ -721,7 +752,7 @@ mod tests {
                 let (inner, _) = Frames::new(&data, 5000);
                 let body = CompressBody::new(
                     inner,
-                    params(Codec::Gzip, Mode::Pipelined, 16384, 4),
+                    params(Codec::Gzip, Mode::Async, 16384, 4),
                     offloader(&engine),
                     Arc::new(CompressMetrics::default()),
                 )

@@ -8,7 +8,8 @@
 //! - [`stream`]: [`StreamEncoder`] cuts a body into chunk ops and joins their outputs, in
 //!   order, with the codec's header and trailer.
 //! - [`body`]: [`CompressBody`], a response body compressed on an offload engine in `sync`
-//!   or `pipelined` mode, with backpressure and time-bound flushing of streamed input.
+//!   or `pipelined` mode (the shared [`qweb_offload::Mode`]: `Sync` or `Async`), with
+//!   backpressure and time-bound flushing of streamed input.
 //! - [`cache`]: [`VariantCache`], the bounded LRU cache of encoded static files.
 //! - [`metrics`]: [`CompressMetrics`] for `/metrics`.
 //!
@@ -24,7 +25,7 @@ pub mod metrics;
 pub mod negotiate;
 pub mod stream;
 
-pub use body::{BoxError, CompressBody, EncodeParams, Mode, Sink};
+pub use body::{BoxError, CompressBody, EncodeParams, Sink};
 pub use cache::{CacheEvents, VariantCache, VariantKey};
 pub use metrics::CompressMetrics;
 pub use negotiate::{negotiate, AcceptEncoding};

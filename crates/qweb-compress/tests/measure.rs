@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use qweb_compress::{Codec, CompressBody, CompressMetrics, EncodeParams, Mode};
+use qweb_compress::{Codec, CompressBody, CompressMetrics, EncodeParams};
+use qweb_offload::Mode;
 use qweb_offload::{BatchConfig, Engine, Offloader, PoolConfig, PoolEngine};
 
 fn text(n: usize) -> Vec<u8> {
@@ -73,7 +74,7 @@ fn eight_mib_sync_vs_pipelined_on_a_two_thread_pool() {
             Duration::from_secs(30),
         );
         for (codec, level) in [(Codec::Gzip, 4), (Codec::Brotli, 4), (Codec::Zstd, 3)] {
-            for (mode, depth) in [(Mode::Sync, 1), (Mode::Pipelined, 2), (Mode::Pipelined, 4)] {
+            for (mode, depth) in [(Mode::Sync, 1), (Mode::Async, 2), (Mode::Async, 4)] {
                 let mut best = Duration::MAX;
                 let mut size = 0;
                 for _ in 0..7 {

@@ -12,6 +12,9 @@
 //! - [`Offloader`]: a worker's handle on an engine: batches submissions ("heuristic polling"),
 //!   applies the per-op timeout.
 //! - [`metrics`]: per-engine counters, gauges and a latency histogram.
+//! - [`policy`]: the offload policy that TLS, compression and the configuration share:
+//!   [`Mode`] (in place, sync, async/pipelined), [`Fallback`] (software or fail), and
+//!   [`Policy`] (mode, fallback, timeout).
 //!
 //! Nothing here knows about HTTP or TLS.
 
@@ -23,6 +26,7 @@ mod key;
 pub mod metrics;
 mod offloader;
 mod op;
+pub mod policy;
 
 pub use completion::{channel, Completer, Completion, Delivery};
 pub use engine::{run_blocking, Engine, InlineEngine, PoolConfig, PoolEngine, Submission};
@@ -30,3 +34,4 @@ pub use key::{KeyError, KeyKind, LocalKey};
 pub use metrics::{EngineMetrics, EngineSet};
 pub use offloader::{BatchConfig, Offloader, Timed};
 pub use op::{KeyId, KeyRef, Op, OpError, OpOutput, OpResult, SignOp, SignScheme};
+pub use policy::{Fallback, Mode, Policy};

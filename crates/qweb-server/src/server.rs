@@ -15,13 +15,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use qweb_offload::metrics::EngineSet;
-use qweb_offload::{Engine, InlineEngine, PoolConfig, PoolEngine};
+use qweb_offload::{Engine, InlineEngine, Mode, PoolConfig, PoolEngine};
 use tokio::sync::{mpsc, watch};
 
-use crate::config::{
-    Config, EngineConfig, EngineKind, FallbackPolicy, ListenerConfig, OffloadMode, RouteAction,
-    TlsConfig,
-};
+use crate::config::{Config, EngineConfig, EngineKind, ListenerConfig, RouteAction, TlsConfig};
 use crate::listen::bind_reuseport;
 use crate::metrics::{Metrics, WorkerMetrics};
 use crate::worker::{self, Command, GenListener, Generation, WorkerExtras};
@@ -407,21 +404,17 @@ fn listener_setup(
     let offload = l
         .offload
         .as_ref()
-        .filter(|o| o.mode != OffloadMode::None)
+        .filter(|o| o.policy.mode.offloads())
         .and_then(|o| engines.get(o.engine.as_str()).map(|e| (o, e.clone())));
-    let policy = offload.as_ref().map(|(o, e)| qweb_tls::OffloadPolicy {
+    let key_offload = offload.as_ref().map(|(o, e)| qweb_tls::KeyOffload {
         engine: e.clone(),
-        timeout: o.timeout,
-        fallback: match o.fallback {
-            FallbackPolicy::Software => qweb_tls::Fallback::Software,
-            FallbackPolicy::Fail => qweb_tls::Fallback::Fail,
-        },
+        policy: o.policy,
     });
     let async_engine = offload
         .as_ref()
-        .filter(|(o, _)| o.mode == OffloadMode::Async)
-        .map(|(o, e)| (e.clone(), o.timeout));
-    let load = |cert: &Path, key: Option<&Path>| match (&policy, key) {
+        .filter(|(o, _)| o.policy.mode == Mode::Async)
+        .map(|(o, e)| (e.clone(), o.policy.timeout));
+    let load = |cert: &Path, key: Option<&Path>| match (&key_offload, key) {
         (Some(p), key) => qweb_tls::load_offloaded(cert, key, &provider, p),
         (None, Some(key)) => qweb_tls::load_certified_key(cert, key, &provider),
         (None, None) => Err(qweb_tls::TlsError::Pem {

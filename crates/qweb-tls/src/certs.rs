@@ -77,17 +77,16 @@ pub fn load_certified_key(
     load_certified_key_with(cert_path, key_path, provider, None)
 }
 
-/// Like [`load_certified_key`]; with `offload`, the key's signatures go to the policy's
-/// engine (see [`OffloadSigningKey`](crate::OffloadSigningKey)).
+/// Like [`load_certified_key`]; with `offload`, the key's signatures go to its engine (see [`OffloadSigningKey`](crate::OffloadSigningKey)).
 pub fn load_certified_key_with(
     cert_path: &Path,
     key_path: &Path,
     provider: &CryptoProvider,
-    offload: Option<&crate::OffloadPolicy>,
+    offload: Option<&crate::KeyOffload>,
 ) -> Result<LoadedCert, TlsError> {
     match offload {
         None => load_plain(cert_path, key_path, provider),
-        Some(policy) => load_offloaded(cert_path, Some(key_path), provider, policy),
+        Some(offload) => load_offloaded(cert_path, Some(key_path), provider, offload),
     }
 }
 
@@ -131,7 +130,7 @@ pub fn load_offloaded(
     cert_path: &Path,
     key_path: Option<&Path>,
     provider: &CryptoProvider,
-    policy: &crate::OffloadPolicy,
+    offload: &crate::KeyOffload,
 ) -> Result<LoadedCert, TlsError> {
     let (chain, dns_names, local) = match key_path {
         Some(kp) => {
@@ -172,7 +171,7 @@ pub fn load_offloaded(
         id: qweb_offload::KeyId::of_spki(spki.as_ref()),
         local,
     };
-    let signing = crate::OffloadSigningKey::new(key, kind, policy.clone());
+    let signing = crate::OffloadSigningKey::new(key, kind, offload.clone());
     Ok(LoadedCert {
         key: Arc::new(CertifiedKey::new(chain, Arc::new(signing))),
         dns_names,

@@ -27,7 +27,7 @@ pub use certs::{
     load_private_key, LoadedCert,
 };
 pub use error::TlsError;
-pub use offload_key::{Fallback, OffloadPolicy, OffloadSigningKey};
+pub use offload_key::{KeyOffload, OffloadSigningKey};
 pub use selfsigned::{ensure_self_signed, SelfSigned};
 pub use server_config::{provider, server_config, ALPN_H2, ALPN_HTTP11};
 pub use session::{apply_resumption, HandshakeStats, SessionResumption};

@@ -8,31 +8,24 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Duration;
 
 use qweb_offload::job;
-use qweb_offload::{run_blocking, Engine, KeyKind, KeyRef, Op, OpOutput, SignOp, SignScheme};
+use qweb_offload::{
+    run_blocking, Engine, Fallback, KeyKind, KeyRef, Op, OpOutput, Policy, SignOp, SignScheme,
+};
 use rustls::sign::{Signer, SigningKey};
 use rustls::{SignatureAlgorithm, SignatureScheme};
 
-/// What to do when the engine fails, times out or is saturated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fallback {
-    /// Sign in software with the local key.
-    Software,
-    /// Fail the handshake (with a log line).
-    Fail,
-}
-
-/// Offload parameters of a signing key.
+/// Where a signing key's signatures go, and on what terms: the engine and the shared offload
+/// [`Policy`] (its mode is the listener's; the signer itself pauses when it runs inside a job
+/// and blocks otherwise).
 #[derive(Clone)]
-pub struct OffloadPolicy {
+pub struct KeyOffload {
     /// The engine (also used directly in sync mode).
     pub engine: Arc<dyn Engine>,
-    /// Per-op timeout in sync mode (async mode applies the worker offloader's timeout).
-    pub timeout: Duration,
-    /// Fallback policy.
-    pub fallback: Fallback,
+    /// Mode, fallback, and the per-op timeout that sync mode applies (async mode applies the
+    /// worker offloader's timeout).
+    pub policy: Policy,
 }
 
 /// A signing key that offloads its signatures. The private key itself is optional: with a
@@ -40,7 +33,7 @@ pub struct OffloadPolicy {
 pub struct OffloadSigningKey {
     key: KeyRef,
     kind: KeyKind,
-    policy: OffloadPolicy,
+    offload: KeyOffload,
 }
 
 impl std::fmt::Debug for OffloadSigningKey {
@@ -48,15 +41,15 @@ impl std::fmt::Debug for OffloadSigningKey {
         f.debug_struct("OffloadSigningKey")
             .field("key", &self.key.id)
             .field("local", &self.key.local.is_some())
-            .field("engine", &self.policy.engine.name())
+            .field("engine", &self.offload.engine.name())
             .finish()
     }
 }
 
 impl OffloadSigningKey {
     /// A key of type `kind`, named by `key.id`, held locally when `key.local` is set.
-    pub fn new(key: KeyRef, kind: KeyKind, policy: OffloadPolicy) -> Self {
-        OffloadSigningKey { key, kind, policy }
+    pub fn new(key: KeyRef, kind: KeyKind, offload: KeyOffload) -> Self {
+        OffloadSigningKey { key, kind, offload }
     }
 }
 
@@ -83,7 +76,7 @@ impl SigningKey for OffloadSigningKey {
             .find(|s| offered.contains(&to_rustls(*s)))?;
         Some(Box::new(OffloadSigner {
             key: self.key.clone(),
-            policy: self.policy.clone(),
+            offload: self.offload.clone(),
             scheme,
         }))
     }
@@ -98,7 +91,7 @@ impl SigningKey for OffloadSigningKey {
 
 struct OffloadSigner {
     key: KeyRef,
-    policy: OffloadPolicy,
+    offload: KeyOffload,
     scheme: SignScheme,
 }
 
@@ -117,22 +110,22 @@ impl Signer for OffloadSigner {
         });
         let result = match job::pause(op) {
             Ok(r) => r, // async: the driver had it executed
-            Err(op) => run_blocking(&*self.policy.engine, op, self.policy.timeout), // sync
+            Err(op) => run_blocking(&*self.offload.engine, op, self.offload.policy.timeout), // sync
         };
         match result {
             Ok(OpOutput::Signature(sig)) => Ok(sig),
             Ok(_) => Err(rustls::Error::General(
                 "the engine returned no signature".into(),
             )),
-            Err(e) => match (self.policy.fallback, &self.key.local) {
+            Err(e) => match (self.offload.policy.fallback, &self.key.local) {
                 (Fallback::Software, Some(local)) => {
-                    self.policy
+                    self.offload
                         .engine
                         .metrics()
                         .fallen_back
                         .fetch_add(1, Relaxed);
                     tracing::debug!(
-                        engine = self.policy.engine.name(),
+                        engine = self.offload.engine.name(),
                         "offload failed ({e}); signing in software"
                     );
                     local
@@ -141,7 +134,7 @@ impl Signer for OffloadSigner {
                 }
                 (Fallback::Software, None) => {
                     tracing::warn!(
-                        engine = self.policy.engine.name(),
+                        engine = self.offload.engine.name(),
                         key = %self.key.id.hex(),
                         "offloaded signature failed ({e}) and the key is not held here; failing the handshake"
                     );
@@ -151,7 +144,7 @@ impl Signer for OffloadSigner {
                 }
                 (Fallback::Fail, _) => {
                     tracing::warn!(
-                        engine = self.policy.engine.name(),
+                        engine = self.offload.engine.name(),
                         "offloaded signature failed ({e}); failing the handshake"
                     );
                     Err(rustls::Error::General(format!(

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use qweb_compress::{Codec, Mode};
+use qweb_compress::Codec;
+use qweb_offload::Mode;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -52,7 +53,8 @@ pub struct CompressionConfig {
     pub min_size: u64,
     /// Compressible media types: `type/subtype` or `type/*`.
     pub types: Vec<String>,
-    /// How chunks wait for the engine.
+    /// How chunks wait for the engine: `sync` is [`Mode::Sync`], `pipelined` [`Mode::Async`]
+    /// (the fallback is always software; see [`qweb_offload::policy`]).
     pub mode: Mode,
     /// The engine that compresses chunks.
     pub engine: String,
@@ -102,7 +104,7 @@ impl Default for CompressionConfig {
             levels: [4, 4, 3],
             min_size: 1024,
             types: DEFAULT_TYPES.iter().map(|s| (*s).to_owned()).collect(),
-            mode: Mode::Pipelined,
+            mode: Mode::Async,
             engine: "inline".into(),
             chunk_size: 64 * 1024,
             depth: 4,
@@ -214,7 +216,7 @@ impl Validator<'_> {
         if let Some(m) = &r.mode {
             cfg.mode = match m.get_ref().as_str() {
                 "sync" => Mode::Sync,
-                "pipelined" => Mode::Pipelined,
+                "pipelined" => Mode::Async,
                 other => {
                     return Err(self.err(
                         Some(m.span()),
@@ -338,7 +340,7 @@ mod tests {
         assert_eq!(c.compression.codecs, d.codecs);
         assert_eq!(c.compression.min_size, 1024);
         assert_eq!(c.compression.chunk_size, 64 * 1024);
-        assert_eq!(c.compression.mode, Mode::Pipelined);
+        assert_eq!(c.compression.mode, Mode::Async);
         assert_eq!(c.compression.engine, "inline");
         let c = parse("[compression]\nenabled = false\n").unwrap();
         assert!(!c.compression.enabled);

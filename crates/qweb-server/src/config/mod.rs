@@ -22,6 +22,7 @@ use std::time::Duration;
 pub use compression::CompressionConfig;
 pub use error::ConfigError;
 pub use log::AccessFormat;
+use qweb_offload::{Fallback, Mode, Policy};
 use raw::{RawConfig, RawListener, RawRoute, Workers};
 pub use sites::{
     ErrorPages, HeaderEdits, RedirectConfig, RewriteRule, RouteRules, SiteConfig, SitesConfig,
@@ -136,37 +137,15 @@ pub struct KeyserverEngineConfig {
     pub server_ca: Option<PathBuf>,
 }
 
-/// How a listener's TLS handshakes wait for their private-key operations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OffloadMode {
-    /// rustls signs in place (no offload): the baseline.
-    None,
-    /// Submit to the engine and block the worker thread until the result (straight offload).
-    Sync,
-    /// Pause the handshake, serve others, resume on completion.
-    Async,
-}
-
-/// What a failed, timed-out or saturated offload does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FallbackPolicy {
-    /// Sign in software with the local key.
-    Software,
-    /// Fail the handshake.
-    Fail,
-}
-
-/// A listener's offload settings.
+/// A listener's offload settings: the engine, by name, and the shared offload policy
+/// (`mode`: `none` is [`Mode::InPlace`], `sync` [`Mode::Sync`], `async` [`Mode::Async`];
+/// `fallback`: `software` or `fail`; `timeout`: per op).
 #[derive(Debug, Clone)]
 pub struct ListenerOffload {
     /// Engine name.
     pub engine: String,
-    /// Mode.
-    pub mode: OffloadMode,
-    /// Fallback policy.
-    pub fallback: FallbackPolicy,
-    /// Per-op timeout.
-    pub timeout: Duration,
+    /// Mode, fallback and per-op timeout.
+    pub policy: Policy,
 }
 
 /// Limits that protect the server from clients.
@@ -908,11 +887,11 @@ impl Validator<'_> {
             ));
         }
         let mode = match r.mode.as_ref().map(|m| (m.get_ref().as_str(), m.span())) {
-            None if engine == "inline" => OffloadMode::None,
-            None => OffloadMode::Async,
-            Some(("none", _)) => OffloadMode::None,
-            Some(("sync", _)) => OffloadMode::Sync,
-            Some(("async", _)) => OffloadMode::Async,
+            None if engine == "inline" => Mode::InPlace,
+            None => Mode::Async,
+            Some(("none", _)) => Mode::InPlace,
+            Some(("sync", _)) => Mode::Sync,
+            Some(("async", _)) => Mode::Async,
             Some((other, span)) => {
                 return Err(self.err(
                     Some(span),
@@ -926,8 +905,8 @@ impl Validator<'_> {
             .as_ref()
             .map(|m| (m.get_ref().as_str(), m.span()))
         {
-            None | Some(("software", _)) => FallbackPolicy::Software,
-            Some(("fail", _)) => FallbackPolicy::Fail,
+            None | Some(("software", _)) => Fallback::Software,
+            Some(("fail", _)) => Fallback::Fail,
             Some((other, span)) => {
                 return Err(self.err(
                     Some(span),
@@ -938,9 +917,11 @@ impl Validator<'_> {
         };
         Ok(ListenerOffload {
             engine,
-            mode,
-            fallback,
-            timeout: r.timeout.map(|d| d.0).unwrap_or(Duration::from_secs(2)),
+            policy: Policy {
+                mode,
+                fallback,
+                timeout: r.timeout.map(|d| d.0).unwrap_or(Duration::from_secs(2)),
+            },
         })
     }
 
@@ -955,7 +936,7 @@ impl Validator<'_> {
             Some(o) => Some(self.listener_offload(i, o, engines, l.tls.is_some())?),
         };
         let keyserver = offload.as_ref().is_some_and(|o| {
-            o.mode != OffloadMode::None
+            o.policy.mode.offloads()
                 && engines
                     .engines
                     .iter()

@@ -142,12 +142,16 @@ fn offload_defaults() {
     .unwrap();
     let o = c.listeners[0].offload.as_ref().unwrap();
     assert_eq!(
-        (o.mode, o.fallback),
-        (OffloadMode::Async, FallbackPolicy::Software)
+        o.policy,
+        Policy {
+            mode: Mode::Async,
+            fallback: Fallback::Software,
+            timeout: Duration::from_secs(2),
+        }
     );
     assert_eq!(
-        c.listeners[1].offload.as_ref().unwrap().mode,
-        OffloadMode::None
+        c.listeners[1].offload.as_ref().unwrap().policy.mode,
+        Mode::InPlace
     );
     assert!(c.offload.batch);
 }
