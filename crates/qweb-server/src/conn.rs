@@ -565,13 +565,29 @@ async fn drive<T>(
                 let mut closing = false;
                 // Shutdown began while a request head was arriving: close after that request.
                 let mut close_after_request = false;
+                // When this idle spell may end in parking, and the requests handed by then: a
+                // keep-alive client's next request usually follows within a round trip, and
+                // taking hyper apart for it would cost more than its buffers are worth.
+                let mut park_at: Option<(Instant, u64)> = None;
                 let parked = loop {
                     if close_after_request && state.phase() == Phase::Serving {
                         Pin::new(&mut conn).graceful_shutdown();
                         close_after_request = false;
                     }
                     if !closing && !close_after_request && watch.parkable(&state) {
-                        break true;
+                        match park_at {
+                            Some((at, handed)) if handed == watch.handed_count() => {
+                                if at <= Instant::now() {
+                                    break true;
+                                }
+                            }
+                            // a new idle spell
+                            _ => {
+                                park_at = Some((Instant::now() + PARK_AFTER, watch.handed_count()))
+                            }
+                        }
+                    } else {
+                        park_at = None;
                     }
                     let deadline = state.deadline(timeouts);
                     tokio::select! {
@@ -588,6 +604,7 @@ async fn drive<T>(
                             break false;
                         }
                         _ = state.changed.notified() => {}
+                        _ = sleep_or_never(park_at.map(|p| p.0)) => {}
                         _ = sleep_or_never(deadline.map(|d| d.0)) => {
                             if let Some((d, why)) = state.deadline(timeouts) {
                                 if d <= Instant::now() {
@@ -641,6 +658,11 @@ async fn drive<T>(
         }
     }
 }
+
+/// How long an HTTP/1 connection stays whole after it goes idle before it is taken apart and
+/// parked (see [`crate::idle`]). Under keep-alive load the next request comes sooner, and
+/// hyper's connection is kept for it; a connection idle longer than this holds no buffers.
+const PARK_AFTER: Duration = Duration::from_millis(100);
 
 /// An idle HTTP/1 connection waits for its next request's bytes without any read buffer,
 /// then reads the first of them (which starts the request-head timeout). `false`: the

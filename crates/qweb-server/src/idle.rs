@@ -7,6 +7,11 @@
 //! next request's bytes arrive (as nginx frees its buffers in `ngx_http_set_keepalive` and
 //! allocates them again on the next read).
 //!
+//! A connection is taken apart only after it stayed idle for `conn.rs`'s `PARK_AFTER`
+//! (100 ms): under keep-alive load the next request arrives sooner, and parking for every
+//! request cost an eventfd wake-up (0.37 `write` calls per request under `wrk -c8`) without
+//! saving memory that matters.
+//!
 //! Taking hyper apart is safe only when it holds nothing of the exchange: [`IdleWatch`] is
 //! told what hyper does with the transport (by `conn.rs`'s `Tracked` wrapper) and what it
 //! hands to the service, and [`IdleWatch::parkable`] says when every request hyper read has
@@ -65,6 +70,11 @@ impl IdleWatch {
         self.handed.set(self.handed.get() + 1);
         self.last_had_body.set(has_body);
         self.unanswered.set(true);
+    }
+
+    /// How many requests hyper handed to the service so far.
+    pub(crate) fn handed_count(&self) -> u64 {
+        self.handed.get()
     }
 
     /// A read returned bytes.
