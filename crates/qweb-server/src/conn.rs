@@ -21,6 +21,7 @@ use tokio::time::{sleep_until, Instant};
 use crate::conn_state::{ConnState, Expiry, Phase, StreamCancel, Timeouts};
 use crate::h2_flood::FloodMeter;
 use crate::idle::{IdleWatch, ReadReady};
+use crate::lazy_timer::LazyTimer;
 use crate::service::Service;
 use crate::worker::{ListenerCtx, WorkerCtx};
 use crate::write_burst::WriteBurst;
@@ -446,6 +447,7 @@ async fn drive<T>(
             let mut drop_at: Option<Instant> = None;
             // Closed whatever is in flight at this time (stalled, flooding).
             let mut cut_at: Option<Instant> = None;
+            let mut timer = LazyTimer::new();
             // HTTP/2 frames that are not requests (PING, WINDOW_UPDATE) may arrive while idle:
             // only the keep-alive timeout applies (h2 bounds header blocks itself).
             let timeouts = Timeouts {
@@ -468,9 +470,12 @@ async fn drive<T>(
                     conn.as_mut().graceful_shutdown();
                     closing = true;
                 }
-                let deadline = state
-                    .deadline(timeouts)
-                    .filter(|(_, why)| !closing || !matches!(why, Expiry::Idle | Expiry::Head));
+                timer.arm(
+                    state
+                        .deadline(timeouts)
+                        .filter(|(_, why)| !closing || !matches!(why, Expiry::Idle | Expiry::Head))
+                        .map(|d| d.0),
+                );
                 tokio::select! {
                     r = conn.as_mut() => {
                         if state.flooded() && cut_at.is_none() {
@@ -492,7 +497,7 @@ async fn drive<T>(
                         return;
                     }
                     _ = state.changed.notified() => {}
-                    _ = sleep_or_never(deadline.map(|d| d.0)) => {
+                    _ = timer.fired() => {
                         match state.deadline(timeouts) {
                             Some((d, why)) if d <= Instant::now() => match why {
                                 Expiry::WriteStalled => {
@@ -509,11 +514,13 @@ async fn drive<T>(
                                         cut_at = Some(Instant::now() + Duration::from_secs(1));
                                     }
                                 }
-                                Expiry::Idle | Expiry::Head => {
+                                Expiry::Idle | Expiry::Head if !closing => {
                                     conn.as_mut().graceful_shutdown();
                                     closing = true;
                                     drop_at = Some(Instant::now() + Duration::from_secs(1));
                                 }
+                                // (already closing: a timer armed before the GOAWAY)
+                                Expiry::Idle | Expiry::Head => {}
                             },
                             _ => {}
                         }
@@ -569,6 +576,7 @@ async fn drive<T>(
                 // keep-alive client's next request usually follows within a round trip, and
                 // taking hyper apart for it would cost more than its buffers are worth.
                 let mut park_at: Option<(Instant, u64)> = None;
+                let mut timer = LazyTimer::new();
                 let parked = loop {
                     if close_after_request && state.phase() == Phase::Serving {
                         Pin::new(&mut conn).graceful_shutdown();
@@ -589,7 +597,8 @@ async fn drive<T>(
                     } else {
                         park_at = None;
                     }
-                    let deadline = state.deadline(timeouts);
+                    timer.arm(state.deadline(timeouts).map(|d| d.0));
+                    timer.arm(park_at.map(|p| p.0));
                     tokio::select! {
                         r = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => {
                             if let Err(e) = r {
@@ -604,8 +613,8 @@ async fn drive<T>(
                             break false;
                         }
                         _ = state.changed.notified() => {}
-                        _ = sleep_or_never(park_at.map(|p| p.0)) => {}
-                        _ = sleep_or_never(deadline.map(|d| d.0)) => {
+                        // (also wakes the loop when parking is due)
+                        _ = timer.fired() => {
                             if let Some((d, why)) = state.deadline(timeouts) {
                                 if d <= Instant::now() {
                                     // Dropping the connection drops the response body: its file is

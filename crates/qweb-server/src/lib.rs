@@ -21,6 +21,7 @@ mod h2_flood;
 mod head_scan;
 mod headers_rules;
 mod idle;
+mod lazy_timer;
 mod listen;
 mod log_limit;
 mod metrics;
