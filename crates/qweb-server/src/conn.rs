@@ -681,7 +681,7 @@ async fn drive<T>(
 /// How long an HTTP/1 connection stays whole after it goes idle before it is taken apart and
 /// parked (see [`crate::idle`]). Under keep-alive load the next request comes sooner, and
 /// hyper's connection is kept for it; a connection idle longer than this holds no buffers.
-const PARK_AFTER: Duration = Duration::from_millis(100);
+const PARK_AFTER: Duration = Duration::from_millis(10);
 
 /// An idle HTTP/1 connection waits for its next request's bytes without any read buffer,
 /// then reads the first of them (which starts the request-head timeout). `false`: the
