@@ -67,9 +67,9 @@ pub struct Config {
     pub offload: OffloadConfig,
     /// The admin listener (`/metrics`), off unless configured.
     pub admin: Option<SocketAddr>,
-    /// Response compression (`[compression]`).
     /// The open-file cache of static routes (`[file_cache]`).
     pub file_cache: FileCacheConfig,
+    /// Response compression (`[compression]`).
     pub compression: CompressionConfig,
     /// Virtual hosts (`[[site]]`); `routes` answer the names no site claims unless a site is
     /// the default.
