@@ -1,9 +1,34 @@
-//! The access-log keys of `[log]`: where the lines go (`access_file`) and their `format`.
+//! `[log]`: the access log (on or off, where the lines go, their `format`) and the level of
+//! everything else.
 
 use std::path::{Path, PathBuf};
 
 use super::raw::RawLog;
-use super::{ConfigError, LogConfig, Validator};
+use super::{ConfigError, Validator};
+
+/// Logging settings.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// One access-log line per request on stdout.
+    pub access: bool,
+    /// Log filter for everything else (stderr), e.g. `info` or `qweb=debug`.
+    pub level: String,
+    /// Access log to this file (appended; reopened on SIGUSR1) instead of stdout.
+    pub access_file: Option<PathBuf>,
+    /// The access-log line format.
+    pub format: AccessFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            access: true,
+            level: "info".into(),
+            access_file: None,
+            format: AccessFormat::default(),
+        }
+    }
+}
 
 /// The shape of an access-log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -20,8 +45,25 @@ pub enum AccessFormat {
 }
 
 impl Validator<'_> {
+    /// Validates `[log]`.
+    pub(super) fn log(&self, raw: &RawLog) -> Result<LogConfig, ConfigError> {
+        let mut log = LogConfig::default();
+        if let Some(a) = raw.access {
+            log.access = a;
+        }
+        if let Some(level) = &raw.level {
+            let v = level.get_ref().trim();
+            if v.is_empty() {
+                return Err(self.err(Some(level.span()), "log.level", "must not be empty"));
+            }
+            log.level = v.to_owned();
+        }
+        self.access_log(raw, &mut log)?;
+        Ok(log)
+    }
+
     /// Validates `log.access_file` and `log.format` into `log`.
-    pub(super) fn access_log(&self, raw: &RawLog, log: &mut LogConfig) -> Result<(), ConfigError> {
+    fn access_log(&self, raw: &RawLog, log: &mut LogConfig) -> Result<(), ConfigError> {
         if let Some(f) = &raw.access_file {
             let v = f.get_ref().trim();
             if v.is_empty() {
@@ -98,27 +140,5 @@ mod tests {
         );
         let e = load("access_file = \"/\"").unwrap_err().to_string();
         assert!(e.contains("is a folder"), "{e}");
-    }
-}
-
-#[cfg(test)]
-mod plain_http2 {
-    use crate::Config;
-    use std::path::Path;
-
-    #[test]
-    fn http2_on_a_plain_listener_is_refused_with_its_place() {
-        let text = "[[listener]]\naddress = \"127.0.0.1:0\"\nhttp2 = true\n";
-        let e = Config::from_str_at(text, Some(Path::new("q.toml")))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("q.toml:3:9") && e.contains("listener[0].http2"),
-            "{e}"
-        );
-        assert!(e.contains("h2c is not served"), "{e}");
-        // said false, or left out: fine
-        let text = "[[listener]]\naddress = \"127.0.0.1:0\"\nhttp2 = false\n";
-        assert!(Config::from_str_at(text, None).is_ok());
     }
 }

@@ -1,19 +1,87 @@
-//! The keys of a proxy route (`[[route]]` with `upstreams`), validated.
+//! A proxy route (`[[route]]` with `upstreams`): its settings and their validation.
 
-use std::net::ToSocketAddrs;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
 use toml::Spanned;
 
 use super::raw::RawRoute;
-use super::{ConfigError, ProxyConfig, Upstream, Validator};
+use super::{ConfigError, Validator};
 
 /// Smallest upstream response head limit: hyper's HTTP/1 client cannot buffer less.
 const MIN_RESPONSE_HEADER_SIZE: u64 = 8 * 1024;
 
 /// Largest body `buffer_request_body` may hold in memory.
 const MAX_BUFFERED_BODY: u64 = 1 << 30;
+
+/// Reverse proxy to upstream servers.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// Upstream servers, used round-robin.
+    pub upstreams: Vec<Upstream>,
+    /// Time to connect to an upstream.
+    pub connect_timeout: Duration,
+    /// Time to wait for the upstream's response head once the request body was sent, for the
+    /// upstream to take more of the request body, and between upstream body reads.
+    pub timeout: Duration,
+    /// Longest pause between two reads of the client's request body (408 beyond).
+    pub client_body_timeout: Duration,
+    /// Idle keep-alive connections kept per upstream per worker.
+    pub keepalive: usize,
+    /// Forward the client's path bytes as sent instead of the normalised path.
+    pub pass_raw_path: bool,
+    /// Forward request headers whose names contain `_` (dropped by default, as nginx does:
+    /// `X_Forwarded_For` must not pass next to `X-Forwarded-For`).
+    pub underscores_in_headers: bool,
+    /// Clients whose `X-Forwarded-Host`, `X-Forwarded-Proto`, `Forwarded` and `X-Real-IP` are
+    /// passed on; from everyone else they are replaced.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Largest upstream response head; larger is a 502.
+    pub max_response_header_size: usize,
+    /// HTTP/1.1 `Upgrade` tokens passed through to the upstream (lowercase; default
+    /// `["websocket"]`); other upgrades are stripped.
+    pub upgrade: Vec<String>,
+    /// An upgraded connection with no bytes moving either way for this long is closed.
+    pub upgrade_idle_timeout: Duration,
+    /// Largest request body (413 beyond); `None`: no limit.
+    pub max_body_size: Option<u64>,
+    /// Read the whole request body before sending it, with a `Content-Length`.
+    pub buffer_request_body: bool,
+    /// TLS to the `https://` upstreams (roots, client certificate), when there are any.
+    pub upstream_tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    /// The name `https://` upstreams are verified against (and sent as SNI) instead of the
+    /// URL's host (`upstream_server_name`).
+    pub upstream_server_name: Option<String>,
+    /// How an upstream is chosen (`balance`, `hash_key`).
+    pub balance: Balance,
+    /// Each upstream's weight (`weights`, default 1 each).
+    pub weights: Vec<u32>,
+    /// Connect failures in a row that take an upstream out (0: never).
+    pub max_fails: u32,
+    /// How long an upstream that failed `max_fails` times is skipped.
+    pub fail_timeout: Duration,
+    /// Active health checks (`health_check`).
+    pub health_check: Option<HealthCheck>,
+    /// Upstream health as all workers see it (not a key: filled for `/metrics`).
+    pub gauges: std::sync::Arc<UpstreamGauges>,
+}
+
+/// One upstream server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    /// As written (`host:port`), used in logs.
+    pub name: String,
+    /// Resolved when the configuration is loaded.
+    pub addr: SocketAddr,
+    /// `https://`: TLS to the upstream.
+    pub tls: bool,
+    /// The URL's host (the TLS server name unless `upstream_server_name` says otherwise).
+    pub host: String,
+    /// Spoken to in HTTP/2: `h2c://` (prior knowledge), or `https://` with
+    /// `upstream_http2 = true` (ALPN h2).
+    pub h2: bool,
+}
 
 impl Validator<'_> {
     /// The proxy part of route `i` (its `upstreams` are `ups`).

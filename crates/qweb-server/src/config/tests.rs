@@ -1,4 +1,5 @@
 use super::*;
+use qweb_offload::{Fallback, Mode, Policy};
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::from_str_at(text, Some(Path::new("/etc/qweb/test.toml")))

@@ -1,0 +1,255 @@
+//! `[[listener]]`: the listening addresses, their TLS certificates and protocols.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use toml::Spanned;
+
+use super::raw::RawListener;
+use super::{
+    ConfigError, EngineKind, ListenerOffload, OcspSource, OffloadConfig, RedirectConfig,
+    SessionConfig, Validator,
+};
+
+/// One listening address.
+#[derive(Debug, Clone)]
+pub struct ListenerConfig {
+    /// Address and port; port 0 picks a free port (used by tests).
+    pub address: SocketAddr,
+    /// TLS settings; `None` is plain HTTP/1.1.
+    pub tls: Option<TlsConfig>,
+    /// Offer HTTP/2 by ALPN (TLS listeners only).
+    pub http2: bool,
+    /// Offload of the TLS private-key operations (`None`: rustls signs in place).
+    pub offload: Option<ListenerOffload>,
+    /// Every request on this listener is redirected (`redirect = { to = ... }`).
+    pub redirect: Option<RedirectConfig>,
+    /// TLS session resumption (tickets, session cache).
+    pub session: SessionConfig,
+}
+
+/// Where a TLS listener's certificates come from.
+#[derive(Debug, Clone)]
+pub enum TlsConfig {
+    /// The self-signed certificate in the state folder, generated on first use.
+    SelfSigned,
+    /// Certificate chains and keys; the first is the default, others are chosen by SNI.
+    Certificates(Vec<CertificateConfig>),
+}
+
+/// One certificate chain and its private key.
+#[derive(Debug, Clone)]
+pub struct CertificateConfig {
+    /// PEM chain, leaf first.
+    pub cert: PathBuf,
+    /// The OCSP response to staple: a DER file (`ocsp = "file.der"`, re-read when it
+    /// changes) or fetched from the certificate's responder (`ocsp = "fetch"`).
+    pub ocsp: Option<OcspSource>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1). `None`: a key server holds it (the
+    /// listener's offload engine is a key server).
+    pub key: Option<PathBuf>,
+}
+
+/// The listeners without a config: HTTPS on 127.0.0.1:8443 (self-signed), HTTP on
+/// 127.0.0.1:8080.
+pub(super) fn default_listeners() -> Vec<ListenerConfig> {
+    vec![
+        ListenerConfig {
+            address: ([127, 0, 0, 1], 8443).into(),
+            tls: Some(TlsConfig::SelfSigned),
+            http2: true,
+            offload: None,
+            redirect: None,
+            session: SessionConfig::default(),
+        },
+        ListenerConfig {
+            address: ([127, 0, 0, 1], 8080).into(),
+            tls: None,
+            http2: false,
+            offload: None,
+            redirect: None,
+            session: SessionConfig::default(),
+        },
+    ]
+}
+
+impl Validator<'_> {
+    /// Validates the `[[listener]]` tables (the default listeners when there are none).
+    pub(super) fn listeners(
+        &self,
+        raw: Option<&Spanned<Vec<RawListener>>>,
+        offload: &OffloadConfig,
+    ) -> Result<Vec<ListenerConfig>, ConfigError> {
+        let Some(ls) = raw else {
+            return Ok(default_listeners());
+        };
+        if ls.get_ref().is_empty() {
+            return Err(self.err(
+                Some(ls.span()),
+                "listener",
+                "at least one listener is needed",
+            ));
+        }
+        let mut out: Vec<ListenerConfig> = Vec::new();
+        for (i, l) in ls.get_ref().iter().enumerate() {
+            let cfg = self.listener(i, l, offload)?;
+            if cfg.address.port() != 0 && out.iter().any(|o| o.address == cfg.address) {
+                return Err(self.err(
+                    Some(l.address.span()),
+                    format!("listener[{i}].address"),
+                    format!("{} is already used by another listener", cfg.address),
+                ));
+            }
+            out.push(cfg);
+        }
+        Ok(out)
+    }
+
+    /// Validates listener `i` (its TLS, offload, HTTP/2 and redirect).
+    fn listener(
+        &self,
+        i: usize,
+        l: &RawListener,
+        engines: &OffloadConfig,
+    ) -> Result<ListenerConfig, ConfigError> {
+        let offload = match &l.offload {
+            None => None,
+            Some(o) => Some(self.listener_offload(i, o, engines, l.tls.is_some())?),
+        };
+        let keyserver = offload.as_ref().is_some_and(|o| {
+            o.policy.mode.offloads()
+                && engines
+                    .engines
+                    .iter()
+                    .any(|e| e.name == o.engine && matches!(e.kind, EngineKind::Keyserver(_)))
+        });
+        let tls = match &l.tls {
+            None => None,
+            Some(t) => {
+                let key = format!("listener[{i}].tls");
+                let tr = t.get_ref();
+                match (tr.self_signed, tr.certificates.is_empty()) {
+                    (true, true) => Some(TlsConfig::SelfSigned),
+                    (true, false) => {
+                        return Err(self.err(
+                            Some(t.span()),
+                            key,
+                            "use either `self_signed = true` or `certificates`, not both",
+                        ))
+                    }
+                    (false, true) if self.site_certs => Some(TlsConfig::Certificates(Vec::new())),
+                    (false, true) => {
+                        return Err(self.err(
+                            Some(t.span()),
+                            key,
+                            "a TLS listener needs `certificates = [{ cert = \"...\", key = \"...\" }]` or `self_signed = true`",
+                        ))
+                    }
+                    (false, false) => {
+                        let provider = qweb_tls::provider();
+                        let mut certs = Vec::new();
+                        for (j, c) in tr.certificates.iter().enumerate() {
+                            let cert = self.path(c.cert.get_ref());
+                            let Some(ck) = &c.key else {
+                                // no key file: only with a key server holding the key
+                                if !keyserver {
+                                    return Err(self.err(
+                                        Some(c.cert.span()),
+                                        format!("{key}.certificates[{j}].key"),
+                                        "missing: only a listener whose offload engine is a key server (mode sync or async) may omit the key",
+                                    ));
+                                }
+                                if let Err(e) = qweb_tls::cert_key_id(&cert) {
+                                    return Err(self.err(
+                                        Some(c.cert.span()),
+                                        format!("{key}.certificates[{j}].cert"),
+                                        e.to_string(),
+                                    ));
+                                }
+                                let ocsp = self.ocsp(i, j, c)?;
+                                certs.push(CertificateConfig {
+                                    cert,
+                                    key: None,
+                                    ocsp,
+                                });
+                                continue;
+                            };
+                            let keyp = self.path(ck.get_ref());
+                            if let Err(e) = qweb_tls::load_certified_key(&cert, &keyp, &provider) {
+                                let (span, which) = match &e {
+                                    qweb_tls::TlsError::Key { .. } => (ck.span(), "key"),
+                                    qweb_tls::TlsError::Read { path, .. }
+                                    | qweb_tls::TlsError::Pem { path, .. }
+                                        if *path == keyp =>
+                                    {
+                                        (ck.span(), "key")
+                                    }
+                                    _ => (c.cert.span(), "cert"),
+                                };
+                                return Err(self.err(
+                                    Some(span),
+                                    format!("{key}.certificates[{j}].{which}"),
+                                    e.to_string(),
+                                ));
+                            }
+                            certs.push(CertificateConfig {
+                                cert,
+                                key: Some(keyp),
+                                ocsp: self.ocsp(i, j, c)?,
+                            });
+                        }
+                        Some(TlsConfig::Certificates(certs))
+                    }
+                }
+            }
+        };
+        let session = match &l.tls {
+            Some(t) => self.session(i, t.get_ref(), engines)?,
+            None => SessionConfig::default(),
+        };
+        // h2c is not served: an explicit `http2 = true` on a plain listener is a mistake
+        if let (Some(h), None) = (&l.http2, &tls) {
+            if *h.get_ref() {
+                return Err(self.err(
+                    Some(h.span()),
+                    format!("listener[{i}].http2"),
+                    "HTTP/2 needs TLS here (h2c is not served): add [listener.tls] or remove http2",
+                ));
+            }
+        }
+        let http2 = l.http2.as_ref().map(|h| *h.get_ref()).unwrap_or(true);
+        Ok(ListenerConfig {
+            address: *l.address.get_ref(),
+            http2: http2 && tls.is_some(),
+            tls,
+            offload,
+            redirect: match &l.redirect {
+                Some(r) => Some(self.redirect(&format!("listener[{i}].redirect"), r)?),
+                None => None,
+            },
+            session,
+        })
+    }
+}
+
+#[cfg(test)]
+mod plain_http2 {
+    use crate::Config;
+    use std::path::Path;
+
+    #[test]
+    fn http2_on_a_plain_listener_is_refused_with_its_place() {
+        let text = "[[listener]]\naddress = \"127.0.0.1:0\"\nhttp2 = true\n";
+        let e = Config::from_str_at(text, Some(Path::new("q.toml")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("q.toml:3:9") && e.contains("listener[0].http2"),
+            "{e}"
+        );
+        assert!(e.contains("h2c is not served"), "{e}");
+        // said false, or left out: fine
+        let text = "[[listener]]\naddress = \"127.0.0.1:0\"\nhttp2 = false\n";
+        assert!(Config::from_str_at(text, None).is_ok());
+    }
+}
