@@ -598,7 +598,9 @@ async fn drive<T>(
                                     break true;
                                 }
                             }
-                            // a new idle spell
+                            // a new idle spell; a connection that has not yet reused
+                            // itself parks at once (most never send a second request)
+                            _ if watch.handed_count() <= 1 => break true,
                             _ => {
                                 park_at = Some((Instant::now() + PARK_AFTER, watch.handed_count()))
                             }
@@ -678,9 +680,10 @@ async fn drive<T>(
     }
 }
 
-/// How long an HTTP/1 connection stays whole after it goes idle before it is taken apart and
-/// parked (see [`crate::idle`]). Under keep-alive load the next request comes sooner, and
-/// hyper's connection is kept for it; a connection idle longer than this holds no buffers.
+/// How long an HTTP/1 connection that has served more than one request stays whole after it
+/// goes idle before it is taken apart and parked (see [`crate::idle`]). Under keep-alive load
+/// the next request comes sooner, and hyper's connection is kept for it; a connection idle
+/// longer than this holds no buffers. One that served a single request parks at once.
 const PARK_AFTER: Duration = Duration::from_millis(10);
 
 /// An idle HTTP/1 connection waits for its next request's bytes without any read buffer,

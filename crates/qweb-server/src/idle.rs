@@ -7,12 +7,14 @@
 //! next request's bytes arrive (as nginx frees its buffers in `ngx_http_set_keepalive` and
 //! allocates them again on the next read).
 //!
-//! A connection is taken apart only after it stayed idle for `conn.rs`'s `PARK_AFTER`
-//! (10 ms): under keep-alive load the next request arrives sooner, and parking for every
+//! A connection that has served more than one request is taken apart only after it stayed
+//! idle for `conn.rs`'s `PARK_AFTER` (10 ms); after its first request it parks at once (most
+//! connections that go idle then stay idle). Under keep-alive load the next request arrives sooner, and parking for every
 //! request cost an eventfd wake-up (0.37 `write` calls per request under `wrk -c8`) without
-//! saving memory that matters. Longer is worse for bursts of new connections: with 100 ms,
-//! 1 000 connections opened at once all held hyper's 16 KiB at the same time, and the
-//! allocator kept those pages (bench F: 16.6 KiB per idle connection instead of 10.3).
+//! saving memory that matters. A grace for every connection was worse for bursts of new
+//! connections: 1 000 opened at once all held hyper's 16 KiB at the same time, and the
+//! allocator kept those pages (bench F: 16.6 KiB per idle connection with 100 ms, 11.7 with
+//! 10 ms, instead of 10.3).
 //!
 //! Taking hyper apart is safe only when it holds nothing of the exchange: [`IdleWatch`] is
 //! told what hyper does with the transport (by `conn.rs`'s `Tracked` wrapper) and what it
