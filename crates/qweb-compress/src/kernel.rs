@@ -1,6 +1,6 @@
 //! The software chunk compressors: what an engine runs for one [`CompressOp`].
 //!
-//! Each function compresses one chunk into a piece that [`crate::stream::Framer`] joins with
+//! Each function compresses one chunk into a piece that [`crate::stream::StreamEncoder::join`] joins with
 //! the others into ONE valid stream of the codec:
 //!
 //! - **gzip**: raw deflate, primed with the last 32 KiB of the preceding input

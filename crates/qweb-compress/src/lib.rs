@@ -1,6 +1,6 @@
 //! qweb's HTTP response compression (see DESIGN.md: pipelined offload).
 //!
-//! - [`negotiate`]: `Accept-Encoding` with q-values, `identity`, `*` and `q=0`, against a
+//! - [`negotiate()`]: `Accept-Encoding` with q-values, `identity`, `*` and `q=0`, against a
 //!   server preference order.
 //! - [`kernel`]: the software chunk compressors (gzip on flate2/zlib-rs, brotli, zstd) that
 //!   engines run for a [`CompressOp`]; the module documentation says how each codec's chunks
