@@ -81,9 +81,12 @@ pub(crate) struct WorkerCtx {
     /// Becomes `true` when a reload replaced this generation: its connections close after
     /// their current request.
     pub retire: watch::Sender<bool>,
-    /// Becomes `true` when the retired generation's deadline passed: its connections are
-    /// closed whatever they do.
-    kill: watch::Sender<bool>,
+    /// The connections of this generation, aborted when it was retired and its deadline
+    /// passed (kept here rather than a kill switch in every connection's task, which was
+    /// polled at every wake-up of every connection and made each task bigger).
+    tasks: RefCell<HashMap<u64, tokio::task::AbortHandle>>,
+    /// The key of the next connection in `tasks`.
+    next_task: Cell<u64>,
     /// This worker's counters (also read by `/metrics`).
     pub metrics: Arc<WorkerMetrics>,
     /// The metrics of requests no route matched.
@@ -252,7 +255,8 @@ impl Worker {
             log_format: config.log.format,
             shutdown: self.shutdown.clone(),
             retire: watch::Sender::new(false),
-            kill: watch::Sender::new(false),
+            tasks: RefCell::new(HashMap::new()),
+            next_task: Cell::new(0),
             metrics: self.extras.metrics.clone(),
             unmatched: Rc::new(self.extras.registry.route(NO_ROUTE)),
             compression: g.compression.as_ref().map(crate::compress::Compressor::new),
@@ -365,7 +369,11 @@ impl Worker {
 async fn retire(ctx: Rc<WorkerCtx>, deadline: Duration) {
     ctx.retire.send_replace(true);
     drain(&ctx, deadline).await;
-    ctx.kill.send_replace(true);
+    // (taken out first: an aborted task's `ConnCount` removes itself from the map)
+    let tasks = std::mem::take(&mut *ctx.tasks.borrow_mut());
+    for t in tasks.into_values() {
+        t.abort();
+    }
 }
 
 /// Waits until every connection has finished, or the deadline passed.
@@ -383,10 +391,11 @@ async fn drain(ctx: &Rc<WorkerCtx>, deadline: Duration) {
     }
 }
 
-struct ConnCount(Rc<WorkerCtx>);
+struct ConnCount(Rc<WorkerCtx>, u64);
 
 impl Drop for ConnCount {
     fn drop(&mut self) {
+        self.0.tasks.borrow_mut().remove(&self.1);
         self.0.connections.set(self.0.connections.get() - 1);
         self.0
             .metrics
@@ -431,15 +440,15 @@ async fn accept_loop(
                 ctx.metrics
                     .connections
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let count = ConnCount(ctx.clone());
-                let mut kill = ctx.kill.subscribe();
-                tokio::task::spawn_local(async move {
-                    tokio::select! {
-                        _ = crate::conn::serve(stream, peer, listener, ctx) => {}
-                        _ = kill.wait_for(|k| *k) => {}
-                    }
+                let id = ctx.next_task.get();
+                ctx.next_task.set(id + 1);
+                let count = ConnCount(ctx.clone(), id);
+                let tasks = ctx.clone();
+                let task = tokio::task::spawn_local(async move {
+                    crate::conn::serve(stream, peer, listener, ctx).await;
                     drop(count);
                 });
+                tasks.tasks.borrow_mut().insert(id, task.abort_handle());
             }
             Err(e) => {
                 // EMFILE/ENFILE and the like: back off instead of spinning, and say so once

@@ -12,7 +12,8 @@ use tokio::net::TcpStream;
 
 const LIMITS: &str = "[limits]\nkeepalive_timeout = \"1500ms\"\nheader_read_timeout = \"1s\"\n";
 
-/// Long enough for the server to park the connection (it parks as soon as it is idle).
+/// Long enough for the server to park the connection (at once after its first request, after
+/// 10 ms idle once it has served more).
 const IDLE: Duration = Duration::from_millis(150);
 
 async fn tls(t: &common::TestServer) -> tokio_rustls::client::TlsStream<TcpStream> {
@@ -259,4 +260,55 @@ async fn parked_connections_of_clients_that_leave_are_freed() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A reload retires the old generation: its idle (parked) connections and a connection with a
+/// head half sent are closed once the old `shutdown_timeout` passes, though their own
+/// timeouts are much longer. (The test's listeners are on port 0, so the new generation
+/// listens elsewhere: its own connections are `tests/reload.rs`'s subject.)
+#[tokio::test]
+async fn a_retired_generations_connections_are_closed_at_its_deadline() {
+    let limits = "shutdown_timeout = \"1s\"\n[limits]\nkeepalive_timeout = \"60s\"\nheader_read_timeout = \"60s\"\n";
+    let mut t = common::start_with(limits, |_| {});
+    site(&t);
+    let mut idle = TcpStream::connect(t.addrs[1]).await.unwrap();
+    for _ in 0..2 {
+        idle.write_all(get("/a").as_bytes()).await.unwrap();
+        let r = read_responses(&mut idle, 1, Duration::from_secs(5)).await;
+        assert!(r.ends_with("AAAA"), "{r}");
+    }
+    let mut half = tls(&t).await;
+    half.write_all(b"GET /a HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    half.flush().await.unwrap();
+    tokio::time::sleep(IDLE).await;
+    t.server
+        .as_mut()
+        .unwrap()
+        .reload_from(None)
+        .expect("reload");
+    let since = Instant::now();
+    // (the first to close is read first; the other is then already closed or closes soon)
+    let mut b = [0u8; 64];
+    let r = tokio::time::timeout(Duration::from_secs(10), idle.read(&mut b)).await;
+    let took = since.elapsed();
+    assert!(
+        matches!(r, Ok(Ok(0)) | Ok(Err(_))),
+        "idle: not closed: {r:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(800) && took < Duration::from_secs(5),
+        "idle: closed after {took:?}"
+    );
+    let r = tokio::time::timeout(Duration::from_secs(10), half.read(&mut b)).await;
+    let took = since.elapsed();
+    assert!(
+        matches!(r, Ok(Ok(0)) | Ok(Err(_))),
+        "half head: not closed: {r:?}"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "half head: closed after {took:?}"
+    );
 }
