@@ -26,12 +26,7 @@ impl Runner {
             .map(|(l, _, _)| (l.clone(), vec![], vec![], vec![]))
             .collect();
         for round in 0..self.profile.rounds {
-            let order: Vec<usize> = if round % 2 == 0 {
-                (0..kinds.len()).collect()
-            } else {
-                (0..kinds.len()).rev().collect()
-            };
-            for i in order {
+            for i in measure::abba(round, kinds.len()) {
                 let Some(s) = &servers[i] else { continue };
                 let mut probe = self.base_spec(s.port, "1k.bin", Mode::Keepalive);
                 probe.connections = 8;

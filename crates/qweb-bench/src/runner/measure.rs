@@ -31,6 +31,7 @@ impl Runner {
             let plain = procs::free_port()?;
             // SAFETY: geteuid has no preconditions.
             let root = unsafe { libc::geteuid() } == 0;
+            let log = self.out.join("logs").join(format!("{name}.log"));
             let mut p = match kind {
                 ServerKind::Qweb {
                     offload,
@@ -58,11 +59,11 @@ impl Runner {
                         resumption: *resumption,
                         ticket_keyserver: ticket_keyserver.clone(),
                     };
-                    let dir = self.out.join("configs");
-                    std::fs::create_dir_all(&dir).map_err(|e| Error::path("create", &dir, e))?;
-                    let cfg = dir.join(format!("{name}.toml"));
-                    std::fs::write(&cfg, configs::qweb_toml(&spec))
-                        .map_err(|e| Error::path("write", &cfg, e))?;
+                    let cfg = write_conf(
+                        &self.out.join("configs"),
+                        &format!("{name}.toml"),
+                        &configs::qweb_toml(&spec),
+                    )?;
                     ServerProc::start(
                         label,
                         &self.qweb,
@@ -73,7 +74,7 @@ impl Runner {
                         ],
                         port,
                         Some(admin),
-                        self.out.join("logs").join(format!("{name}.log")),
+                        log,
                     )?
                 }
                 ServerKind::Nginx {
@@ -106,9 +107,7 @@ impl Runner {
                         plain_port: Some(plain),
                         resumption: *resumption,
                     };
-                    let conf = prefix.join("nginx.conf");
-                    std::fs::write(&conf, nginx_conf::nginx_conf(&spec))
-                        .map_err(|e| Error::path("write", &conf, e))?;
+                    let conf = write_conf(&prefix, "nginx.conf", &nginx_conf::nginx_conf(&spec))?;
                     ServerProc::start(
                         label,
                         &nginx.bin,
@@ -122,7 +121,7 @@ impl Runner {
                         ],
                         port,
                         None,
-                        self.out.join("logs").join(format!("{name}.log")),
+                        log,
                     )?
                 }
                 ServerKind::H2o { resumption } => {
@@ -130,8 +129,6 @@ impl Runner {
                         Error::Other(format!("skipped: h2o not available ({why})"))
                     })?;
                     let prefix = self.out.join("h2o").join(&name);
-                    std::fs::create_dir_all(&prefix)
-                        .map_err(|e| Error::path("create", &prefix, e))?;
                     let spec = H2oSpec {
                         workers: self.workers,
                         port,
@@ -146,16 +143,14 @@ impl Runner {
                         resumption: *resumption,
                         user_root: root,
                     };
-                    let conf = prefix.join("h2o.conf");
-                    std::fs::write(&conf, h2o_conf(&spec))
-                        .map_err(|e| Error::path("write", &conf, e))?;
+                    let conf = write_conf(&prefix, "h2o.conf", &h2o_conf(&spec))?;
                     ServerProc::start(
                         label,
                         &info.bin,
                         &["-c".into(), conf.to_string_lossy().into()],
                         port,
                         None,
-                        self.out.join("logs").join(format!("{name}.log")),
+                        log,
                     )?
                 }
                 ServerKind::Caddy => {
@@ -163,8 +158,6 @@ impl Runner {
                         Error::Other(format!("skipped: caddy not available ({why})"))
                     })?;
                     let prefix = self.out.join("caddy").join(&name);
-                    std::fs::create_dir_all(&prefix)
-                        .map_err(|e| Error::path("create", &prefix, e))?;
                     let spec = CaddySpec {
                         port,
                         plain_port: Some(plain),
@@ -175,9 +168,7 @@ impl Runner {
                         keepalive_secs: 300,
                         tickets: false,
                     };
-                    let conf = prefix.join("caddy.json");
-                    std::fs::write(&conf, caddy_json(&spec))
-                        .map_err(|e| Error::path("write", &conf, e))?;
+                    let conf = write_conf(&prefix, "caddy.json", &caddy_json(&spec))?;
                     // Caddy's own state (autosave, locks) goes to its prefix, not $HOME; its
                     // parallelism is GOMAXPROCS = workers.
                     let home = prefix.to_string_lossy().into_owned();
@@ -197,7 +188,7 @@ impl Runner {
                         ],
                         port,
                         None,
-                        self.out.join("logs").join(format!("{name}.log")),
+                        log,
                     )?
                 }
             };
@@ -332,12 +323,7 @@ impl Runner {
     ) -> Vec<Measured> {
         let mut per_row: Vec<Vec<(LoadReport, f64, f64)>> = vec![vec![]; rows.len()];
         for round in 0..self.profile.rounds {
-            let order: Vec<usize> = if round % 2 == 0 {
-                (0..rows.len()).collect()
-            } else {
-                (0..rows.len()).rev().collect()
-            };
-            for i in order {
+            for i in abba(round, rows.len()) {
                 let (si, spec, engine, label) = &rows[i];
                 let Some(server) = servers.get(*si).and_then(|s| s.as_ref()) else {
                     continue;
@@ -425,4 +411,22 @@ impl Runner {
             }
         }
     }
+}
+
+/// The order of `n` rows in round `round` of an interleaved run: forwards in even rounds,
+/// backwards in odd ones (ABBA), so no row always runs first or last.
+pub(super) fn abba(round: usize, n: usize) -> Vec<usize> {
+    if round % 2 == 0 {
+        (0..n).collect()
+    } else {
+        (0..n).rev().collect()
+    }
+}
+
+/// Creates `dir` and writes a server's configuration `text` to `dir/file`; returns its path.
+fn write_conf(dir: &Path, file: &str, text: &str) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::path("create", dir, e))?;
+    let path = dir.join(file);
+    std::fs::write(&path, text).map_err(|e| Error::path("write", &path, e))?;
+    Ok(path)
 }

@@ -188,12 +188,7 @@ impl Runner {
             .collect();
         let mut per_row: Vec<Vec<(LoadReport, f64, f64)>> = vec![vec![]; rows.len()];
         for round in 0..self.profile.rounds {
-            let order: Vec<usize> = if round % 2 == 0 {
-                (0..rows.len()).collect()
-            } else {
-                (0..rows.len()).rev().collect()
-            };
-            for i in order {
+            for i in measure::abba(round, rows.len()) {
                 let (vi, tls) = rows[i];
                 let [Some(a), Some(b)] = &nodes[vi] else {
                     continue;
