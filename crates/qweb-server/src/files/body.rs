@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 
-use crate::body::BoxError;
+use crate::http::body::BoxError;
 
 /// Largest read per frame.
 pub(crate) const CHUNK: usize = 128 * 1024;

@@ -18,9 +18,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
 
-use crate::body::{empty, full, Body};
 use crate::config::StaticConfig;
-use crate::response;
+use crate::http::body::{empty, full, Body};
+use crate::http::response;
 use body::FileBody;
 use cache::{FileHead, Identity};
 use conditional::Outcome;
@@ -229,7 +229,7 @@ impl StaticFiles {
         };
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(count));
         // for the compression layer (variant cache, sidecars)
-        let info = crate::compress::StaticFile {
+        let info = StaticFile {
             path: head.path.clone(),
             root: self.root.clone(),
             rel: head.rel.clone(),
@@ -254,11 +254,25 @@ impl StaticFiles {
                     file.seek(SeekFrom::Start(start))
                         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
                 }
-                crate::body::boxed(FileBody::new(file, count))
+                crate::http::body::boxed(FileBody::new(file, count))
             }
         };
         Ok(with_file(with_headers(status, h, body), info))
     }
+}
+
+/// Attached by the static file handler to the responses it makes: which file, as it was
+/// when it was opened.
+#[derive(Debug, Clone)]
+pub(crate) struct StaticFile {
+    /// The root's path joined with `rel` (names the file in the variant cache).
+    pub path: Arc<Path>,
+    /// The route's root: sidecars are opened beneath it, by the route's symlink rules.
+    pub root: Arc<Root>,
+    /// The file's path relative to the root.
+    pub rel: Arc<Path>,
+    pub len: u64,
+    pub mtime: SystemTime,
 }
 
 /// Where a response's body comes from.
@@ -277,7 +291,7 @@ enum Opened {
     Redirect(Response<Body>),
 }
 
-fn with_file(mut r: Response<Body>, info: crate::compress::StaticFile) -> Response<Body> {
+fn with_file(mut r: Response<Body>, info: StaticFile) -> Response<Body> {
     r.extensions_mut().insert(info);
     r
 }
@@ -324,7 +338,7 @@ fn etag(meta: &Metadata, mtime: SystemTime) -> String {
 
 fn content_type(path: &Path) -> HeaderValue {
     // No charset parameter (as nginx): the page's own `<meta charset>` decides, unless the
-    // route or site sets `charset` (see `crate::headers_rules::charset`).
+    // route or site sets `charset` (see `crate::pipeline::headers_rules::charset`).
     let mime = mime_guess::from_path(path).first_or_octet_stream();
     HeaderValue::from_str(mime.as_ref())
         .unwrap_or(HeaderValue::from_static("application/octet-stream"))

@@ -16,7 +16,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::pool::UpstreamConn;
 use super::Proxy;
-use crate::body::BoxError;
+use crate::http::body::BoxError;
 
 /// What went wrong on the client's side of a request body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

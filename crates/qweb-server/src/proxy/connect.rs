@@ -13,8 +13,8 @@ use http::{Method, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 
 use super::{ClientInfo, Proxy, RequestBody, Target};
-use crate::body::Body;
-use crate::response;
+use crate::http::body::Body;
+use crate::http::response;
 
 impl Proxy {
     /// An extended CONNECT from an HTTP/2 client.

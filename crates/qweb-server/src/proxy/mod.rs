@@ -40,16 +40,15 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::body::Body;
 use crate::config::ProxyConfig;
-use crate::response;
+use crate::http::body::Body;
+use crate::http::response;
 use balance::{Balancer, Load};
 use body::{ClientBody, ClientBodyError, Progress, UpstreamBody};
 pub(crate) use headers::strip_hop_by_hop;
 use headers::Forwarding;
 pub(crate) use health::upstream_gauges;
 use pool::{Pool, SharedSocket, UpstreamConn};
-pub(crate) use upgrade::{run as run_tunnel, TunnelSlot};
 
 /// One proxy route on one worker.
 pub(crate) struct Proxy {
@@ -65,7 +64,7 @@ pub(crate) struct ClientInfo {
     pub addr: SocketAddr,
     pub tls: bool,
     /// The client connection (an accepted upgrade leaves its tunnel there).
-    pub conn: Rc<crate::conn_state::ConnState>,
+    pub conn: Rc<crate::session::ConnState>,
 }
 
 /// What the client asked for, after the request rules and path normalisation.
@@ -389,7 +388,7 @@ impl Proxy {
             sleep: Box::pin(tokio::time::sleep(self.cfg.timeout)),
             done: false,
         };
-        Response::from_parts(parts, crate::body::boxed(body))
+        Response::from_parts(parts, crate::http::body::boxed(body))
     }
 }
 

@@ -7,14 +7,15 @@
 //!    (the request goes on as a plain one), so that an `Upgrade: h2c` never reaches an
 //!    upstream.
 //! 2. The upstream answers 101 switching to the protocol asked for: the 101 goes to the
-//!    client, and the [`Tunnel`] waits in the client connection's [`TunnelSlot`]. Any other
+//!    client, and the [`Tunnel`] waits in the client connection's
+//!    [`TunnelSlot`](crate::session::tunnel::TunnelSlot). Any other
 //!    answer is an ordinary response (a 101 to another protocol is a 502).
 //! 3. Once hyper has written the 101 and given the client connection back, the connection
 //!    calls [`run`]: the bytes are copied both ways until both sides have closed, or one
 //!    fails, or nothing moved for the route's `upgrade_idle_timeout`, or a write waits that
 //!    long (a peer that stops reading does not hold the tunnel forever).
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::pin::pin;
 use std::rc::Rc;
 use std::time::Duration;
@@ -31,8 +32,8 @@ use super::body::ClientBody;
 use super::{
     client_status, strip_hop_by_hop, upstream_request, ClientInfo, Proxy, RequestBody, Target,
 };
-use crate::body::Body;
-use crate::response;
+use crate::http::body::Body;
+use crate::http::response;
 
 /// How long the upstream side of an accepted upgrade may take to be handed over by hyper.
 const HANDOFF_TIMEOUT: Duration = Duration::from_secs(5);
@@ -47,18 +48,13 @@ pub(crate) struct Tunnel {
     pub(super) name: String,
 }
 
-/// Where a client connection finds the tunnel its last response started (HTTP/1.1 only).
-#[derive(Default)]
-pub(crate) struct TunnelSlot(RefCell<Option<Tunnel>>);
-
-impl TunnelSlot {
-    /// The tunnel to run once the connection's HTTP/1 exchange is over, if any.
-    pub(crate) fn take(&self) -> Option<Tunnel> {
-        self.0.borrow_mut().take()
-    }
-
-    pub(super) fn set(&self, t: Tunnel) {
-        *self.0.borrow_mut() = Some(t);
+impl crate::session::tunnel::Tunnel for Tunnel {
+    fn run<'a>(
+        self: Box<Self>,
+        client: Box<dyn crate::session::tunnel::TunnelIo + 'a>,
+        early: Bytes,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>> {
+        Box::pin(run(client, early, *self))
     }
 }
 
@@ -212,14 +208,14 @@ impl Proxy {
                     _ => tracing::debug!(upstream = %tunnel.name, "client stream not handed over"),
                 }
             });
-            let mut r = Response::new(crate::body::empty());
+            let mut r = Response::new(crate::http::body::empty());
             *r.headers_mut() = headers;
             return r;
         }
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, answer);
-        client.conn.tunnel.set(tunnel);
-        let mut r = Response::new(crate::body::empty());
+        client.conn.tunnel.set(Box::new(tunnel));
+        let mut r = Response::new(crate::http::body::empty());
         *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
         *r.headers_mut() = headers;
         r

@@ -60,8 +60,6 @@ pub(crate) struct Metrics {
     config: Arc<ConfigInfo>,
     /// Proxy upstream health (replaced on reload).
     pub upstreams: Arc<UpstreamsCollector>,
-    /// TLS session resumption and OCSP, per TLS listener (replaced on reload).
-    pub tls_sessions: Arc<crate::tls_session::TlsSessionsCollector>,
 }
 
 /// A route's counters, resolved once when a worker builds its routes: a request only bumps
@@ -232,12 +230,14 @@ impl Collector for UpstreamsCollector {
 
 impl Metrics {
     /// The registry for `workers`, the engines of `engines` and the compression counters;
-    /// `config_hash` names the configuration loaded at start.
+    /// `config_hash` names the configuration loaded at start. `collectors` are registered by
+    /// the layers above (TLS sessions, the open-file cache): this module imports none of them.
     pub(crate) fn new(
         workers: Vec<Arc<WorkerMetrics>>,
         engines: EngineSet,
         compression: Arc<qweb_compress::CompressMetrics>,
         config_hash: String,
+        collectors: Vec<Box<dyn Collector>>,
     ) -> Metrics {
         let mut registry = Registry::default();
         registry.register(
@@ -261,8 +261,6 @@ impl Metrics {
             workers: workers.len(),
         });
         registry.register_collector(Box::new(upstreams.clone()));
-        let tls_sessions = Arc::new(crate::tls_session::TlsSessionsCollector::default());
-        registry.register_collector(Box::new(tls_sessions.clone()));
         registry.register_collector(Box::new(WorkersCollector(workers)));
         let requests = Family::<RouteClassLabels, Counter>::default();
         registry.register(
@@ -280,8 +278,10 @@ impl Metrics {
         );
         engines.register(&mut registry);
         compression.register(&mut registry);
-        registry.register_collector(Box::new(crate::process_counters::ProcessCounters));
-        registry.register_collector(Box::new(crate::files::cache::CacheCollector));
+        registry.register_collector(Box::new(crate::observe::process_counters::ProcessCounters));
+        for c in collectors {
+            registry.register_collector(c);
+        }
         Metrics {
             registry,
             engines,
@@ -291,7 +291,6 @@ impl Metrics {
             reloads,
             config,
             upstreams,
-            tls_sessions,
         }
     }
 
@@ -357,6 +356,7 @@ mod tests {
             EngineSet::default(),
             Default::default(),
             config_hash(b"x"),
+            Vec::new(),
         );
         let r = m.route("/a\"b\\c\nd");
         r.observe(204, Duration::from_millis(3));

@@ -1,5 +1,6 @@
-//! The response body type, and the wrapper that counts bytes, logs the request and tells the
-//! connection when the response is finished.
+//! The logged-request record: the wrapper around a response body that counts the bytes sent,
+//! tells the connection's watchdog what the response waits for, and writes the access-log
+//! line when the response ends.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -7,33 +8,9 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
-use http_body_util::{BodyExt, Empty, Full};
 
-use crate::conn_state::RequestGuard;
-
-/// Errors a body can yield.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// Every response body qweb produces. Bodies live on their worker, so they need not be
-/// `Send` (an upstream body holds the worker's connection pool).
-pub(crate) type Body = Pin<Box<dyn HttpBody<Data = Bytes, Error = BoxError>>>;
-
-/// Boxes a body.
-pub(crate) fn boxed<B>(b: B) -> Body
-where
-    B: HttpBody<Data = Bytes, Error = BoxError> + 'static,
-{
-    Box::pin(b)
-}
-
-/// A body of known bytes.
-pub(crate) fn full(b: impl Into<Bytes>) -> Body {
-    boxed(Full::new(b.into()).map_err(|never| match never {}))
-}
-
-/// An empty body.
-pub(crate) fn empty() -> Body {
-    boxed(Empty::new().map_err(|never| match never {}))
-}
+use crate::http::body::{Body, BoxError};
+use crate::session::RequestGuard;
 
 /// What the access log says about one request.
 pub(crate) struct AccessRecord {
@@ -43,11 +20,11 @@ pub(crate) struct AccessRecord {
     pub status: u16,
     pub log: bool,
     /// The route's request counters and latency histogram.
-    pub route: std::rc::Rc<crate::metrics::RouteMetrics>,
+    pub route: std::rc::Rc<crate::observe::metrics::RouteMetrics>,
     /// The access-log line format.
     pub format: crate::config::AccessFormat,
     /// Host, User-Agent, Referer (when the log is on).
-    pub fields: Option<crate::access_log::RequestFields>,
+    pub fields: Option<crate::observe::access_log::RequestFields>,
 }
 
 /// Counts the body bytes sent and tells the connection's watchdog whether the response waits
@@ -121,9 +98,9 @@ impl Drop for Logged {
             // HEAD responses and empty bodies are never polled: they went out whole
             let whole = self.ended || self.inner.is_end_stream() || r.method == http::Method::HEAD;
             let conn = self.guard.conn();
-            crate::access_log::write(
+            crate::observe::access_log::write(
                 r.format,
-                &crate::access_log::Entry {
+                &crate::observe::access_log::Entry {
                     peer: conn.peer,
                     method: r.method.as_str(),
                     target: &r.path,

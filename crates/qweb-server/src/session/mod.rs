@@ -2,7 +2,10 @@
 //! phase must end, and how far each response being sent has come.
 //!
 //! Shared (through `Rc`) by the connection's I/O wrapper, its service and its response bodies,
-//! all on the worker's thread. Depends on nothing above it.
+//! all on the worker's thread. Imports only `http` and `observe` below it.
+
+pub(crate) mod logged;
+pub(crate) mod tunnel;
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
@@ -12,7 +15,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::head_scan::HeadScan;
+use crate::http::head_scan::HeadScan;
 
 tokio::task_local! {
     /// The HTTP/2 stream task a request runs in (none for HTTP/1).
@@ -130,7 +133,7 @@ pub(crate) struct ConnState {
     /// The server name the TLS client sent (SNI), lower case.
     pub sni: std::cell::OnceCell<Box<str>>,
     /// An upgrade the proxy accepted: run once the HTTP/1 exchange is over.
-    pub tunnel: crate::proxy::TunnelSlot,
+    pub tunnel: tunnel::TunnelSlot,
 }
 
 impl ConnState {

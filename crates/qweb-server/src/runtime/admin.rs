@@ -14,9 +14,9 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::body::{full, Body};
-use crate::metrics::Metrics;
-use crate::response;
+use crate::http::body::{full, Body};
+use crate::http::response;
+use crate::observe::metrics::Metrics;
 
 /// Longest life of one admin connection (a scrape takes milliseconds): an idle or slow client
 /// cannot hold the connection's fd.
@@ -34,7 +34,7 @@ fn handle(req: &Request<Incoming>, registry: &Metrics) -> Response<Body> {
     let mut r = Response::new(full(registry.render()));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+        HeaderValue::from_static(crate::observe::metrics::CONTENT_TYPE),
     );
     r
 }
@@ -68,7 +68,7 @@ pub(crate) fn run(
 async fn serve(socket: TcpListener, registry: Arc<Metrics>, mut shutdown: watch::Receiver<bool>) {
     let registry = Rc::new(registry);
     let open = Rc::new(std::cell::Cell::new(0usize));
-    let errors = crate::log_limit::Every::new(Duration::from_secs(1));
+    let errors = crate::observe::log_limit::Every::new(Duration::from_secs(1));
     let addr = socket.local_addr().ok();
     loop {
         let accepted = tokio::select! {

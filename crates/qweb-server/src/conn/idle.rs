@@ -28,7 +28,7 @@ use std::task::{Context, Poll};
 
 use tokio::net::TcpStream;
 
-use crate::conn_state::{ConnState, Phase};
+use crate::session::{ConnState, Phase};
 
 /// A transport an idle connection can wait on without a read buffer.
 pub(crate) trait ReadReady {

@@ -2,7 +2,7 @@
 
 use http::{header, HeaderValue, Response, StatusCode};
 
-use crate::body::{full, Body};
+use crate::http::body::{full, Body};
 
 /// Marks a response qweb made itself (not an upstream's): `error_pages` replace only these.
 #[derive(Debug, Clone, Copy)]

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use crate::config::{ErrorPages, HeaderEdits, RewriteRule, SitesConfig};
-use crate::worker::Route;
+use crate::pipeline::routes::Route;
 
 /// A site on this worker.
 pub(crate) struct Site {
@@ -47,7 +47,7 @@ impl Sites {
     /// Opens every site's routes (static roots, upstream pools) for this worker.
     pub(crate) fn new(
         cfg: &SitesConfig,
-        registry: &crate::metrics::Metrics,
+        registry: &crate::observe::metrics::Metrics,
     ) -> std::io::Result<Self> {
         let mut sites = Sites {
             default: cfg.default,
@@ -61,7 +61,7 @@ impl Sites {
             let routes = s
                 .routes
                 .iter()
-                .map(|r| crate::worker::build_route(r, registry, label))
+                .map(|r| crate::pipeline::routes::build_route(r, registry, label))
                 .collect::<std::io::Result<Vec<_>>>()?;
             for n in &s.server_names {
                 match n.strip_prefix("*.") {

@@ -26,7 +26,7 @@ fn bind_one(addr: SocketAddr) -> io::Result<TcpListener> {
 /// `EADDRINUSE` exactly when some socket listens there. Port 0 needs no probe.
 pub(crate) fn in_use(addr: SocketAddr) -> io::Result<bool> {
     // inherited from the process this one replaces (binary upgrade): ours
-    if addr.port() == 0 || crate::upgrade::has_inherited(addr) {
+    if addr.port() == 0 || crate::runtime::upgrade::has_inherited(addr) {
         return Ok(false);
     }
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
@@ -45,7 +45,7 @@ pub(crate) fn in_use(addr: SocketAddr) -> io::Result<bool> {
 /// the others join it, so all workers share one port.
 pub(crate) fn bind_reuseport(addr: SocketAddr, count: usize) -> io::Result<Vec<TcpListener>> {
     // a binary upgrade handed us the old process's sockets: their accept queues carry on
-    let mut out = crate::upgrade::take_inherited(addr, count);
+    let mut out = crate::runtime::upgrade::take_inherited(addr, count);
     if let Some(first) = out.first() {
         let bound = first.local_addr()?;
         while out.len() < count {

@@ -29,7 +29,7 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
@@ -40,22 +40,10 @@ use qweb_compress::{
 };
 use qweb_offload::{BatchConfig, Engine, Offloader};
 
-use crate::body::{boxed, full, Body, BoxError};
 use crate::config::{CompressionConfig, Config};
+use crate::http::body::{boxed, full, Body, BoxError};
 
-/// Attached by the static file handler to the responses it makes: which file, as it was
-/// when it was opened.
-#[derive(Debug, Clone)]
-pub(crate) struct StaticFile {
-    /// The root's path joined with `rel` (names the file in the variant cache).
-    pub path: Arc<Path>,
-    /// The route's root: sidecars are opened beneath it, by the route's symlink rules.
-    pub root: Arc<crate::files::Root>,
-    /// The file's path relative to the root.
-    pub rel: Arc<Path>,
-    pub len: u64,
-    pub mtime: SystemTime,
-}
+pub(crate) use crate::files::StaticFile;
 
 /// What every worker shares: the settings, the engine, the counters.
 pub(crate) struct Shared {

@@ -4,10 +4,10 @@
 
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 
-use crate::body::Body;
 use crate::config::RouteRules;
-use crate::sites::Site;
-use crate::worker::Route;
+use crate::http::body::Body;
+use crate::pipeline::routes::Route;
+use crate::pipeline::sites::Site;
 
 /// The site's response edits, then the route's.
 pub(crate) fn respond(site: Option<&Site>, route: Option<&Route>, resp: &mut Response<Body>) {

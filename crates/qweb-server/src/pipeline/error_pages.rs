@@ -4,9 +4,9 @@
 
 use http::{header, HeaderMap, Method, Response};
 
-use crate::body::Body;
 use crate::config::ErrorPages;
-use crate::worker::{Handler, Route};
+use crate::http::body::Body;
+use crate::pipeline::routes::{Handler, Route};
 
 /// Headers of the page that describe the file rather than the error.
 const PAGE_ONLY: [header::HeaderName; 4] = [
@@ -29,7 +29,7 @@ pub(crate) fn apply(
         || !(status.is_client_error() || status.is_server_error())
         || resp
             .extensions()
-            .get::<crate::response::Generated>()
+            .get::<crate::http::response::Generated>()
             .is_none()
     {
         // an upstream's own error pages pass untouched
@@ -40,7 +40,7 @@ pub(crate) fn apply(
     };
     let Some(route) = routes
         .iter()
-        .find(|r| crate::service::covers(&r.prefix, page))
+        .find(|r| crate::pipeline::service::covers(&r.prefix, page))
     else {
         return resp;
     };

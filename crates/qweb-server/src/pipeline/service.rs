@@ -9,13 +9,15 @@ use std::time::Instant;
 use http::{header, HeaderValue, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 
-use crate::body::{AccessRecord, Body, Logged};
-use crate::conn_state::ConnState;
-use crate::path::PathError;
+use crate::http::body::Body;
+use crate::http::path::PathError;
+use crate::http::request_rules;
+use crate::http::response;
+use crate::pipeline::ctx::WorkerCtx;
+use crate::pipeline::routes::{Handler, Route};
 use crate::proxy::{ClientInfo, Target};
-use crate::request_rules;
-use crate::response;
-use crate::worker::{Handler, Route, WorkerCtx};
+use crate::session::logged::{AccessRecord, Logged};
+use crate::session::ConnState;
 
 /// Per-connection service.
 pub(crate) struct Service {
@@ -65,7 +67,7 @@ impl Service {
         let start = Instant::now();
         let method = req.method().clone();
         let log_path = if self.worker.access_log {
-            crate::access_log::escape(
+            crate::observe::access_log::escape(
                 req.uri()
                     .path_and_query()
                     .map(|p| p.as_str())
@@ -78,9 +80,10 @@ impl Service {
         let fields = self
             .worker
             .access_log
-            .then(|| crate::access_log::RequestFields::of(&req));
+            .then(|| crate::observe::access_log::RequestFields::of(&req));
         // Compression, part 1: negotiate, and map encoded ETags in If-None-Match.
-        let negotiated = crate::compress::begin(self.worker.compression.as_ref(), &mut req);
+        let negotiated =
+            crate::pipeline::compress::begin(self.worker.compression.as_ref(), &mut req);
         // the route that serves the request (after rewrites) says which metrics count it
         let matched = std::cell::Cell::new(None);
         let resp = self.route(req, &matched).await;
@@ -88,7 +91,7 @@ impl Service {
             .take()
             .unwrap_or_else(|| self.worker.unmatched.clone());
         // Compression, part 2: encode the response (or only mark it `Vary`).
-        let mut resp = crate::compress::finish(negotiated, resp);
+        let mut resp = crate::pipeline::compress::finish(negotiated, resp);
         resp.headers_mut()
             .entry(header::SERVER)
             .or_insert(HeaderValue::from_static("qweb"));
@@ -112,7 +115,7 @@ impl Service {
     }
 
     /// `Transfer-Encoding` with a `Content-Length` that hyper's parser dropped (see
-    /// [`crate::head_scan`]).
+    /// [`crate::http::head_scan`]).
     fn check_framing(&self, req: &Request<Incoming>) -> Result<(), request_rules::Refusal> {
         if req.version() <= Version::HTTP_11
             && req.headers().contains_key(header::TRANSFER_ENCODING)
@@ -134,9 +137,9 @@ impl Service {
     /// The normalised path; encoded separators pass only on their way to a route that
     /// forwards the raw path.
     fn normalize(routes: &[Route], raw: &str) -> Result<String, PathError> {
-        match crate::path::normalize(raw) {
+        match crate::http::path::normalize(raw) {
             Err(PathError::Forbidden) => {
-                let lenient = crate::path::normalize_keeping_separators(raw)?;
+                let lenient = crate::http::path::normalize_keeping_separators(raw)?;
                 match Self::find_route(routes, &lenient).map(|r| &r.handler) {
                     Some(Handler::Proxy(p)) if p.pass_raw_path() => Ok(lenient),
                     _ => Err(PathError::Forbidden),
@@ -151,7 +154,7 @@ impl Service {
     async fn route(
         &self,
         mut req: Request<Incoming>,
-        matched: &std::cell::Cell<Option<std::rc::Rc<crate::metrics::RouteMetrics>>>,
+        matched: &std::cell::Cell<Option<std::rc::Rc<crate::observe::metrics::RouteMetrics>>>,
     ) -> Response<Body> {
         if let Some(status) = head_too_large(&req, self.worker.limits.max_request_header_size) {
             let mut r = response::status(status);
@@ -162,7 +165,10 @@ impl Service {
             return r;
         }
         let checked = request_rules::check(&req).and_then(|a| self.check_framing(&req).map(|()| a));
-        let site = self.worker.sites.select(crate::sites::host_of(&req));
+        let site = self
+            .worker
+            .sites
+            .select(crate::pipeline::sites::host_of(&req));
         let routes = self.worker.sites.routes(site, &self.worker.routes);
         let path = Self::normalize(routes, req.uri().path());
         let authority = match checked {
@@ -194,24 +200,25 @@ impl Service {
         }
         let sni = self.conn.sni.get().map(|s| &**s);
         if let Some(rd) = &self.redirect {
-            return crate::rewrite::redirect(rd, &req, sni);
+            return crate::pipeline::rewrite::redirect(rd, &req, sni);
         }
         let site_ref = self.worker.sites.get(site);
-        let path =
-            match path.and_then(|p| crate::rewrite::rewrite(self.worker.sites.rewrites(site), p)) {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::debug!(peer = %self.conn.peer, "refused path: {e:?}");
-                    return response::status(e.status());
-                }
-            };
+        let path = match path
+            .and_then(|p| crate::pipeline::rewrite::rewrite(self.worker.sites.rewrites(site), p))
+        {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(peer = %self.conn.peer, "refused path: {e:?}");
+                return response::status(e.status());
+            }
+        };
         let route = Self::find_route(routes, &path);
         matched.set(route.map(|r| r.metrics.clone()));
         let pages = self.worker.sites.error_pages(site);
         let Some(route) = route else {
             let r = response::status(StatusCode::NOT_FOUND);
-            let mut r = crate::error_pages::apply(pages, routes, req.method(), r);
-            crate::headers_rules::respond(site_ref, None, &mut r);
+            let mut r = crate::pipeline::error_pages::apply(pages, routes, req.method(), r);
+            crate::pipeline::headers_rules::respond(site_ref, None, &mut r);
             return r;
         };
         let sub = if route.strip_prefix && route.prefix != "/" {
@@ -224,7 +231,7 @@ impl Service {
         };
         let method = req.method().clone();
         let resp = match &route.handler {
-            Handler::Redirect(rd) => crate::rewrite::redirect(rd, &req, sni),
+            Handler::Redirect(rd) => crate::pipeline::rewrite::redirect(rd, &req, sni),
             Handler::Static(_)
                 if route.strip_prefix && path == route.prefix && route.prefix != "/" =>
             {
@@ -240,7 +247,13 @@ impl Service {
                 let r = if route.rules.try_files.is_empty() {
                     files.serve(req.method(), req.headers(), mount, sub, req.uri().query())
                 } else {
-                    crate::rewrite::try_files(files, &route.rules.try_files, &req, mount, sub)
+                    crate::pipeline::rewrite::try_files(
+                        files,
+                        &route.rules.try_files,
+                        &req,
+                        mount,
+                        sub,
+                    )
                 };
                 match r.status() {
                     StatusCode::FORBIDDEN if route.rules.autoindex => {
@@ -250,7 +263,7 @@ impl Service {
                 }
             }
             Handler::Proxy(proxy) => {
-                crate::headers_rules::forward(site_ref, route, req.headers_mut());
+                crate::pipeline::headers_rules::forward(site_ref, route, req.headers_mut());
                 let pq = if proxy.pass_raw_path() {
                     req.uri()
                         .path_and_query()
@@ -269,13 +282,19 @@ impl Service {
                 proxy.forward(req, &target, &self.client).await
             }
         };
-        let mut resp = crate::error_pages::apply(pages, routes, &method, resp);
-        crate::headers_rules::charset(site_ref, route, &mut resp);
+        let mut resp = crate::pipeline::error_pages::apply(pages, routes, &method, resp);
+        crate::pipeline::headers_rules::charset(site_ref, route, &mut resp);
         if matches!(route.handler, Handler::Static(_)) {
-            crate::headers_rules::expires(&route.rules, &mut resp);
+            crate::pipeline::headers_rules::expires(&route.rules, &mut resp);
         }
-        crate::headers_rules::respond(site_ref, Some(route), &mut resp);
+        crate::pipeline::headers_rules::respond(site_ref, Some(route), &mut resp);
         resp
+    }
+}
+
+impl crate::conn::Handle for Service {
+    async fn call(self: Rc<Self>, req: Request<Incoming>) -> Response<Logged> {
+        self.handle(req).await
     }
 }
 

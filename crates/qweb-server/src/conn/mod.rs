@@ -1,6 +1,17 @@
-//! One client connection: TLS handshake (with a deadline), then HTTP/1.1 or HTTP/2 by ALPN,
-//! with the idle keep-alive, request-head and send timeouts, the HTTP/2 flood budget, and
-//! graceful shutdown. The state the watchdog reads lives in [`crate::conn_state`].
+//! Connection drivers: one client connection's TLS handshake (with a deadline), then HTTP/1.1
+//! or HTTP/2 by ALPN, with the idle keep-alive, request-head and send timeouts, the HTTP/2
+//! flood budget, idle parking and graceful shutdown. The state the watchdog reads lives in
+//! [`crate::session`].
+//!
+//! A driver knows no routes: like hyper-util's `serve_connection(io, service)`, [`serve`]
+//! takes the worker as a [`Host`] (limits, counters, shutdown) and a [`Handle`] made for the
+//! connection, which answers each request. The pipeline implements both.
+
+pub(crate) mod h2_flood;
+pub(crate) mod idle;
+pub(crate) mod lazy_timer;
+pub(crate) mod plain_on_tls;
+pub(crate) mod write_burst;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -18,29 +29,61 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{sleep_until, Instant};
 
-use crate::conn_state::{ConnState, Expiry, Phase, StreamCancel, Timeouts};
-use crate::h2_flood::FloodMeter;
-use crate::idle::{IdleWatch, ReadReady};
-use crate::lazy_timer::LazyTimer;
-use crate::service::Service;
-use crate::worker::{ListenerCtx, WorkerCtx};
-use crate::write_burst::WriteBurst;
+use crate::conn::h2_flood::FloodMeter;
+use crate::conn::idle::{IdleWatch, ReadReady};
+use crate::conn::lazy_timer::LazyTimer;
+use crate::conn::write_burst::WriteBurst;
+use crate::session::{ConnState, Expiry, Phase, StreamCancel, Timeouts};
+
+/// What a connection driver reads from the worker that runs it.
+pub(crate) trait Host: 'static {
+    /// The configured limits and timeouts.
+    fn limits(&self) -> &crate::config::Limits;
+    /// The worker's counters (handshakes).
+    fn metrics(&self) -> &crate::observe::metrics::WorkerMetrics;
+    /// Rate limit of log lines about misbehaving peers.
+    fn peer_log(&self) -> &crate::observe::log_limit::PerPeer;
+    /// Becomes `true` when the server shuts down.
+    fn shutdown(&self) -> tokio::sync::watch::Receiver<bool>;
+    /// Becomes `true` when a reload retired the connection's configuration.
+    fn retired(&self) -> tokio::sync::watch::Receiver<bool>;
+    /// The access-log format for requests hyper's parser refused (`None`: no access log).
+    fn refused_log(&self) -> Option<crate::config::AccessFormat>;
+}
+
+/// Answers the requests of one connection.
+pub(crate) trait Handle: 'static {
+    /// The response to `req`; its body logs the request when it ends.
+    fn call(
+        self: Rc<Self>,
+        req: hyper::Request<hyper::body::Incoming>,
+    ) -> impl Future<Output = hyper::Response<crate::session::logged::Logged>> + 'static;
+}
+
+/// A TLS listener's handshake setup on this worker.
+pub(crate) struct TlsListener {
+    pub config: std::sync::Arc<rustls::ServerConfig>,
+    /// Async offload: this worker's handle on the engine (handshakes run as jobs).
+    pub offloader: Option<Rc<qweb_offload::Offloader>>,
+    /// Full/resumed handshake counters of the listener.
+    pub sessions: Option<std::sync::Arc<qweb_tls::HandshakeStats>>,
+}
 
 /// Marks reads and write progress on the connection state, replays `prefix` (bytes already
 /// read, already marked) before reading on, and on HTTP/2 meters the client's control frames
-/// (see [`crate::h2_flood`]); transparent otherwise.
+/// (see [`crate::conn::h2_flood`]); transparent otherwise.
 struct Tracked<T> {
     inner: T,
     state: Rc<ConnState>,
     /// (Boxed, and `None` when empty: this wrapper is most of what an idle connection keeps;
-    /// see `crate::idle`.)
+    /// see `crate::conn::idle`.)
     prefix: Option<Box<bytes::Bytes>>,
     /// HTTP/2: the flood meter, and how much of its GOAWAY is still to be written (boxed: an
-    /// idle HTTP/1 connection keeps this wrapper, see `crate::idle`).
+    /// idle HTTP/1 connection keeps this wrapper, see `crate::conn::idle`).
     flood: Option<Box<(FloodMeter, usize)>>,
     /// Bytes written in a row; past `[limits] write_burst` the worker turns to the others.
     burst: WriteBurst,
-    /// HTTP/1: told what hyper does with the transport (see [`crate::idle`]).
+    /// HTTP/1: told what hyper does with the transport (see [`crate::conn::idle`]).
     idle: Option<Rc<IdleWatch>>,
 }
 
@@ -276,50 +319,52 @@ where
 /// exchange) is boxed and its values are moved, never borrowed, into what comes next: an
 /// `async fn` keeps a borrowed local in its state until the end of its scope, and the
 /// connection's task is as large as its largest state for as long as it lives (see
-/// `crate::idle`).
-pub(crate) async fn serve(
+/// `crate::conn::idle`).
+pub(crate) async fn serve<H: Host, S: Handle>(
     stream: TcpStream,
     peer: SocketAddr,
-    listener: Rc<ListenerCtx>,
-    worker: Rc<WorkerCtx>,
+    tls: Option<&TlsListener>,
+    worker: &H,
+    service: impl FnOnce(Rc<ConnState>) -> S,
 ) {
     let state = Rc::new(ConnState::new(peer));
-    let write_burst = worker.limits.write_burst;
-    if listener.tls.is_none() {
+    let write_burst = worker.limits().write_burst;
+    let Some(tls) = tls else {
         let io = Tracked::new(stream, &state, write_burst);
-        drive(Box::new(io), false, false, state, &listener, &worker).await;
+        let svc = Rc::new(service(state.clone()));
+        drive(Box::new(io), false, state, worker, svc).await;
         return;
-    }
-    let Some(tls) = Box::pin(handshake(stream, &state, &listener, &worker)).await else {
+    };
+    let Some(tls) = Box::pin(handshake(stream, &state, tls, worker)).await else {
         return;
     };
     let (io, h2) = tls_io(tls, &state, write_burst);
-    drive(Box::new(io), true, h2, state, &listener, &worker).await;
+    let svc = Rc::new(service(state.clone()));
+    drive(Box::new(io), h2, state, worker, svc).await;
 }
 
 /// The TLS handshake (after a check for plain HTTP on the TLS port), under
 /// `tls_handshake_timeout`. `None`: the connection is over.
-async fn handshake(
+async fn handshake<H: Host>(
     stream: TcpStream,
     state: &ConnState,
-    listener: &ListenerCtx,
-    worker: &WorkerCtx,
+    tls: &TlsListener,
+    worker: &H,
 ) -> Option<qweb_tls::TlsStream> {
     let peer = state.peer;
-    let tls = listener.tls.as_ref()?;
-    let limits = &worker.limits;
+    let limits = worker.limits();
     // the first byte and the handshake share one deadline
     let deadline = tokio::time::Instant::now() + limits.tls_handshake_timeout;
-    let plain = crate::plain_on_tls::starts_with_plain_http(&stream);
+    let plain = crate::conn::plain_on_tls::starts_with_plain_http(&stream);
     match tokio::time::timeout_at(deadline, plain).await {
         Ok(false) => {}
         Ok(true) => {
             tracing::debug!(%peer, "plain HTTP on a TLS port: 400");
-            crate::plain_on_tls::answer(stream).await;
+            crate::conn::plain_on_tls::answer(stream).await;
             return None;
         }
         Err(_) => {
-            worker.metrics.handshakes_failed.fetch_add(1, Relaxed);
+            worker.metrics().handshakes_failed.fetch_add(1, Relaxed);
             tracing::debug!(%peer, "TLS handshake timed out");
             return None;
         }
@@ -327,7 +372,7 @@ async fn handshake(
     let driver = match &tls.offloader {
         Some(offloader) => qweb_tls::handshake::Driver::Job {
             offloader,
-            gauges: &worker.metrics.handshake,
+            gauges: &worker.metrics().handshake,
         },
         None => qweb_tls::handshake::Driver::Direct,
     };
@@ -335,7 +380,7 @@ async fn handshake(
     // a shutdown: it may finish within its own timeout, bounded by the drain deadline.
     let accept = qweb_tls::handshake::accept(stream, tls.config.clone(), driver);
     let hs = tokio::time::timeout_at(deadline, accept).await;
-    let m = &worker.metrics;
+    let m = worker.metrics();
     match hs {
         Ok(Ok(stream)) => {
             m.handshakes_ok.fetch_add(1, Relaxed);
@@ -383,24 +428,16 @@ fn tls_io(
 /// Serves HTTP on the connection's transport. `io` comes boxed: an `async fn` keeps its
 /// arguments in its state beside the locals they are moved into, and the transport (with
 /// rustls' connection) is its largest value.
-async fn drive<T>(
+async fn drive<T, H: Host, S: Handle>(
     mut io: Box<Tracked<T>>,
-    tls: bool,
     h2: bool,
     state: Rc<ConnState>,
-    listener: &Rc<ListenerCtx>,
-    worker: &Rc<WorkerCtx>,
+    worker: &H,
+    svc: Rc<S>,
 ) where
     T: AsyncRead + AsyncWrite + ReadReady + Unpin + 'static,
 {
-    let limits = &worker.limits;
-    let svc = Rc::new(Service::new(
-        worker.clone(),
-        state.clone(),
-        tls,
-        listener.local_addr,
-        listener.redirect.clone(),
-    ));
+    let limits = worker.limits();
     let watch = Rc::new(IdleWatch::default());
     let handed = watch.clone();
     let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
@@ -413,19 +450,19 @@ async fn drive<T>(
         let svc = svc.clone();
         // boxed: an HTTP/1 connection is polled without its shutdown (to be taken apart
         // after an upgrade), which needs an `Unpin` future
-        Box::pin(async move { Ok::<_, Infallible>(svc.handle(req).await) })
+        Box::pin(async move { Ok::<_, Infallible>(svc.call(req).await) })
     });
-    let mut shutdown = worker.shutdown.clone();
+    let mut shutdown = worker.shutdown();
     // A connection that completed its handshake after shutdown began (it was paused) still
     // gets its first request served.
     let late = *shutdown.borrow();
     if h2 {
         // Boxed: what an HTTP/2 connection holds while it lives does not size the task of
-        // every connection (see `crate::idle`).
+        // every connection (see `crate::conn::idle`).
         Box::pin(async move {
             // A reload retired this connection's configuration: HTTP/2 gets a GOAWAY (HTTP/1.1
             // responses say `Connection: close`, see `Service::handle`).
-            let mut retire = worker.retire.subscribe();
+            let mut retire = worker.retired();
             let mut retire_pending = false;
             io.flood = Some(Box::new((
                 FloodMeter::new(limits.h2_control_frames_per_second),
@@ -463,7 +500,7 @@ async fn drive<T>(
             };
             loop {
                 if state.flooded() && cut_at.is_none() {
-                    if let Some(n) = worker.peer_log.hit(state.peer.ip()) {
+                    if let Some(n) = worker.peer_log().hit(state.peer.ip()) {
                         tracing::warn!(peer = %state.peer, suppressed = n, "HTTP/2 control-frame flood: GOAWAY ENHANCE_YOUR_CALM, closing");
                     }
                     state.reset_all_streams();
@@ -485,14 +522,14 @@ async fn drive<T>(
                     r = conn.as_mut() => {
                         if state.flooded() && cut_at.is_none() {
                             // the flood ended the connection before the loop saw it
-                            if let Some(n) = worker.peer_log.hit(state.peer.ip()) {
+                            if let Some(n) = worker.peer_log().hit(state.peer.ip()) {
                                 tracing::warn!(peer = %state.peer, suppressed = n, "HTTP/2 control-frame flood: GOAWAY ENHANCE_YOUR_CALM, closing");
                             }
                         }
                         if let Err(e) = r {
                             let text = format!("{e:?}");
                             if text.contains("ENHANCE_YOUR_CALM") && !state.flooded() {
-                                if let Some(n) = worker.peer_log.hit(state.peer.ip()) {
+                                if let Some(n) = worker.peer_log().hit(state.peer.ip()) {
                                     tracing::warn!(peer = %state.peer, suppressed = n, "HTTP/2 peer misbehaved (too many resets): GOAWAY ENHANCE_YOUR_CALM");
                                 }
                             } else {
@@ -554,7 +591,7 @@ async fn drive<T>(
         let mut service = service;
         // hyper's HTTP/1 connection allocates its read and write buffers (16 KiB) when it is
         // built: it is built only once request bytes arrive, and taken apart again whenever
-        // it goes idle between requests (see `crate::idle`), so that idle connections cost
+        // it goes idle between requests (see `crate::conn::idle`), so that idle connections cost
         // little (as nginx allocates its header buffer on the first read and frees it on idle
         // keep-alive).
         let mut first = true;
@@ -614,10 +651,13 @@ async fn drive<T>(
                         r = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => {
                             if let Err(e) = r {
                                 tracing::debug!(peer = %state.peer, "HTTP/1 connection error: {e}");
-                                if worker.access_log && (e.is_parse() || e.is_parse_too_large()) {
-                                    // hyper's parser answered (400, or 431 for a head over its buffer)
-                                    let status = if e.is_parse_too_large() { 431 } else { 400 };
-                                    crate::access_log::refused(worker.log_format, state.peer, status);
+                                match worker.refused_log() {
+                                    Some(format) if e.is_parse() || e.is_parse_too_large() => {
+                                        // hyper's parser answered (400, or 431 for a head over its buffer)
+                                        let status = if e.is_parse_too_large() { 431 } else { 400 };
+                                        crate::observe::access_log::refused(format, state.peer, status);
+                                    }
+                                    _ => {}
                                 }
                                 return None;
                             }
@@ -669,7 +709,7 @@ async fn drive<T>(
                 continue;
             }
             match state.tunnel.take() {
-                Some(t) => Box::pin(crate::proxy::run_tunnel(io, read_buf, t)).await,
+                Some(t) => t.run(io, read_buf).await,
                 None => {
                     let shut = tokio::io::AsyncWriteExt::shutdown(&mut io);
                     let _ = tokio::time::timeout(limits.send_timeout, shut).await;
@@ -681,7 +721,7 @@ async fn drive<T>(
 }
 
 /// How long an HTTP/1 connection that has served more than one request stays whole after it
-/// goes idle before it is taken apart and parked (see [`crate::idle`]). Under keep-alive load
+/// goes idle before it is taken apart and parked (see [`crate::conn::idle`]). Under keep-alive load
 /// the next request comes sooner, and hyper's connection is kept for it; a connection idle
 /// longer than this holds no buffers. One that served a single request parks at once.
 const PARK_AFTER: Duration = Duration::from_millis(10);
@@ -706,7 +746,7 @@ where
         // Only once bytes are there is there a buffer (as nginx's
         // `ngx_http_wait_request_handler`).
         let first = async {
-            crate::idle::wait_readable(io).await?;
+            crate::conn::idle::wait_readable(io).await?;
             let mut first = vec![0u8; 2048];
             let n = io.read(&mut first).await?;
             first.truncate(n);

@@ -22,91 +22,11 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 
-use crate::config::{Config, Limits, RouteAction};
-use crate::files::StaticFiles;
-use crate::metrics::{Metrics, RouteMetrics, WorkerMetrics, NO_ROUTE};
-use crate::proxy::Proxy;
-
-/// What serves a route on this worker.
-pub(crate) enum Handler {
-    Static(StaticFiles),
-    Proxy(Rc<Proxy>),
-    Redirect(crate::config::RedirectConfig),
-}
-
-/// A route on this worker.
-pub(crate) struct Route {
-    pub prefix: String,
-    pub strip_prefix: bool,
-    pub handler: Handler,
-    /// Requests by status class and latency of this route (`/metrics`).
-    pub metrics: Rc<RouteMetrics>,
-    /// Header edits and `expires`.
-    pub rules: crate::config::RouteRules,
-}
-
-/// Builds a route of this worker; its `/metrics` label is `label_prefix` (a site's first
-/// server name; empty for top-level routes) followed by the route's prefix.
-pub(crate) fn build_route(
-    r: &crate::config::RouteConfig,
-    registry: &crate::metrics::Metrics,
-    label_prefix: &str,
-) -> std::io::Result<Route> {
-    let handler = match &r.action {
-        RouteAction::Static(s) => Handler::Static(StaticFiles::new(s)?),
-        RouteAction::Proxy(p) => Handler::Proxy(Proxy::new(p)),
-        RouteAction::Redirect(d) => Handler::Redirect(d.clone()),
-    };
-    Ok(Route {
-        prefix: r.prefix.clone(),
-        strip_prefix: r.strip_prefix,
-        handler,
-        metrics: Rc::new(registry.route(&format!("{label_prefix}{}", r.prefix))),
-        rules: r.rules.clone(),
-    })
-}
-
-/// Worker-wide state of one configuration generation, shared by its connections through
-/// `Rc`.
-pub(crate) struct WorkerCtx {
-    pub limits: Limits,
-    pub routes: Vec<Route>,
-    /// The `[[site]]`s (`routes` are the top-level ones).
-    pub sites: crate::sites::Sites,
-    pub access_log: bool,
-    /// The access-log line format.
-    pub log_format: crate::config::AccessFormat,
-    /// Becomes `true` when the server shuts down.
-    pub shutdown: watch::Receiver<bool>,
-    /// Becomes `true` when a reload replaced this generation: its connections close after
-    /// their current request.
-    pub retire: watch::Sender<bool>,
-    /// The connections of this generation, aborted when it was retired and its deadline
-    /// passed (kept here rather than a kill switch in every connection's task, which was
-    /// polled at every wake-up of every connection and made each task bigger).
-    tasks: RefCell<HashMap<u64, tokio::task::AbortHandle>>,
-    /// The key of the next connection in `tasks`.
-    next_task: Cell<u64>,
-    /// This worker's counters (also read by `/metrics`).
-    pub metrics: Arc<WorkerMetrics>,
-    /// The metrics of requests no route matched.
-    pub unmatched: Rc<RouteMetrics>,
-    /// Response compression on this worker (`None`: off).
-    pub compression: Option<Rc<crate::compress::Compressor>>,
-    /// Log lines about misbehaving peers: one per peer per minute.
-    pub peer_log: crate::log_limit::PerPeer,
-    connections: Cell<usize>,
-    connection_closed: Notify,
-}
-
-/// A TLS listener's handshake setup on this worker.
-pub(crate) struct TlsListener {
-    pub config: Arc<rustls::ServerConfig>,
-    /// Async offload: this worker's handle on the engine (handshakes run as jobs).
-    pub offloader: Option<Rc<Offloader>>,
-    /// Full/resumed handshake counters of the listener.
-    pub sessions: Option<Arc<qweb_tls::HandshakeStats>>,
-}
+use crate::config::Config;
+use crate::conn::TlsListener;
+use crate::observe::metrics::{Metrics, WorkerMetrics, NO_ROUTE};
+use crate::pipeline::ctx::WorkerCtx;
+use crate::pipeline::routes::{build_route, Handler};
 
 /// One listener as this worker sees it.
 pub(crate) struct ListenerCtx {
@@ -135,7 +55,7 @@ pub(crate) struct GenListener {
 pub(crate) struct Generation {
     pub config: Arc<Config>,
     pub listeners: Vec<GenListener>,
-    pub compression: Option<Arc<crate::compress::Shared>>,
+    pub compression: Option<Arc<crate::pipeline::compress::Shared>>,
     /// Told when the worker serves new connections with this generation (a reload waits for
     /// every worker).
     pub applied: Option<std::sync::mpsc::Sender<()>>,
@@ -157,10 +77,24 @@ pub(crate) struct WorkerExtras {
     pub registry: Arc<Metrics>,
 }
 
+/// One configuration generation on this worker: what its connections are served with, and
+/// the connections themselves.
+struct Gen {
+    ctx: Rc<WorkerCtx>,
+    /// The connections of this generation, aborted when it was retired and its deadline
+    /// passed (kept here rather than a kill switch in every connection's task, which was
+    /// polled at every wake-up of every connection and made each task bigger).
+    tasks: RefCell<HashMap<u64, tokio::task::AbortHandle>>,
+    /// The key of the next connection in `tasks`.
+    next_task: Cell<u64>,
+    connections: Cell<usize>,
+    connection_closed: Notify,
+}
+
 /// What an accept loop serves new connections with; replaced by a reload.
 struct Current {
     listener: Rc<ListenerCtx>,
-    ctx: Rc<WorkerCtx>,
+    gen: Rc<Gen>,
 }
 
 /// A running accept loop.
@@ -174,7 +108,7 @@ struct Worker {
     id: usize,
     extras: WorkerExtras,
     shutdown: watch::Receiver<bool>,
-    ctx: Option<(Rc<WorkerCtx>, Duration)>,
+    ctx: Option<(Rc<Gen>, Duration)>,
     accepting: HashMap<SocketAddr, Accepting>,
     retiring: Vec<JoinHandle<()>>,
 }
@@ -246,7 +180,7 @@ impl Worker {
             .iter()
             .map(|r| build_route(r, &self.extras.registry, ""))
             .collect::<std::io::Result<Vec<_>>>()?;
-        let sites = crate::sites::Sites::new(&config.sites, &self.extras.registry)?;
+        let sites = crate::pipeline::sites::Sites::new(&config.sites, &self.extras.registry)?;
         let ctx = Rc::new(WorkerCtx {
             limits: config.limits.clone(),
             routes,
@@ -255,12 +189,18 @@ impl Worker {
             log_format: config.log.format,
             shutdown: self.shutdown.clone(),
             retire: watch::Sender::new(false),
-            tasks: RefCell::new(HashMap::new()),
-            next_task: Cell::new(0),
             metrics: self.extras.metrics.clone(),
             unmatched: Rc::new(self.extras.registry.route(NO_ROUTE)),
-            compression: g.compression.as_ref().map(crate::compress::Compressor::new),
-            peer_log: crate::log_limit::PerPeer::new(Duration::from_secs(60)),
+            compression: g
+                .compression
+                .as_ref()
+                .map(crate::pipeline::compress::Compressor::new),
+            peer_log: crate::observe::log_limit::PerPeer::new(Duration::from_secs(60)),
+        });
+        let gen = Rc::new(Gen {
+            ctx: ctx.clone(),
+            tasks: RefCell::new(HashMap::new()),
+            next_task: Cell::new(0),
             connections: Cell::new(0),
             connection_closed: Notify::new(),
         });
@@ -281,7 +221,7 @@ impl Worker {
             });
             let current = Current {
                 listener: lctx,
-                ctx: ctx.clone(),
+                gen: gen.clone(),
             };
             let accepting = match (self.accepting.remove(&l.bound), l.socket) {
                 (Some(a), _) => {
@@ -323,7 +263,7 @@ impl Worker {
             a.task.abort();
         }
         self.accepting = next;
-        let previous = self.ctx.replace((ctx, config.shutdown_timeout));
+        let previous = self.ctx.replace((gen, config.shutdown_timeout));
         if let Some((old, deadline)) = previous {
             self.retiring.retain(|t| !t.is_finished());
             self.retiring
@@ -366,18 +306,18 @@ impl Worker {
 
 /// A replaced generation: its connections close after their current request; what is left
 /// at `deadline` is closed.
-async fn retire(ctx: Rc<WorkerCtx>, deadline: Duration) {
-    ctx.retire.send_replace(true);
-    drain(&ctx, deadline).await;
+async fn retire(gen: Rc<Gen>, deadline: Duration) {
+    gen.ctx.retire.send_replace(true);
+    drain(&gen, deadline).await;
     // (taken out first: an aborted task's `ConnCount` removes itself from the map)
-    let tasks = std::mem::take(&mut *ctx.tasks.borrow_mut());
+    let tasks = std::mem::take(&mut *gen.tasks.borrow_mut());
     for t in tasks.into_values() {
         t.abort();
     }
 }
 
 /// Waits until every connection has finished, or the deadline passed.
-async fn drain(ctx: &Rc<WorkerCtx>, deadline: Duration) {
+async fn drain(ctx: &Rc<Gen>, deadline: Duration) {
     let wait = async {
         while ctx.connections.get() > 0 {
             ctx.connection_closed.notified().await;
@@ -391,13 +331,14 @@ async fn drain(ctx: &Rc<WorkerCtx>, deadline: Duration) {
     }
 }
 
-struct ConnCount(Rc<WorkerCtx>, u64);
+struct ConnCount(Rc<Gen>, u64);
 
 impl Drop for ConnCount {
     fn drop(&mut self) {
         self.0.tasks.borrow_mut().remove(&self.1);
         self.0.connections.set(self.0.connections.get() - 1);
         self.0
+            .ctx
             .metrics
             .connections
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
@@ -410,11 +351,11 @@ async fn accept_loop(
     current: Rc<RefCell<Current>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let errors = crate::log_limit::Every::new(Duration::from_secs(1));
+    let errors = crate::observe::log_limit::Every::new(Duration::from_secs(1));
     loop {
-        let ctx = current.borrow().ctx.clone();
+        let ctx = current.borrow().gen.clone();
         // At the limit, stop accepting: new connections wait in the backlog.
-        if ctx.connections.get() >= ctx.limits.max_connections_per_worker {
+        if ctx.connections.get() >= ctx.ctx.limits.max_connections_per_worker {
             tokio::select! {
                 _ = ctx.connection_closed.notified() => {}
                 // a reload may have brought a new generation (and limit)
@@ -431,13 +372,14 @@ async fn accept_loop(
         // the generation current when the connection was accepted serves it to its end
         let (listener, ctx) = {
             let c = current.borrow();
-            (c.listener.clone(), c.ctx.clone())
+            (c.listener.clone(), c.gen.clone())
         };
         match accepted {
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
                 ctx.connections.set(ctx.connections.get() + 1);
-                ctx.metrics
+                ctx.ctx
+                    .metrics
                     .connections
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let id = ctx.next_task.get();
@@ -445,7 +387,18 @@ async fn accept_loop(
                 let count = ConnCount(ctx.clone(), id);
                 let tasks = ctx.clone();
                 let task = tokio::task::spawn_local(async move {
-                    crate::conn::serve(stream, peer, listener, ctx).await;
+                    let worker = ctx.ctx.clone();
+                    let tls = listener.tls.as_ref();
+                    crate::conn::serve(stream, peer, tls, &*worker, |state| {
+                        crate::pipeline::service::Service::new(
+                            worker.clone(),
+                            state,
+                            listener.tls.is_some(),
+                            listener.local_addr,
+                            listener.redirect.clone(),
+                        )
+                    })
+                    .await;
                     drop(count);
                 });
                 tasks.tasks.borrow_mut().insert(id, task.abort_handle());

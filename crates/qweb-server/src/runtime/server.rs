@@ -5,7 +5,7 @@
 //! deadline). Start and reload run the same named steps: engines (unchanged ones are kept),
 //! each listener's TLS and offload setup, the in-use check and binding of *new* addresses,
 //! compression; a reload then hands every worker the new [`Generation`] (see
-//! [`crate::worker`]).
+//! [`crate::runtime::worker`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -19,9 +19,9 @@ use qweb_offload::{Engine, InlineEngine, Mode, PoolConfig, PoolEngine};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::{Config, EngineConfig, EngineKind, ListenerConfig, RouteAction, TlsConfig};
-use crate::listen::bind_reuseport;
-use crate::metrics::{Metrics, WorkerMetrics};
-use crate::worker::{self, Command, GenListener, Generation, WorkerExtras};
+use crate::observe::metrics::{Metrics, WorkerMetrics};
+use crate::runtime::listen::bind_reuseport;
+use crate::runtime::worker::{self, Command, GenListener, Generation, WorkerExtras};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -142,9 +142,11 @@ pub struct RunningServer {
     sockets: HashMap<SocketAddr, Vec<std::net::TcpListener>>,
     engines: HashMap<String, BuiltEngine>,
     /// Keeps the running configuration's ticket-key and OCSP refreshers going.
-    refreshers: crate::tls_session::RefresherStop,
+    refreshers: crate::runtime::tls_session::RefresherStop,
     config: Config,
     metrics: Arc<Metrics>,
+    /// TLS session resumption and OCSP per TLS listener, on `/metrics` (replaced on reload).
+    tls_sessions_collector: Arc<crate::runtime::tls_session::TlsSessionsCollector>,
     phase: Phase,
 }
 
@@ -152,9 +154,9 @@ pub struct RunningServer {
 struct Built {
     engines: HashMap<String, BuiltEngine>,
     listeners: Vec<ListenerSetup>,
-    compression: Option<Arc<crate::compress::Shared>>,
+    compression: Option<Arc<crate::pipeline::compress::Shared>>,
     /// Stops this configuration's ticket-key and OCSP refresher threads when dropped.
-    refreshers: crate::tls_session::RefresherStop,
+    refreshers: crate::runtime::tls_session::RefresherStop,
 }
 
 /// One listener's TLS configuration and async-offload engine.
@@ -162,7 +164,7 @@ struct ListenerSetup {
     tls: Option<Arc<rustls::ServerConfig>>,
     async_engine: Option<(Arc<dyn Engine>, Duration)>,
     /// TLS session resumption and OCSP state (TLS listeners).
-    session: Option<Arc<crate::tls_session::ListenerSession>>,
+    session: Option<Arc<crate::runtime::tls_session::ListenerSession>>,
 }
 
 impl Server {
@@ -182,16 +184,22 @@ impl Server {
 
         let worker_metrics: Vec<Arc<WorkerMetrics>> =
             (0..n).map(|_| Arc::new(WorkerMetrics::default())).collect();
+        let tls_sessions_collector =
+            Arc::new(crate::runtime::tls_session::TlsSessionsCollector::default());
         let metrics = Arc::new(Metrics::new(
             worker_metrics.clone(),
             EngineSet::new(engine_list(&built.engines)),
             compression_metrics,
             config_hash(&config),
+            vec![
+                Box::new(tls_sessions_collector.clone()),
+                Box::new(crate::files::cache::CacheCollector),
+            ],
         ));
         metrics
             .upstreams
             .set(crate::proxy::upstream_gauges(&config));
-        metrics.tls_sessions.set(tls_sessions(&listeners, &built));
+        tls_sessions_collector.set(tls_sessions(&listeners, &built));
         let admin = match config.admin {
             Some(addr) => bind_reuseport(addr, 1)
                 .map_err(|source| ServerError::Bind { addr, source })?
@@ -236,7 +244,7 @@ impl Server {
             let (rx, metrics) = (rx.clone(), metrics.clone());
             let handle = std::thread::Builder::new()
                 .name("qweb-admin".into())
-                .spawn(move || crate::admin::run(socket, metrics, rx))
+                .spawn(move || crate::runtime::admin::run(socket, metrics, rx))
                 .map_err(ServerError::Thread)?;
             admin_thread = Some(handle);
         }
@@ -254,6 +262,7 @@ impl Server {
             refreshers: built.refreshers,
             config,
             metrics,
+            tls_sessions_collector,
             phase: Phase::Running,
         })
     }
@@ -263,7 +272,7 @@ impl Server {
 fn tls_sessions(
     listeners: &[BoundListener],
     built: &Built,
-) -> Vec<crate::tls_session::LabelledSession> {
+) -> Vec<crate::runtime::tls_session::LabelledSession> {
     listeners
         .iter()
         .zip(&built.listeners)
@@ -281,7 +290,7 @@ fn install_welcome(config: &Config) -> Result<Option<PathBuf>, ServerError> {
     {
         return Ok(None);
     }
-    crate::welcome::install(&welcome).map_err(|source| ServerError::State {
+    crate::runtime::welcome::install(&welcome).map_err(|source| ServerError::State {
         path: welcome.clone(),
         source,
     })?;
@@ -307,10 +316,10 @@ fn build(
         .iter()
         .map(|l| listener_setup(config, l, &by_name, info, &mut refreshers))
         .collect::<Result<Vec<_>, _>>()?;
-    let (stop, stopped) = crate::tls_session::RefresherStop::new();
+    let (stop, stopped) = crate::runtime::tls_session::RefresherStop::new();
     // detached: each ends within a second of `stop` being dropped
-    drop(crate::tls_session::spawn(refreshers, &stopped)?);
-    let compression = crate::compress::shared(
+    drop(crate::runtime::tls_session::spawn(refreshers, &stopped)?);
+    let compression = crate::pipeline::compress::shared(
         config,
         |name| by_name.get(name).cloned(),
         compression_metrics,
@@ -398,7 +407,7 @@ fn listener_setup(
     l: &ListenerConfig,
     engines: &HashMap<&str, Arc<dyn Engine>>,
     info: &mut StartInfo,
-    refreshers: &mut Vec<crate::tls_session::Refresher>,
+    refreshers: &mut Vec<crate::runtime::tls_session::Refresher>,
 ) -> Result<ListenerSetup, ServerError> {
     let provider = qweb_tls::provider();
     let offload = l
@@ -438,7 +447,7 @@ fn listener_setup(
                         .iter()
                         .map(|c| load(&c.cert, c.key.as_deref()))
                         .collect::<Result<Vec<_>, _>>()?;
-                    crate::tls_session::staple(list, &mut certs, refreshers);
+                    crate::runtime::tls_session::staple(list, &mut certs, refreshers);
                     certs
                 }
             };
@@ -446,7 +455,7 @@ fn listener_setup(
                 qweb_tls::TlsError::Generate("no certificate for a TLS listener".into())
             })?;
             let mut sc = qweb_tls::server_config(Arc::new(resolver), l.http2)?;
-            let (s, refresher) = crate::tls_session::setup(l, config, &certs, &mut sc)?;
+            let (s, refresher) = crate::runtime::tls_session::setup(l, config, &certs, &mut sc)?;
             session = Some(Arc::new(s));
             refreshers.extend(refresher);
             Some(Arc::new(sc))
@@ -484,7 +493,7 @@ fn refuse_addresses_in_use(
         to_check.push((addr, "admin.address".into()));
     }
     for (addr, key) in to_check {
-        match crate::listen::in_use(addr) {
+        match crate::runtime::listen::in_use(addr) {
             Ok(false) => {}
             Ok(true) => return Err(ServerError::InUse { addr, key }),
             Err(source) => return Err(ServerError::Bind { addr, source }),
@@ -593,7 +602,7 @@ fn config_hash(config: &Config) -> String {
         .as_ref()
         .and_then(|p| std::fs::read(p).ok())
         .unwrap_or_default();
-    crate::metrics::config_hash(&bytes)
+    crate::observe::metrics::config_hash(&bytes)
 }
 
 /// Checks what a worker would open for `config` (static roots), so that a reload fails here,
@@ -755,8 +764,7 @@ impl RunningServer {
         self.metrics
             .upstreams
             .set(crate::proxy::upstream_gauges(config));
-        self.metrics
-            .tls_sessions
+        self.tls_sessions_collector
             .set(tls_sessions(&listeners, &built));
         self.engines = built.engines;
         self.refreshers = built.refreshers;
@@ -767,14 +775,14 @@ impl RunningServer {
     }
 
     /// Binary upgrade, step 1: starts `exe args` with this server's listening sockets
-    /// inherited (see [`crate::upgrade`]) and waits up to `within` for it to serve. Returns
+    /// inherited (see [`crate::runtime::upgrade`]) and waits up to `within` for it to serve. Returns
     /// its pid; then call [`RunningServer::hand_over`]. On error this server serves on.
     pub fn upgrade(
         &self,
         exe: &Path,
         args: &[std::ffi::OsString],
         within: Duration,
-    ) -> Result<u32, crate::upgrade::UpgradeError> {
+    ) -> Result<u32, crate::runtime::upgrade::UpgradeError> {
         let mut sockets = Vec::new();
         for (addr, list) in &self.sockets {
             let fds = list
@@ -783,7 +791,7 @@ impl RunningServer {
                 .collect::<Result<Vec<_>, _>>()?;
             sockets.push((*addr, fds));
         }
-        crate::upgrade::start_new_binary(exe, args, &sockets, within)
+        crate::runtime::upgrade::start_new_binary(exe, args, &sockets, within)
     }
 
     /// Binary upgrade, step 2: stops accepting (the new process accepts on the same

@@ -3,11 +3,11 @@
 
 use http::{header, HeaderValue, Request, Response, StatusCode};
 
-use crate::body::Body;
 use crate::config::{RedirectConfig, RewriteRule};
 use crate::files::StaticFiles;
-use crate::path::PathError;
-use crate::response;
+use crate::http::body::Body;
+use crate::http::path::PathError;
+use crate::http::response;
 
 /// The redirect for `req`: `Location` is `cfg.to` with `{host}` (the request's host without
 /// port, else the SNI name), `{uri}`, `{path}` and `{query}` filled in. 400 when `{host}` is
@@ -17,8 +17,8 @@ pub(crate) fn redirect<B>(
     req: &Request<B>,
     sni: Option<&str>,
 ) -> Response<Body> {
-    let host = crate::sites::host_of(req)
-        .and_then(crate::sites::host_name)
+    let host = crate::pipeline::sites::host_of(req)
+        .and_then(crate::pipeline::sites::host_name)
         .or_else(|| sni.map(str::to_owned));
     let uri = req.uri();
     let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str());
@@ -63,7 +63,7 @@ pub(crate) fn rewrite(rules: &[RewriteRule], path: String) -> Result<String, Pat
     };
     let mut out = String::new();
     caps.expand(&rule.to, &mut out);
-    crate::path::normalize(&out)
+    crate::http::path::normalize(&out)
 }
 
 /// `try_files`: each candidate (`{path}` is the request's path within the route) is served
@@ -78,7 +78,7 @@ pub(crate) fn try_files(
 ) -> Response<Body> {
     for (k, c) in list.iter().enumerate() {
         let last = k + 1 == list.len();
-        let candidate = match crate::path::normalize(&c.replace("{path}", sub)) {
+        let candidate = match crate::http::path::normalize(&c.replace("{path}", sub)) {
             Ok(p) => p,
             Err(e) if last => return response::status(e.status()),
             Err(_) => continue,

@@ -11,7 +11,7 @@ use qweb_tls::{HandshakeStats, SessionResumption, Ticketer};
 use tokio::sync::watch;
 
 use crate::config::{Config, EngineKind, ListenerConfig, TicketKeys};
-use crate::server::ServerError;
+use crate::runtime::server::ServerError;
 
 /// One TLS listener's resumption state.
 pub(crate) struct ListenerSession {
@@ -136,7 +136,7 @@ pub(crate) fn setup(
                     connections: 1,
                     max_in_flight: 1,
                     timeout: k.timeout,
-                    tls: crate::server::keyserver_client_tls(k)?,
+                    tls: crate::runtime::server::keyserver_client_tls(k)?,
                 };
                 // local keys until the fleet's arrive
                 let t = Ticketer::local(s.ticket_rotation).map_err(|e| bad(e.to_string()))?;
@@ -212,7 +212,7 @@ pub(crate) fn spawn(
                 .spawn(move || watch_file(path, rx, |p| load_ocsp(p, &holder))),
             Refresher::OcspFetch(holder) => std::thread::Builder::new()
                 .name("qweb-ocsp-fetch".into())
-                .spawn(move || crate::ocsp_fetch::run(holder, rx)),
+                .spawn(move || crate::runtime::ocsp_fetch::run(holder, rx)),
             Refresher::Keyserver(engine, client, ticketer, fetch) => {
                 qweb_keyserver::tickets::spawn_refresher(engine, client, ticketer, fetch, rx)
             }

@@ -1,0 +1,10 @@
+//! The request pipeline: the per-connection service and its phases (request rules, site selection, rewrite, routing, the handler, error pages, header rules, compression glue).
+
+pub(crate) mod compress;
+pub(crate) mod ctx;
+pub(crate) mod error_pages;
+pub(crate) mod headers_rules;
+pub(crate) mod rewrite;
+pub(crate) mod routes;
+pub(crate) mod service;
+pub(crate) mod sites;

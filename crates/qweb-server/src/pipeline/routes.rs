@@ -1,0 +1,48 @@
+//! The route table of a worker: each route's prefix, its handler (static files, proxy,
+//! redirect), its rules and its `/metrics` handles.
+
+use std::rc::Rc;
+
+use crate::config::RouteAction;
+use crate::files::StaticFiles;
+use crate::observe::metrics::RouteMetrics;
+use crate::proxy::Proxy;
+
+/// What serves a route on this worker.
+pub(crate) enum Handler {
+    Static(StaticFiles),
+    Proxy(Rc<Proxy>),
+    Redirect(crate::config::RedirectConfig),
+}
+
+/// A route on this worker.
+pub(crate) struct Route {
+    pub prefix: String,
+    pub strip_prefix: bool,
+    pub handler: Handler,
+    /// Requests by status class and latency of this route (`/metrics`).
+    pub metrics: Rc<RouteMetrics>,
+    /// Header edits and `expires`.
+    pub rules: crate::config::RouteRules,
+}
+
+/// Builds a route of this worker; its `/metrics` label is `label_prefix` (a site's first
+/// server name; empty for top-level routes) followed by the route's prefix.
+pub(crate) fn build_route(
+    r: &crate::config::RouteConfig,
+    registry: &crate::observe::metrics::Metrics,
+    label_prefix: &str,
+) -> std::io::Result<Route> {
+    let handler = match &r.action {
+        RouteAction::Static(s) => Handler::Static(StaticFiles::new(s)?),
+        RouteAction::Proxy(p) => Handler::Proxy(Proxy::new(p)),
+        RouteAction::Redirect(d) => Handler::Redirect(d.clone()),
+    };
+    Ok(Route {
+        prefix: r.prefix.clone(),
+        strip_prefix: r.strip_prefix,
+        handler,
+        metrics: Rc::new(registry.route(&format!("{label_prefix}{}", r.prefix))),
+        rules: r.rules.clone(),
+    })
+}

@@ -1,0 +1,13 @@
+//! The runtime, the top layer: the server and its workers, listeners, engines, TLS sessions and OCSP, the admin listener, reload, binary upgrade, signals and the service manager.
+
+pub(crate) mod admin;
+pub mod control;
+pub mod fd_limit;
+pub(crate) mod listen;
+pub mod notify;
+pub(crate) mod ocsp_fetch;
+pub(crate) mod server;
+pub(crate) mod tls_session;
+pub mod upgrade;
+pub(crate) mod welcome;
+pub(crate) mod worker;
