@@ -40,3 +40,127 @@ pub use config::{Config, ConfigError};
 pub use observe::process_counters;
 pub use runtime::server::{Phase, ReloadError, RunningServer, Server, ServerError, StartInfo};
 pub use runtime::{control, fd_limit, notify, upgrade};
+
+/// rustc cannot enforce layering inside one crate: this test reads the sources and fails when
+/// a module imports (`crate::x`, outside comments) from its own layer's peers or any layer
+/// above it.
+#[cfg(test)]
+mod layers {
+    use std::path::Path;
+
+    /// Bottom first; modules on one line are peers and may not import each other.
+    const LAYERS: &[&[&str]] = &[
+        &["config"],
+        &["http"],
+        &["observe"],
+        &["session"],
+        &["conn"],
+        &["files", "proxy"],
+        &["pipeline"],
+        &["runtime"],
+    ];
+
+    fn rank(module: &str) -> Option<usize> {
+        LAYERS.iter().position(|l| l.contains(&module))
+    }
+
+    /// `crate::name` paths in `src`, comments left out.
+    fn imports(src: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for line in src.lines() {
+            let code = line.split("//").next().unwrap_or("");
+            let mut rest = code;
+            while let Some(i) = rest.find("crate::") {
+                rest = &rest[i + "crate::".len()..];
+                if rest.starts_with('{') {
+                    out.push("{".to_owned());
+                }
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                out.push(name);
+            }
+        }
+        out
+    }
+
+    fn files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).expect("src is readable") {
+            let p = e.expect("dir entry").path();
+            if p.is_dir() {
+                files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+
+    fn violations(root: &Path) -> Vec<String> {
+        let mut all = Vec::new();
+        files(root, &mut all);
+        let mut bad = Vec::new();
+        for path in all {
+            let rel = path.strip_prefix(root).expect("beneath src");
+            let top = rel
+                .components()
+                .next()
+                .and_then(|c| c.as_os_str().to_str())
+                .unwrap_or("")
+                .trim_end_matches(".rs")
+                .to_owned();
+            if top == "lib" {
+                continue;
+            }
+            let Some(own) = rank(&top) else {
+                bad.push(format!("{}: module `{top}` is in no layer", rel.display()));
+                continue;
+            };
+            let src = std::fs::read_to_string(&path).expect("readable source");
+            for name in imports(&src) {
+                if name == "{" {
+                    bad.push(format!(
+                        "{}: `crate::{{...}}`: name each layer",
+                        rel.display()
+                    ));
+                    continue;
+                }
+                if name == top {
+                    continue;
+                }
+                match rank(&name) {
+                    Some(r) if r < own => {}
+                    Some(_) => bad.push(format!(
+                        "{}: `{top}` imports `crate::{name}`, which is not below it",
+                        rel.display()
+                    )),
+                    None => bad.push(format!("{}: `crate::{name}` is in no layer", rel.display())),
+                }
+            }
+        }
+        bad
+    }
+
+    #[test]
+    fn imports_only_go_down() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let bad = violations(&root);
+        assert!(bad.is_empty(), "layering violations:\n{}", bad.join("\n"));
+    }
+
+    #[test]
+    fn the_check_sees_an_upward_import() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(dir.path().join("http")).expect("mkdir");
+        std::fs::write(
+            dir.path().join("http/body.rs"),
+            "// crate::runtime in a comment is fine\nuse crate::config::X;\nuse crate::pipeline::Y;\n",
+        )
+        .expect("write");
+        std::fs::write(dir.path().join("files.rs"), "use crate::proxy::Z;\n").expect("write");
+        let bad = violations(dir.path());
+        assert_eq!(bad.len(), 2, "{bad:?}");
+        assert!(bad[0].contains("crate::pipeline") || bad[1].contains("crate::pipeline"));
+        assert!(bad.iter().any(|b| b.contains("crate::proxy")));
+    }
+}

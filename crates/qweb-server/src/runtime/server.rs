@@ -74,7 +74,7 @@ pub enum ServerError {
 pub enum ReloadError {
     /// The new configuration is invalid (file, line, column and key named).
     #[error(transparent)]
-    Config(#[from] crate::ConfigError),
+    Config(#[from] crate::config::ConfigError),
     /// The new configuration is valid but cannot be put in place (a certificate, a new
     /// address, an engine).
     #[error(transparent)]
