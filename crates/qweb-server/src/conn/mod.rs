@@ -7,6 +7,8 @@
 //! takes the worker as a [`Host`] (limits, counters, shutdown) and a [`Handle`] made for the
 //! connection, which answers each request. The pipeline implements both.
 
+pub(crate) mod h1;
+pub(crate) mod h2;
 pub(crate) mod h2_flood;
 pub(crate) mod idle;
 pub(crate) mod lazy_timer;
@@ -17,23 +19,22 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::pin::{pin, Pin};
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{sleep_until, Instant};
 
 use crate::conn::h2_flood::FloodMeter;
 use crate::conn::idle::{IdleWatch, ReadReady};
-use crate::conn::lazy_timer::LazyTimer;
 use crate::conn::write_burst::WriteBurst;
-use crate::session::{ConnState, Expiry, Phase, StreamCancel, Timeouts};
+use crate::session::logged::Logged;
+use crate::session::{ConnState, StreamCancel};
 
 /// What a connection driver reads from the worker that runs it.
 pub(crate) trait Host: 'static {
@@ -429,7 +430,7 @@ fn tls_io(
 /// arguments in its state beside the locals they are moved into, and the transport (with
 /// rustls' connection) is its largest value.
 async fn drive<T, H: Host, S: Handle>(
-    mut io: Box<Tracked<T>>,
+    io: Box<Tracked<T>>,
     h2: bool,
     state: Rc<ConnState>,
     worker: &H,
@@ -437,7 +438,6 @@ async fn drive<T, H: Host, S: Handle>(
 ) where
     T: AsyncRead + AsyncWrite + ReadReady + Unpin + 'static,
 {
-    let limits = worker.limits();
     let watch = Rc::new(IdleWatch::default());
     let handed = watch.clone();
     let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
@@ -450,360 +450,50 @@ async fn drive<T, H: Host, S: Handle>(
         let svc = svc.clone();
         // boxed: an HTTP/1 connection is polled without its shutdown (to be taken apart
         // after an upgrade), which needs an `Unpin` future
-        Box::pin(async move { Ok::<_, Infallible>(svc.call(req).await) })
+        Box::pin(async move { Ok::<_, Infallible>(svc.call(req).await) }) as ServiceFuture
     });
-    let mut shutdown = worker.shutdown();
     // A connection that completed its handshake after shutdown began (it was paused) still
     // gets its first request served.
-    let late = *shutdown.borrow();
+    let late = *worker.shutdown().borrow();
     if h2 {
         // Boxed: what an HTTP/2 connection holds while it lives does not size the task of
         // every connection (see `crate::conn::idle`).
-        Box::pin(async move {
-            // A reload retired this connection's configuration: HTTP/2 gets a GOAWAY (HTTP/1.1
-            // responses say `Connection: close`, see `Service::handle`).
-            let mut retire = worker.retired();
-            let mut retire_pending = false;
-            io.flood = Some(Box::new((
-                FloodMeter::new(limits.h2_control_frames_per_second),
-                0,
-            )));
-            let io = TokioIo::new(io);
-            state.protocol.set("HTTP/2");
-            let conn = hyper::server::conn::http2::Builder::new(LocalExec)
-                .timer(TokioTimer::new())
-                .max_concurrent_streams(limits.max_concurrent_streams)
-                .max_header_list_size(limits.max_request_header_size as u32)
-                // WebSocket over HTTP/2 (RFC 8441), for proxy routes
-                .enable_connect_protocol()
-                .serve_connection(io, service);
-            let mut conn = pin!(conn);
-            let mut closing = false;
-            // An idle connection gets a GOAWAY, then this long to close before it is dropped
-            // (a client that never answers must not hold it forever).
-            let mut drop_at: Option<Instant> = None;
-            // Closed whatever is in flight at this time (stalled, flooding).
-            let mut cut_at: Option<Instant> = None;
-            let mut timer = LazyTimer::new();
-            // Kept across turns of the loop: a wait made anew each turn registers with its
-            // watch or `Notify` each time (7 % of a worker's time on HTTP/1 keep-alive).
-            let mut shut = pin!(shutdown.wait_for(|s| *s));
-            let mut retired = pin!(retire.wait_for(|r| *r));
-            let mut changed = pin!(state.changed.notified());
-            // HTTP/2 frames that are not requests (PING, WINDOW_UPDATE) may arrive while idle:
-            // only the keep-alive timeout applies (h2 bounds header blocks itself).
-            let timeouts = Timeouts {
-                head: limits.keepalive_timeout,
-                idle: limits.keepalive_timeout,
-                send: limits.send_timeout,
-                per_response: true,
-            };
-            loop {
-                if state.flooded() && cut_at.is_none() {
-                    if let Some(n) = worker.peer_log().hit(state.peer.ip()) {
-                        tracing::warn!(peer = %state.peer, suppressed = n, "HTTP/2 control-frame flood: GOAWAY ENHANCE_YOUR_CALM, closing");
-                    }
-                    state.reset_all_streams();
-                    cut_at = Some(Instant::now() + Duration::from_secs(1));
-                }
-                // GOAWAY once the client's first request is in: hyper drops a connection still in
-                // its HTTP/2 handshake instead, and that request would be lost
-                if retire_pending && !closing && state.requests_started() > 0 {
-                    conn.as_mut().graceful_shutdown();
-                    closing = true;
-                }
-                timer.arm(
-                    state
-                        .deadline(timeouts)
-                        .filter(|(_, why)| !closing || !matches!(why, Expiry::Idle | Expiry::Head))
-                        .map(|d| d.0),
-                );
-                tokio::select! {
-                    r = conn.as_mut() => {
-                        if state.flooded() && cut_at.is_none() {
-                            // the flood ended the connection before the loop saw it
-                            if let Some(n) = worker.peer_log().hit(state.peer.ip()) {
-                                tracing::warn!(peer = %state.peer, suppressed = n, "HTTP/2 control-frame flood: GOAWAY ENHANCE_YOUR_CALM, closing");
-                            }
-                        }
-                        if let Err(e) = r {
-                            let text = format!("{e:?}");
-                            if text.contains("ENHANCE_YOUR_CALM") && !state.flooded() {
-                                if let Some(n) = worker.peer_log().hit(state.peer.ip()) {
-                                    tracing::warn!(peer = %state.peer, suppressed = n, "HTTP/2 peer misbehaved (too many resets): GOAWAY ENHANCE_YOUR_CALM");
-                                }
-                            } else {
-                                tracing::debug!(peer = %state.peer, "HTTP/2 connection error: {e}");
-                            }
-                        }
-                        return;
-                    }
-                    _ = changed.as_mut() => changed.set(state.changed.notified()),
-                    _ = timer.fired() => {
-                        match state.deadline(timeouts) {
-                            Some((d, why)) if d <= Instant::now() => match why {
-                                Expiry::WriteStalled => {
-                                    tracing::debug!(peer = %state.peer, "closing: {}", why.as_str());
-                                    return;
-                                }
-                                Expiry::ResponseStalled => {
-                                    if state.reset_stalled_streams(limits.send_timeout) {
-                                        // Every stream waits on a client that takes nothing.
-                                        tracing::debug!(peer = %state.peer, "closing: {}", why.as_str());
-                                        conn.as_mut().graceful_shutdown();
-                                        state.reset_all_streams();
-                                        closing = true;
-                                        cut_at = Some(Instant::now() + Duration::from_secs(1));
-                                    }
-                                }
-                                Expiry::Idle | Expiry::Head if !closing => {
-                                    conn.as_mut().graceful_shutdown();
-                                    closing = true;
-                                    drop_at = Some(Instant::now() + Duration::from_secs(1));
-                                }
-                                // (already closing: a timer armed before the GOAWAY)
-                                Expiry::Idle | Expiry::Head => {}
-                            },
-                            _ => {}
-                        }
-                    }
-                    _ = sleep_or_never(drop_at) => {
-                        if state.in_flight() == 0 {
-                            return;
-                        }
-                        drop_at = None;
-                    }
-                    _ = sleep_or_never(cut_at) => return,
-                    // (each polled again only while its guard holds, never after it completed)
-                    _ = shut.as_mut(), if !closing => {
-                        conn.as_mut().graceful_shutdown();
-                        closing = true;
-                    }
-                    _ = retired.as_mut(), if !closing && !retire_pending => {
-                        retire_pending = true;
-                    }
-                }
-            }
-        })
-        .await;
+        Box::pin(h2::serve(io, state, worker, service)).await;
     } else {
-        io.idle = Some(watch.clone());
-        let mut service = service;
-        // hyper's HTTP/1 connection allocates its read and write buffers (16 KiB) when it is
-        // built: it is built only once request bytes arrive, and taken apart again whenever
-        // it goes idle between requests (see `crate::conn::idle`), so that idle connections cost
-        // little (as nginx allocates its header buffer on the first read and frees it on idle
-        // keep-alive).
-        let mut first = true;
-        loop {
-            if io.prefix.is_none()
-                && !park(&mut io, &state, limits, &mut shutdown, first && late).await
-            {
-                return;
-            }
-            first = false;
-            watch.restart();
-            // (built anew each time rather than kept: an idle connection holds nothing more)
-            let conn = h1_builder(limits).serve_connection(TokioIo::new(io), service);
-            // Boxed, with all the exchange's state, so that the task stays small while parked.
-            // Not pinned: once the exchange is over it is taken apart (an upgraded connection
-            // goes on as a tunnel; an idle one parks; any other is shut down here). `None`:
-            // the connection is over.
-            let exchange = Box::pin(async {
-                let timeouts = h1_timeouts(limits);
-                let mut conn = conn;
-                let mut closing = false;
-                // Shutdown began while a request head was arriving: close after that request.
-                let mut close_after_request = false;
-                // When this idle spell may end in parking, and the requests handed by then: a
-                // keep-alive client's next request usually follows within a round trip, and
-                // taking hyper apart for it would cost more than its buffers are worth.
-                let mut park_at: Option<(Instant, u64)> = None;
-                let mut timer = LazyTimer::new();
-                // kept across turns of the loop (see the HTTP/2 loop)
-                let mut shut = pin!(shutdown.wait_for(|s| *s));
-                let mut changed = pin!(state.changed.notified());
-                let parked = loop {
-                    if close_after_request && state.phase() == Phase::Serving {
-                        Pin::new(&mut conn).graceful_shutdown();
-                        close_after_request = false;
-                    }
-                    if !closing && !close_after_request && watch.parkable(&state) {
-                        match park_at {
-                            Some((at, handed)) if handed == watch.handed_count() => {
-                                if at <= Instant::now() {
-                                    break true;
-                                }
-                            }
-                            // a new idle spell; a connection that has not yet reused
-                            // itself parks at once (most never send a second request)
-                            _ if watch.handed_count() <= 1 => break true,
-                            _ => {
-                                park_at = Some((Instant::now() + PARK_AFTER, watch.handed_count()))
-                            }
-                        }
-                    } else {
-                        park_at = None;
-                    }
-                    timer.arm(state.deadline(timeouts).map(|d| d.0));
-                    timer.arm(park_at.map(|p| p.0));
-                    tokio::select! {
-                        r = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => {
-                            if let Err(e) = r {
-                                tracing::debug!(peer = %state.peer, "HTTP/1 connection error: {e}");
-                                match worker.refused_log() {
-                                    Some(format) if e.is_parse() || e.is_parse_too_large() => {
-                                        // hyper's parser answered (400, or 431 for a head over its buffer)
-                                        let status = if e.is_parse_too_large() { 431 } else { 400 };
-                                        crate::observe::access_log::refused(format, state.peer, status);
-                                    }
-                                    _ => {}
-                                }
-                                return None;
-                            }
-                            break false;
-                        }
-                        _ = changed.as_mut() => changed.set(state.changed.notified()),
-                        // (also wakes the loop when parking is due)
-                        _ = timer.fired() => {
-                            if let Some((d, why)) = state.deadline(timeouts) {
-                                if d <= Instant::now() {
-                                    // Dropping the connection drops the response body: its file is
-                                    // closed, its upstream connection freed.
-                                    tracing::debug!(peer = %state.peer, "closing: {}", why.as_str());
-                                    return None;
-                                }
-                            }
-                        }
-                        // (never polled again once it completed: `closing` is set, or it returns)
-                        _ = shut.as_mut(), if !closing => {
-                            closing = true;
-                            match state.phase() {
-                                Phase::AwaitRequest => return None,
-                                // hyper would close before reading the head: let it arrive first
-                                // (bounded by header_read_timeout).
-                                Phase::ReadingHead => close_after_request = true,
-                                Phase::Serving => Pin::new(&mut conn).graceful_shutdown(),
-                            }
-                        }
-
-                    }
-                };
-                Some((conn.into_parts(), parked))
-            });
-            // taken apart in one expression: `parts` is borrowed nowhere, so it is not kept
-            // in this function's state (see `serve`)
-            let (next_io, read_buf, next_service, parked) = match exchange.await {
-                Some((p, parked)) => (p.io.into_inner(), p.read_buf, p.service, parked),
-                None => return,
-            };
-            io = next_io;
-            service = next_service;
-            if parked {
-                // bytes of the next request hyper read ahead (pipelining) are replayed to the
-                // next hyper connection, which is then built at once (an empty `read_buf` is
-                // not kept: it may still hold hyper's whole read buffer)
-                if !read_buf.is_empty() {
-                    io.prefix = Some(Box::new(read_buf));
-                }
-                continue;
-            }
-            match state.tunnel.take() {
-                Some(t) => t.run(io, read_buf).await,
-                None => {
-                    let shut = tokio::io::AsyncWriteExt::shutdown(&mut io);
-                    let _ = tokio::time::timeout(limits.send_timeout, shut).await;
-                }
-            }
-            return;
-        }
+        h1::serve(io, state, worker, service, watch, late).await;
     }
 }
 
-/// How long an HTTP/1 connection that has served more than one request stays whole after it
-/// goes idle before it is taken apart and parked (see [`crate::conn::idle`]). Under keep-alive load
-/// the next request comes sooner, and hyper's connection is kept for it; a connection idle
-/// longer than this holds no buffers. One that served a single request parks at once.
-const PARK_AFTER: Duration = Duration::from_millis(10);
-
-/// An idle HTTP/1 connection waits for its next request's bytes without any read buffer,
-/// then reads the first of them (which starts the request-head timeout). `false`: the
-/// connection ends (the client left, the keep-alive timeout passed, or shutdown began and
-/// `late` is not set: a connection whose handshake finished after shutdown began still gets
-/// its first request served).
-async fn park<T>(
-    io: &mut Tracked<T>,
-    state: &ConnState,
-    limits: &crate::config::Limits,
-    shutdown: &mut tokio::sync::watch::Receiver<bool>,
-    late: bool,
-) -> bool
-where
-    T: AsyncRead + AsyncWrite + ReadReady + Unpin,
+/// What hyper's connections are given: the connection's [`Handle`] behind hyper's service
+/// interface, with a boxed future (an HTTP/1 connection is polled without its shutdown, to be
+/// taken apart after an upgrade, which needs an `Unpin` future).
+pub(crate) trait HyperService:
+    hyper::service::Service<
+        hyper::Request<hyper::body::Incoming>,
+        Response = hyper::Response<Logged>,
+        Error = Infallible,
+        Future = ServiceFuture,
+    > + Unpin
+    + 'static
 {
-    loop {
-        let deadline = state.deadline(h1_timeouts(limits));
-        // Only once bytes are there is there a buffer (as nginx's
-        // `ngx_http_wait_request_handler`).
-        let first = async {
-            crate::conn::idle::wait_readable(io).await?;
-            let mut first = vec![0u8; 2048];
-            let n = io.read(&mut first).await?;
-            first.truncate(n);
-            Ok::<_, io::Error>(first)
-        };
-        tokio::select! {
-            r = first => return match r {
-                Ok(b) if b.is_empty() => false,
-                Ok(b) => {
-                    io.prefix = Some(Box::new(bytes::Bytes::from(b)));
-                    true
-                }
-                Err(e) => {
-                    tracing::debug!(peer = %state.peer, "read failed while idle: {e}");
-                    false
-                }
-            },
-            _ = sleep_or_never(deadline.map(|d| d.0)) => {
-                if state
-                    .deadline(h1_timeouts(limits))
-                    .is_some_and(|(d, _)| d <= Instant::now())
-                {
-                    tracing::debug!(peer = %state.peer, "closing: idle keep-alive timeout");
-                    return false;
-                }
-            }
-            _ = shutdown.wait_for(|s| *s), if !late => return false,
-        }
-    }
 }
 
-/// The deadlines of an HTTP/1 connection (computed when needed rather than kept: an idle
-/// connection holds nothing more than it must).
-fn h1_timeouts(limits: &crate::config::Limits) -> Timeouts {
-    Timeouts {
-        head: limits.header_read_timeout,
-        idle: limits.keepalive_timeout,
-        send: limits.send_timeout,
-        per_response: false,
-    }
+impl<T> HyperService for T where
+    T: hyper::service::Service<
+            hyper::Request<hyper::body::Incoming>,
+            Response = hyper::Response<Logged>,
+            Error = Infallible,
+            Future = ServiceFuture,
+        > + Unpin
+        + 'static
+{
 }
 
-/// hyper's HTTP/1 connection settings.
-fn h1_builder(limits: &crate::config::Limits) -> hyper::server::conn::http1::Builder {
-    let mut b = hyper::server::conn::http1::Builder::new();
-    b.timer(TokioTimer::new())
-        .header_read_timeout(None)
-        // The service answers heads over the limit (414 for the target, 431 for the
-        // fields) with a body; hyper's parser only refuses heads over twice the limit.
-        .max_buf_size((limits.max_request_header_size * 2).max(8192))
-        // the header count follows the size limit: a 101st small header is no attack
-        .max_headers((limits.max_request_header_size / 32).max(100))
-        .keep_alive(true);
-    b
-}
+/// The future of one request's answer.
+pub(crate) type ServiceFuture =
+    Pin<Box<dyn Future<Output = Result<hyper::Response<Logged>, Infallible>>>>;
 
-async fn sleep_or_never(deadline: Option<Instant>) {
+pub(super) async fn sleep_or_never(deadline: Option<Instant>) {
     match deadline {
         Some(d) => sleep_until(d).await,
         None => std::future::pending().await,
