@@ -199,8 +199,15 @@ async fn park<T>(
 where
     T: AsyncRead + AsyncWrite + ReadReady + Unpin,
 {
+    // What the client has not taken of what it was sent, and since when that has not
+    // shrunk: a connection with bytes in its send queue is not idle; its send timeout runs.
+    let mut queue = (io.unsent(), Instant::now());
     loop {
-        let deadline = state.deadline(h1_timeouts(limits));
+        let mut deadline = state.deadline(h1_timeouts(limits)).map(|d| d.0);
+        if queue.0 > 0 {
+            let check = (Instant::now() + QUEUE_CHECK).min(queue.1 + limits.send_timeout);
+            deadline = Some(deadline.map_or(check, |d| d.min(check)));
+        }
         // Only once bytes are there is there a buffer (as nginx's
         // `ngx_http_wait_request_handler`).
         let first = async {
@@ -222,19 +229,32 @@ where
                     false
                 }
             },
-            _ = sleep_or_never(deadline.map(|d| d.0)) => {
+            _ = sleep_or_never(deadline) => {
+                let now = Instant::now();
                 if state
                     .deadline(h1_timeouts(limits))
-                    .is_some_and(|(d, _)| d <= Instant::now())
+                    .is_some_and(|(d, _)| d <= now)
                 {
                     tracing::debug!(peer = %state.peer, "closing: idle keep-alive timeout");
                     return false;
+                }
+                if queue.0 > 0 {
+                    let left = io.unsent();
+                    if left < queue.0 {
+                        queue = (left, now);
+                    } else if queue.1 + limits.send_timeout <= now {
+                        tracing::debug!(peer = %state.peer, unsent = left, "closing: the client takes nothing of what it was sent (send_timeout)");
+                        return false;
+                    }
                 }
             }
             _ = shutdown.wait_for(|s| *s), if !late => return false,
         }
     }
 }
+
+/// How often a parked connection with unacknowledged bytes looks at its send queue.
+const QUEUE_CHECK: Duration = Duration::from_secs(1);
 
 /// The deadlines of an HTTP/1 connection (computed when needed rather than kept: an idle
 /// connection holds nothing more than it must).

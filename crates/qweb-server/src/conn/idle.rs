@@ -34,17 +34,43 @@ use crate::session::{ConnState, Phase};
 pub(crate) trait ReadReady {
     /// Ready when a read would not wait (data, end of stream, or an error to report).
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+
+    /// Bytes written that the peer has not yet acknowledged (the socket's send queue,
+    /// `SIOCOUTQ`): a connection whose client has not taken what it was sent is not idle.
+    fn unsent(&self) -> usize;
+}
+
+/// `SIOCOUTQ` of a TCP socket (0 when the kernel does not say).
+fn send_queue(s: &TcpStream) -> usize {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: `s` owns an open socket fd for the duration of the call, and SIOCOUTQ
+    // (== TIOCOUTQ on Linux) writes one `int` through the pointer, which points to `n`.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::TIOCOUTQ, &mut n as *mut libc::c_int) };
+    if r == 0 {
+        usize::try_from(n).unwrap_or(0)
+    } else {
+        0
+    }
 }
 
 impl ReadReady for TcpStream {
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         TcpStream::poll_read_ready(self, cx)
     }
+
+    fn unsent(&self) -> usize {
+        send_queue(self)
+    }
 }
 
 impl ReadReady for qweb_tls::TlsStream {
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         qweb_tls::TlsStream::poll_read_ready(self, cx)
+    }
+
+    fn unsent(&self) -> usize {
+        send_queue(self.socket())
     }
 }
 

@@ -297,6 +297,10 @@ impl<T: ReadReady> ReadReady for Tracked<T> {
         }
         self.inner.poll_read_ready(cx)
     }
+
+    fn unsent(&self) -> usize {
+        self.inner.unsent()
+    }
 }
 
 /// Spawns HTTP/2 stream tasks on the worker's `LocalSet`, each cancellable by the

@@ -1,0 +1,111 @@
+//! Hostile round 3, item 5: a client that pipelines requests and never reads what it is sent.
+//! Its answers fill its own receive buffer and wait in qweb's send queue; qweb must not take
+//! such a connection for an idle keep-alive one (held for `keepalive_timeout`): the send
+//! timeout runs while the kernel still holds bytes the client has not taken (`SIOCOUTQ`).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpSocket;
+
+/// A pipelining client with a small receive buffer that sends `n` requests for `path`, reads
+/// nothing, and returns its socket.
+async fn pipeline_without_reading(
+    addr: std::net::SocketAddr,
+    path: &str,
+    n: usize,
+) -> tokio::net::TcpStream {
+    let sock = TcpSocket::new_v4().unwrap();
+    // a small window: the answers stay in qweb's send queue rather than in this socket
+    sock.set_recv_buffer_size(4096).unwrap();
+    let mut s = sock.connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+    let all = req.repeat(n);
+    s.write_all(all.as_bytes()).await.unwrap();
+    s
+}
+
+/// After `wait`, reads whatever the server sent: `true` when the connection then ends
+/// (qweb closed it), `false` when it stays open past `grace`.
+async fn closed_by_server(s: &mut tokio::net::TcpStream, wait: Duration, grace: Duration) -> bool {
+    tokio::time::sleep(wait).await;
+    let mut buf = vec![0u8; 64 * 1024];
+    let end = Instant::now() + grace;
+    loop {
+        let left = end.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelining_client_that_never_reads_is_cut_by_send_timeout_not_kept_alive() {
+    let ts = common::start_with(
+        "[limits]\nsend_timeout = \"2s\"\nkeepalive_timeout = \"120s\"\n",
+        |d| {
+            // larger than the file cache's limit is not needed: any answer counts
+            std::fs::write(d.join("site/f.txt"), vec![b'x'; 8 * 1024]).unwrap();
+        },
+    );
+    let plain = ts.addrs[1];
+    // 100 answers of 8 KiB: 800 KiB, which the kernel's send buffer takes whole (writes
+    // complete, so no write ever waits), while the client's 4 KiB window takes almost none.
+    let mut s = pipeline_without_reading(plain, "/f.txt", 100).await;
+    let started = Instant::now();
+    let closed = closed_by_server(&mut s, Duration::from_secs(6), Duration::from_secs(4)).await;
+    assert!(
+        closed,
+        "connection still open {:?} after the client stopped reading (send_timeout 2s, keepalive 120s)",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_its_answers_late_but_within_send_timeout_keeps_its_connection() {
+    let ts = common::start_with(
+        "[limits]\nsend_timeout = \"5s\"\nkeepalive_timeout = \"120s\"\n",
+        |d| {
+            std::fs::write(d.join("site/f.txt"), vec![b'x'; 8 * 1024]).unwrap();
+        },
+    );
+    let plain = ts.addrs[1];
+    // the length of one answer, from another connection
+    let mut one = tokio::net::TcpStream::connect(plain).await.unwrap();
+    one.write_all(b"GET /f.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut whole = Vec::new();
+    one.read_to_end(&mut whole).await.unwrap();
+    let len = whole.len() - "Connection: close\r\n".len();
+    let mut s = pipeline_without_reading(plain, "/f.txt", 20).await;
+    // reads after 1 s (well within send_timeout): everything arrives, the connection stays
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 64 * 1024];
+    while got < 20 * len {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .expect("answers arrive")
+            .unwrap();
+        assert!(n > 0, "closed early after {got} bytes");
+        got += n;
+    }
+    // and it still serves a request afterwards
+    s.write_all(b"GET /f.txt HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("answer")
+        .unwrap();
+    assert!(
+        n > 0 && buf.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        &buf[..n.min(40)]
+    );
+}
