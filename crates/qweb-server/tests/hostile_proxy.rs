@@ -1,0 +1,215 @@
+//! Hostile round 3, proxy side: an upstream certificate pinned as its own CA (made by the real
+//! `openssl req -x509`), hostile upstreams and clients around the proxy's edges.
+
+mod common;
+
+use std::convert::Infallible;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+/// Everything qweb logs in this test binary.
+fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let b = buf.clone();
+        let _ = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .with_writer(move || Capture(b.clone()))
+            .try_init();
+        buf
+    })
+}
+
+fn log_text() -> String {
+    String::from_utf8_lossy(&logs().lock().unwrap()).into_owned()
+}
+
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+// ---- item 11: an upstream certificate pinned as its own CA --------------------------------
+
+/// A self-signed certificate made the most common way, `openssl req -x509` (CA:TRUE, basic
+/// constraints critical), for `DNS:san`: (cert PEM, key PEM).
+fn openssl_selfsigned(dir: &Path, tag: &str, san: &str) -> (String, String) {
+    let (c, k) = (
+        dir.join(format!("{tag}.crt")),
+        dir.join(format!("{tag}.key")),
+    );
+    let out = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec"])
+        .args(["-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"])
+        .arg("-keyout")
+        .arg(&k)
+        .arg("-out")
+        .arg(&c)
+        .args(["-days", "30", "-subj", "/CN=localhost"])
+        .arg("-addext")
+        .arg(format!("subjectAltName=DNS:{san}"))
+        .output()
+        .expect("openssl");
+    assert!(
+        out.status.success(),
+        "openssl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-text", "-in"])
+        .arg(&c)
+        .output()
+        .expect("openssl x509");
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("CA:TRUE"),
+        "openssl req -x509 makes a CA certificate"
+    );
+    (
+        std::fs::read_to_string(&c).unwrap(),
+        std::fs::read_to_string(&k).unwrap(),
+    )
+}
+
+/// A self-signed CA:TRUE certificate for `localhost` that expired yesterday (openssl 3.0's
+/// `req` cannot back-date, so rcgen makes it).
+fn expired_selfsigned() -> (String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+    let mut p = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    p.not_after = rcgen::date_time_ymd(2021, 1, 1);
+    let key = KeyPair::generate().unwrap();
+    let cert = p.self_signed(&key).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// An HTTPS upstream (tokio-rustls + hyper) presenting `cert_pem`, answering `tls-up:<path>`.
+async fn tls_upstream(cert_pem: &str, key_pem: &str) -> SocketAddr {
+    common::install_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let (c, k) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+    std::fs::write(&c, cert_pem).unwrap();
+    std::fs::write(&k, key_pem).unwrap();
+    let certs = qweb_tls::load_certs(&c).unwrap();
+    let key = qweb_tls::load_private_key(&k).unwrap();
+    let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(s).await else {
+                    return;
+                };
+                let svc = hyper::service::service_fn(|req: hyper::Request<_>| async move {
+                    let body = format!("tls-up:{}", req.uri().path());
+                    Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(body))))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// qweb proxying `/` to `up` with `upstream_ca` = `pinned_pem` and the server name
+/// `localhost`.
+fn pinned_route(up: SocketAddr, pinned_pem: &str) -> common::TestServer {
+    let pinned = pinned_pem.to_owned();
+    common::start_with(
+        &format!(
+            "[[route]]\nprefix = \"/\"\nupstreams = [\"https://{up}\"]\n\
+             upstream_ca = \"{{dir}}/up.crt\"\nupstream_server_name = \"localhost\"\n"
+        ),
+        move |d| std::fs::write(d.join("up.crt"), pinned).unwrap(),
+    )
+}
+
+async fn get(t: &common::TestServer, path: &str) -> (u16, String) {
+    let r = common::plain_client()
+        .get(format!("{}{path}", t.http()))
+        .send()
+        .await
+        .unwrap();
+    let s = r.status().as_u16();
+    (s, r.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn a_selfsigned_upstream_certificate_pinned_as_its_own_ca_is_accepted() {
+    logs();
+    let dir = tempfile::tempdir().unwrap();
+    let (c, k) = openssl_selfsigned(dir.path(), "up", "localhost");
+    let up = tls_upstream(&c, &k).await;
+    let t = pinned_route(up, &c);
+    let (s, body) = get(&t, "/pinned").await;
+    assert_eq!(
+        (s, body.as_str()),
+        (200, "tls-up:/pinned"),
+        "{}",
+        log_text()
+    );
+}
+
+#[tokio::test]
+async fn a_pinned_selfsigned_certificate_is_still_checked_for_name_expiry_and_identity() {
+    logs();
+    let dir = tempfile::tempdir().unwrap();
+    // expired, pinned and presented
+    let (c, k) = expired_selfsigned();
+    let expired = tls_upstream(&c, &k).await;
+    let t = pinned_route(expired, &c);
+    assert_eq!(get(&t, "/expired").await.0, 502, "an expired pin");
+    drop(t);
+    // for another name, pinned and presented
+    let (c, k) = openssl_selfsigned(dir.path(), "other", "other.test");
+    let wrong_name = tls_upstream(&c, &k).await;
+    let t = pinned_route(wrong_name, &c);
+    assert_eq!(get(&t, "/name").await.0, 502, "a pin for another name");
+    drop(t);
+    // the upstream presents a different self-signed certificate than the one pinned
+    let (pinned, _) = openssl_selfsigned(dir.path(), "a", "localhost");
+    let (c, k) = openssl_selfsigned(dir.path(), "b", "localhost");
+    let impostor = tls_upstream(&c, &k).await;
+    let t = pinned_route(impostor, &pinned);
+    assert_eq!(
+        get(&t, "/impostor").await.0,
+        502,
+        "another self-signed cert"
+    );
+    let logged = log_text();
+    for why in [
+        "certificate expired",
+        "certificate not valid for name \"localhost\"",
+        // not an anchor: webpki's verdict stands
+        "CaUsedAsEndEntity",
+    ] {
+        assert!(logged.contains(why), "{why}: {logged}");
+    }
+}
