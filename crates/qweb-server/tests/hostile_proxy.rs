@@ -213,3 +213,36 @@ async fn a_pinned_selfsigned_certificate_is_still_checked_for_name_expiry_and_id
         assert!(logged.contains(why), "{why}: {logged}");
     }
 }
+
+// ---- item 10 d: a route whose upstreams are all down ---------------------------------------
+
+/// An address nothing listens on (bound, then closed: connection refused).
+async fn dead_addr() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    l.local_addr().unwrap()
+}
+
+#[tokio::test]
+async fn a_route_with_every_upstream_down_warns_once_a_second_not_once_a_request() {
+    logs();
+    let ups: Vec<String> = [dead_addr().await, dead_addr().await, dead_addr().await]
+        .iter()
+        .map(|a| format!("\"http://{a}\""))
+        .collect();
+    let t = common::start_with(
+        &format!(
+            "[[route]]\nprefix = \"/\"\nupstreams = [{}]\nfail_timeout = \"60s\"\n",
+            ups.join(", ")
+        ),
+        |_| {},
+    );
+    for i in 0..30 {
+        assert_eq!(get(&t, &format!("/down{i}")).await.0, 502);
+    }
+    let lines = log_text()
+        .lines()
+        .filter(|l| l.contains("all upstreams of the route are down") && l.contains("upstreams=3"))
+        .count();
+    // the first request marks the three down; the 29 after it find them all down
+    assert!((1..=2).contains(&lines), "{lines} lines: {}", log_text());
+}

@@ -58,6 +58,8 @@ pub(crate) struct Proxy {
     pool: Pool,
     /// HTTP/2 upstreams' connections.
     h2: h2::H2Conns,
+    /// "all upstreams of the route are down": once a second at most, not once a request.
+    down_log: crate::log_limit::Every,
 }
 
 /// Facts about the client connection the upstream is told.
@@ -116,6 +118,7 @@ impl Proxy {
             cfg: cfg.clone(),
             balancer: Balancer::new(cfg),
             h2: h2::H2Conns::new(cfg.upstreams.len()),
+            down_log: crate::log_limit::Every::new(std::time::Duration::from_secs(1)),
         })
     }
 
@@ -215,10 +218,13 @@ impl Proxy {
 
     /// Every upstream is down (health checks, or passive time-outs): 502 at once.
     fn all_down(&self) -> Response<Body> {
-        tracing::warn!(
-            upstreams = self.cfg.upstreams.len(),
-            "all upstreams of the route are down"
-        );
+        if let Some(suppressed) = self.down_log.hit() {
+            tracing::warn!(
+                upstreams = self.cfg.upstreams.len(),
+                suppressed,
+                "all upstreams of the route are down"
+            );
+        }
         response::status(StatusCode::BAD_GATEWAY)
     }
 
