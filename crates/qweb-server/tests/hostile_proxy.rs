@@ -246,3 +246,54 @@ async fn a_route_with_every_upstream_down_warns_once_a_second_not_once_a_request
     // the first request marks the three down; the 29 after it find them all down
     assert!((1..=2).contains(&lines), "{lines} lines: {}", log_text());
 }
+
+// ---- item 10 c: an extended CONNECT the upstream answers 200 ------------------------------
+
+/// An HTTP/2 connection to qweb's TLS listener (ALPN h2).
+async fn h2_connection(
+    t: &common::TestServer,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>> {
+    common::install_provider();
+    let cfg = common::tls_client_config(&t.cert(), common::Proto::H2);
+    let tcp = tokio::net::TcpStream::connect(t.addrs[0]).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .handshake(TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+#[tokio::test]
+async fn an_extended_connect_the_upstream_answers_200_is_a_502_not_a_reset() {
+    logs();
+    // the recording upstream answers every request 200 `up:<target>`, an upgrade too
+    let up = common::recorder::start().await;
+    let t = common::start_with(
+        &format!(
+            "[[route]]\nprefix = \"/\"\nupstreams = [\"http://{}\"]\n",
+            up.addr
+        ),
+        |_| {},
+    );
+    let mut c = h2_connection(&t).await;
+    let mut req = hyper::Request::builder()
+        .method("CONNECT")
+        .uri("https://localhost/chat")
+        .header("sec-websocket-version", "13")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    req.extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let resp = c.send_request(req).await;
+    let resp = resp.unwrap_or_else(|e| panic!("the stream was reset: {e:?}"));
+    assert_eq!(resp.status(), 502);
+    let got = up.take();
+    assert_eq!(got.len(), 1, "the upgrade request reached the upstream");
+    assert_eq!(got[0].header("upgrade").as_deref(), Some("websocket"));
+}

@@ -183,6 +183,11 @@ impl Proxy {
                 return response::status(StatusCode::GATEWAY_TIMEOUT);
             }
         };
+        if h2_client.is_some() && resp.status().is_success() {
+            // to an extended CONNECT a 2xx means "tunnel open", and this upstream did not switch
+            tracing::warn!(upstream = %name, status = %resp.status(), "upstream answered an upgrade without switching protocols");
+            return response::status(StatusCode::BAD_GATEWAY);
+        }
         if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
             // declined (426, 200, 4xx...): an ordinary response on a connection not reused
             return self.respond(resp, None, None, idx, false, progress);
