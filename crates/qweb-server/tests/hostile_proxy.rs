@@ -297,3 +297,111 @@ async fn an_extended_connect_the_upstream_answers_200_is_a_502_not_a_reset() {
     assert_eq!(got.len(), 1, "the upgrade request reached the upstream");
     assert_eq!(got[0].header("upgrade").as_deref(), Some("websocket"));
 }
+
+// ---- item 10 b: a hostile h2c upstream -----------------------------------------------------
+
+/// What the hostile HTTP/2 upstream does after a 200 head and 5 body bytes.
+#[derive(Clone, Copy)]
+enum Hostile {
+    /// GOAWAY (INTERNAL_ERROR) and close, mid-response.
+    GoAway,
+    /// 1 MB of trailers.
+    HugeTrailers,
+}
+
+/// An h2c upstream (the `h2` crate's server) that sends a head and `hello`, then misbehaves
+/// once `go` is notified (the client has the head: the response is under way).
+async fn hostile_h2c(how: Hostile, go: Arc<tokio::sync::Notify>) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let go = go.clone();
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(s).await else {
+                    return;
+                };
+                while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                    let head = http::Response::builder().status(200).body(()).unwrap();
+                    let mut send = respond.send_response(head, false).unwrap();
+                    send.send_data(Bytes::from_static(b"hello"), false).unwrap();
+                    // keep the connection going (flushing) until the client has the head
+                    let flushed = async { while let Some(Ok(_)) = conn.accept().await {} };
+                    tokio::select! {
+                        _ = go.notified() => {}
+                        _ = flushed => return,
+                    }
+                    match how {
+                        Hostile::GoAway => {
+                            conn.abrupt_shutdown(h2::Reason::INTERNAL_ERROR);
+                        }
+                        Hostile::HugeTrailers => {
+                            let mut t = http::HeaderMap::new();
+                            let v = http::HeaderValue::from_str(&"t".repeat(1000)).unwrap();
+                            for i in 0..1024 {
+                                let name = http::HeaderName::try_from(format!("x-t{i}")).unwrap();
+                                t.insert(name, v.clone());
+                            }
+                            let _ = send.send_trailers(t);
+                        }
+                    }
+                }
+                // drive the connection until it is over (the GOAWAY, the trailers flushed)
+                std::future::poll_fn(|cx| conn.poll_closed(cx)).await.ok();
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_hostile_h2c_upstream_gives_an_aborted_response_not_a_clean_one() {
+    logs();
+    for proto in common::BOTH {
+        for (how, name) in [
+            (Hostile::GoAway, "h2-goaway"),
+            (Hostile::HugeTrailers, "h2-trailers"),
+        ] {
+            let path = format!("/{name}-{proto:?}");
+            let go = Arc::new(tokio::sync::Notify::new());
+            let up = hostile_h2c(how, go.clone()).await;
+            let t = common::start_with(
+                &format!("[[route]]\nprefix = \"/\"\nupstreams = [\"h2c://{up}\"]\n"),
+                |_| {},
+            );
+            let (client, base) = match proto {
+                common::Proto::H1 => (common::plain_client(), t.http()),
+                common::Proto::H2 => (common::client(&t.cert(), proto), t.https()),
+            };
+            let r = client
+                .get(format!("{base}{path}"))
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("{path}: {e}"));
+            assert_eq!(r.status(), 200);
+            go.notify_one();
+            // the client must not take it for a whole response
+            let whole = r.text().await.ok();
+            assert_eq!(whole, None, "{path}: a clean response");
+            // the access line is written when the response is dropped
+            let line = wait_for_log(&format!("\"GET {path} ")).await;
+            assert!(line.ends_with(" aborted"), "{path}: {line}");
+        }
+    }
+}
+
+/// The first log line that contains `needle`, waiting for it up to 10 s.
+async fn wait_for_log(needle: &str) -> String {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(l) = log_text().lines().find(|l| l.contains(needle)) {
+            return l.to_owned();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no log line with {needle}: {}",
+            log_text()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
