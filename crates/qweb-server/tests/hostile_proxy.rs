@@ -405,3 +405,85 @@ async fn wait_for_log(needle: &str) -> String {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+// ---- item 10 a: tunnels logged when they end -----------------------------------------------
+
+/// `(status, bytes to the client, ms, received)` of an access line in qweb's format.
+fn tunnel_fields(line: &str) -> (u16, u64, f64, Option<u64>) {
+    let tail = line.rsplit_once("\" ").map_or("", |(_, t)| t);
+    let mut f = tail.split(' ');
+    let status = f.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let bytes = f.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let ms = f
+        .next()
+        .and_then(|s| s.strip_suffix("ms"))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0.0);
+    let received = f
+        .find_map(|s| s.strip_prefix("received="))
+        .and_then(|s| s.parse().ok());
+    (status, bytes, ms, received)
+}
+
+#[tokio::test]
+async fn websocket_tunnels_are_logged_when_they_end_with_bytes_both_ways() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    logs();
+    let echo = common::ws::ws_echo().await;
+    let t = common::start_with(
+        &format!("[[route]]\nprefix = \"/\"\nupstreams = [\"{echo}\"]\n"),
+        |_| {},
+    );
+    // HTTP/1.1 upgrade
+    let s = tokio::net::TcpStream::connect(t.addrs[1]).await.unwrap();
+    let (mut ws, _) = tokio_tungstenite::client_async(format!("ws://{}/ws-log", t.addrs[1]), s)
+        .await
+        .unwrap();
+    for i in 0..3 {
+        ws.send(Message::text(format!("hello {i}"))).await.unwrap();
+        ws.next().await.unwrap().unwrap();
+    }
+    // the tunnel stays open a while: its line must say how long it lived
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    ws.close(None).await.unwrap();
+    while let Some(Ok(_)) = ws.next().await {}
+    drop(ws);
+    let line = wait_for_log("\"GET /ws-log HTTP/1.1\"").await;
+    let (status, to_client, ms, received) = tunnel_fields(&line);
+    assert_eq!(status, 101, "{line}");
+    // three echoes and a close frame each way (the client's frames are masked: 4 more each)
+    assert!(to_client >= 3 * 9, "{line}");
+    assert!(received.is_some_and(|r| r >= 3 * 13 + 6), "{line}");
+    assert!(ms >= 300.0, "{line}");
+
+    // HTTP/2 extended CONNECT
+    let mut c = h2_connection(&t).await;
+    let mut req = hyper::Request::builder()
+        .method("CONNECT")
+        .uri("https://localhost/ws-h2-log")
+        .header("sec-websocket-version", "13")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    req.extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let mut resp = c.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let stream = hyper::upgrade::on(&mut resp).await.unwrap();
+    let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+        TokioIo::new(stream),
+        tokio_tungstenite::tungstenite::protocol::Role::Client,
+        None,
+    )
+    .await;
+    ws.send(Message::text("over h2")).await.unwrap();
+    ws.next().await.unwrap().unwrap();
+    ws.close(None).await.unwrap();
+    while let Some(Ok(_)) = ws.next().await {}
+    drop(ws);
+    let line = wait_for_log("\"CONNECT /ws-h2-log ").await;
+    let (status, to_client, _, received) = tunnel_fields(&line);
+    assert_eq!(status, 200, "{line}");
+    assert!(to_client >= 9, "{line}");
+    assert!(received.is_some_and(|r| r >= 13), "{line}");
+}
