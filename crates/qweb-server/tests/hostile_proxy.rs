@@ -487,3 +487,58 @@ async fn websocket_tunnels_are_logged_when_they_end_with_bytes_both_ways() {
     assert!(to_client >= 9, "{line}");
     assert!(received.is_some_and(|r| r >= 13), "{line}");
 }
+
+// ---- item 10 e: a malformed request body -----------------------------------------------------
+
+/// Streamed, the head and the good part of the body are already upstream when the bad chunk
+/// arrives: the upstream's request is cut (never complete), the client gets 400. With
+/// `buffer_request_body`, nothing reaches the upstream.
+#[tokio::test]
+async fn a_malformed_chunked_body_is_a_400_and_never_a_complete_upstream_request() {
+    logs();
+    for buffered in [false, true] {
+        let up = common::recorder::start().await;
+        let extra = if buffered {
+            "max_body_size = \"64KiB\"\nbuffer_request_body = true\n"
+        } else {
+            ""
+        };
+        let t = common::start_with(
+            &format!(
+                "[[route]]\nprefix = \"/\"\nupstreams = [\"http://{}\"]\n{extra}",
+                up.addr
+            ),
+            |_| {},
+        );
+        let out = common::raw_exchange(
+            t.addrs[1],
+            b"POST /upload HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n\
+              5\r\nhello\r\nZZ\r\nmore\r\n0\r\n\r\n",
+            std::time::Duration::from_secs(10),
+        )
+        .await;
+        let out = String::from_utf8_lossy(&out);
+        assert!(
+            out.starts_with("HTTP/1.1 400 "),
+            "buffered {buffered}: {out}"
+        );
+        // the upstream's side ends when qweb cuts it; wait for the recorder to see that
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        let got = loop {
+            let got = up.take();
+            if !got.is_empty() || buffered || tokio::time::Instant::now() > deadline {
+                break got;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
+        if buffered {
+            assert!(got.is_empty(), "{got:?}");
+        } else {
+            assert_eq!(got.len(), 1, "{got:?}");
+            assert!(
+                !got[0].complete,
+                "the upstream saw a complete request: {got:?}"
+            );
+        }
+    }
+}
