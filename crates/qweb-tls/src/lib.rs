@@ -15,6 +15,7 @@ mod error;
 pub mod handshake;
 pub mod ocsp;
 mod offload_key;
+mod pinned;
 mod selfsigned;
 mod server_config;
 mod session;
@@ -28,6 +29,7 @@ pub use certs::{
 };
 pub use error::TlsError;
 pub use offload_key::{KeyOffload, OffloadSigningKey};
+pub use pinned::PinnedAnchors;
 pub use selfsigned::{ensure_self_signed, SelfSigned};
 pub use server_config::{provider, server_config, ALPN_H2, ALPN_HTTP11};
 pub use session::{apply_resumption, HandshakeStats, SessionResumption};

@@ -514,24 +514,29 @@ impl Validator<'_> {
                 ));
             }
         }
-        let mut roots = rustls::RootCertStore::empty();
-        match &rr.upstream_ca {
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| self.err(None, format!("route[{i}].upstreams"), e.to_string()))?;
+        let builder = match &rr.upstream_ca {
+            // the anchors may include the upstream's own self-signed certificate, pinned
             Some(ca) => {
                 let key = format!("route[{i}].upstream_ca");
                 let path = self.path(ca.get_ref());
                 let certs = qweb_tls::load_certs(&path)
                     .map_err(|e| self.err(Some(ca.span()), key.clone(), e.to_string()))?;
-                for c in certs {
-                    roots.add(c).map_err(|e| {
-                        self.err(
-                            Some(ca.span()),
-                            key.clone(),
-                            format!("{}: not a usable CA certificate: {e}", path.display()),
-                        )
-                    })?;
-                }
+                let verifier = qweb_tls::PinnedAnchors::new(certs).map_err(|e| {
+                    self.err(
+                        Some(ca.span()),
+                        key.clone(),
+                        format!("{}: not a usable CA certificate: {e}", path.display()),
+                    )
+                })?;
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(verifier)
             }
             None => {
+                let mut roots = rustls::RootCertStore::empty();
                 let found = rustls_native_certs::load_native_certs();
                 let (added, _) = roots.add_parsable_certificates(found.certs);
                 if added == 0 {
@@ -541,12 +546,9 @@ impl Validator<'_> {
                         "no system CA certificates found for the https:// upstreams: set `upstream_ca`",
                     ));
                 }
+                builder.with_root_certificates(roots)
             }
-        }
-        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| self.err(None, format!("route[{i}].upstreams"), e.to_string()))?
-            .with_root_certificates(roots);
+        };
         let mut cfg = match (&rr.upstream_client_cert, &rr.upstream_client_key) {
             (None, None) => builder.with_no_client_auth(),
             (Some(c), Some(k)) => {

@@ -9,6 +9,11 @@
 //!   "<user agent>" <seconds> <tls|->[ aborted]`;
 //! - `json`: one object per line with the same fields, `host` too.
 //!
+//! A tunnel (a WebSocket or other upgrade, an HTTP/2 extended CONNECT) is logged when it
+//! ends: its status (101, or 200 on HTTP/2), the bytes it sent the client, the time from the
+//! request to the tunnel's end, and ` received=<bytes from the client>` (JSON:
+//! `"received"`).
+//!
 //! `aborted` marks a response whose body did not go out whole (the client went away, the send
 //! timeout or an upstream error cut it); its byte count is what was handed to the connection.
 //! Requests that hyper's HTTP/1 parser refused before qweb saw them are logged with `-` as
@@ -64,6 +69,8 @@ pub(crate) struct Entry<'a> {
     pub bytes: u64,
     pub elapsed: Duration,
     pub aborted: bool,
+    /// A tunnel's bytes from the client (`None`: not a tunnel).
+    pub received: Option<u64>,
     /// `TLSv1.3`, `TLSv1.2`, or `None` on plain HTTP.
     pub tls: Option<&'a str>,
     pub fields: Option<&'a RequestFields>,
@@ -94,6 +101,7 @@ pub(crate) fn refused(format: AccessFormat, peer: SocketAddr, status: u16) {
                     bytes: 0,
                     elapsed: Duration::ZERO,
                     aborted: false,
+                    received: None,
                     tls: None,
                     fields: None,
                 },
@@ -111,7 +119,10 @@ fn format_entry(format: AccessFormat, e: &Entry<'_>, now: SystemTime) -> String 
     } else {
         format!("{} {} {}", e.method, e.target, e.protocol)
     };
-    let aborted = if e.aborted { " aborted" } else { "" };
+    let mut aborted = if e.aborted { " aborted" } else { "" }.to_owned();
+    if let (Some(n), false) = (e.received, format == AccessFormat::Json) {
+        let _ = write!(aborted, " received={n}");
+    }
     match format {
         AccessFormat::Qweb => format!(
             "{} {} \"{request}\" {} {} {:.3}ms{aborted}",
@@ -154,6 +165,9 @@ fn format_entry(format: AccessFormat, e: &Entry<'_>, now: SystemTime) -> String 
             put("user_agent", field(|r| &r.user_agent));
             put("referer", field(|r| &r.referer));
             put("tls", e.tls);
+            if let Some(n) = e.received {
+                let _ = write!(o, "\"received\":{n},");
+            }
             let _ = write!(
                 o,
                 "\"status\":{},\"bytes\":{},\"request_time\":{:.6},\"aborted\":{}}}",
@@ -252,6 +266,7 @@ mod tests {
             bytes: 11,
             elapsed: Duration::from_micros(1500),
             aborted: false,
+            received: None,
             tls: Some("TLSv1.3"),
             fields: Some(fields),
         }
@@ -302,6 +317,20 @@ mod tests {
         assert_eq!(v["status"], 200);
         assert_eq!(v["aborted"], false);
         assert_eq!(v["time"], "2026-11-30T07:08:09.000000Z");
+    }
+
+    #[test]
+    fn a_tunnel_says_what_it_received() {
+        let f = RequestFields::default();
+        let t = UNIX_EPOCH + Duration::from_secs(1_796_022_489);
+        let mut e = entry(&f);
+        e.status = 101;
+        e.received = Some(42);
+        let line = format_entry(AccessFormat::Qweb, &e, t);
+        assert!(line.ends_with(" 101 11 1.500ms received=42"), "{line}");
+        let v: serde_json::Value =
+            serde_json::from_str(&format_entry(AccessFormat::Json, &e, t)).unwrap();
+        assert_eq!(v["received"], 42);
     }
 
     #[test]

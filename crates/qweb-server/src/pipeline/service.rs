@@ -111,7 +111,10 @@ impl Service {
             format: self.worker.log_format,
             fields,
         };
-        resp.map(|b| Logged::new(b, record, guard))
+        let tunnel = resp
+            .extensions_mut()
+            .remove::<crate::session::logged::TunnelTally>();
+        resp.map(|b| Logged::new(b, record, guard, tunnel))
     }
 
     /// `Transfer-Encoding` with a `Content-Length` that hyper's parser dropped (see

@@ -6,7 +6,6 @@
 //! stream independently (a bidirectional stream flows both ways at once).
 
 use std::cell::RefCell;
-use std::pin::pin;
 use std::rc::Rc;
 
 use http::header::{self, HeaderValue};
@@ -14,7 +13,6 @@ use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::time::Instant;
 
 use super::body::{ClientBody, Progress};
 use super::{client_status, Failure, Proxy, Retry};
@@ -108,7 +106,7 @@ impl Proxy {
     }
 
     /// Sends `req` to HTTP/2 upstream `idx` and waits for the response head, timed as
-    /// [`Proxy::exchange`] times HTTP/1.1.
+    /// HTTP/1.1 ([`Proxy::await_head`]).
     pub(super) async fn h2_exchange(
         &self,
         idx: usize,
@@ -150,24 +148,10 @@ impl Proxy {
                 Some(req),
             ));
         }
-        progress.last.set(Instant::now());
-        let mut send = pin!(sender.send_request(req));
-        let result = loop {
-            let deadline = progress.last.get() + self.cfg.timeout;
-            tokio::select! {
-                r = send.as_mut() => break r,
-                _ = tokio::time::sleep_until(deadline) => {
-                    if progress.waiting_on_client.get() && !progress.finished.get() {
-                        progress.last.set(Instant::now());
-                        continue;
-                    }
-                    if progress.last.get() + self.cfg.timeout <= Instant::now() {
-                        tracing::warn!(upstream = %up.name, "upstream response timed out");
-                        return Err((Failure::new(StatusCode::GATEWAY_TIMEOUT, Retry::No), None));
-                    }
-                }
-            }
-        };
+        let result = self
+            .await_head(idx, sender.send_request(req), progress)
+            .await
+            .map_err(|timeout| (timeout, None))?;
         result.map_err(|e| {
             if let Some(c) = progress.client_error.get() {
                 return (Failure::new(client_status(c), Retry::No), None);

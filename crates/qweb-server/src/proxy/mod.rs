@@ -57,6 +57,8 @@ pub(crate) struct Proxy {
     pool: Pool,
     /// HTTP/2 upstreams' connections.
     h2: h2::H2Conns,
+    /// "all upstreams of the route are down": once a second at most, not once a request.
+    down_log: crate::observe::log_limit::Every,
 }
 
 /// Facts about the client connection the upstream is told.
@@ -115,6 +117,7 @@ impl Proxy {
             cfg: cfg.clone(),
             balancer: Balancer::new(cfg),
             h2: h2::H2Conns::new(cfg.upstreams.len()),
+            down_log: crate::observe::log_limit::Every::new(std::time::Duration::from_secs(1)),
         })
     }
 
@@ -214,10 +217,13 @@ impl Proxy {
 
     /// Every upstream is down (health checks, or passive time-outs): 502 at once.
     fn all_down(&self) -> Response<Body> {
-        tracing::warn!(
-            upstreams = self.cfg.upstreams.len(),
-            "all upstreams of the route are down"
-        );
+        if let Some(suppressed) = self.down_log.hit() {
+            tracing::warn!(
+                upstreams = self.cfg.upstreams.len(),
+                suppressed,
+                "all upstreams of the route are down"
+            );
+        }
         response::status(StatusCode::BAD_GATEWAY)
     }
 
@@ -289,10 +295,7 @@ impl Proxy {
         Ok(sender)
     }
 
-    /// Sends `req` on `conn` and waits for the response head. Timing: while the request body
-    /// flows, the clock restarts with every piece the upstream takes; once it was all sent,
-    /// the upstream has the route's `timeout` to answer. Pauses of the client are the
-    /// client's (`client_body_timeout`, in [`ClientBody`]).
+    /// Sends `req` on `conn` and waits for the response head ([`Proxy::await_head`]).
     async fn exchange(
         &self,
         mut conn: UpstreamConn,
@@ -311,24 +314,10 @@ impl Proxy {
             };
             return Err((Failure::new(StatusCode::BAD_GATEWAY, retry), Some(req)));
         }
-        progress.last.set(Instant::now());
-        let mut send = pin!(conn.sender.try_send_request(req));
-        let result = loop {
-            let deadline = progress.last.get() + self.cfg.timeout;
-            tokio::select! {
-                r = send.as_mut() => break r,
-                _ = tokio::time::sleep_until(deadline) => {
-                    if progress.waiting_on_client.get() && !progress.finished.get() {
-                        // the client is slow, not the upstream: ClientBody times the client
-                        progress.last.set(Instant::now());
-                        continue;
-                    }
-                    if progress.last.get() + self.cfg.timeout <= Instant::now() {
-                        tracing::warn!(upstream = %name, "upstream response timed out");
-                        return Err((Failure::new(StatusCode::GATEWAY_TIMEOUT, Retry::No), None));
-                    }
-                }
-            }
+        let send = conn.sender.try_send_request(req);
+        let result = match self.await_head(idx, send, progress).await {
+            Ok(r) => r,
+            Err(timeout) => return Err((timeout, None)),
         };
         match result {
             Ok(resp) => Ok(Answer {
@@ -351,6 +340,38 @@ impl Proxy {
                     tracing::warn!(upstream = %name, "upstream request failed: {}", e.error());
                 }
                 Err((Failure::new(StatusCode::BAD_GATEWAY, retry), unsent))
+            }
+        }
+    }
+
+    /// Waits for `send` (a request on its way to upstream `idx`, HTTP/1.1 or HTTP/2) to give
+    /// the response head. Timing: while the request body flows, the clock restarts with every
+    /// piece the upstream takes; once it was all sent, the upstream has the route's `timeout`
+    /// to answer. Pauses of the client are the client's (`client_body_timeout`, in
+    /// [`ClientBody`]). `Err`: the upstream timed out (504, never retried).
+    async fn await_head<T>(
+        &self,
+        idx: usize,
+        send: impl std::future::Future<Output = T>,
+        progress: &Progress,
+    ) -> Result<T, Failure> {
+        progress.last.set(Instant::now());
+        let mut send = pin!(send);
+        loop {
+            let deadline = progress.last.get() + self.cfg.timeout;
+            tokio::select! {
+                r = send.as_mut() => return Ok(r),
+                _ = tokio::time::sleep_until(deadline) => {
+                    if progress.waiting_on_client.get() && !progress.finished.get() {
+                        // the client is slow, not the upstream: ClientBody times the client
+                        progress.last.set(Instant::now());
+                        continue;
+                    }
+                    if progress.last.get() + self.cfg.timeout <= Instant::now() {
+                        tracing::warn!(upstream = %self.cfg.upstreams[idx].name, "upstream response timed out");
+                        return Err(Failure::new(StatusCode::GATEWAY_TIMEOUT, Retry::No));
+                    }
+                }
             }
         }
     }

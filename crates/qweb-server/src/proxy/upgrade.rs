@@ -13,7 +13,8 @@
 //! 3. Once hyper has written the 101 and given the client connection back, the connection
 //!    calls [`run`]: the bytes are copied both ways until both sides have closed, or one
 //!    fails, or nothing moved for the route's `upgrade_idle_timeout`, or a write waits that
-//!    long (a peer that stops reading does not hold the tunnel forever).
+//!    long (a peer that stops reading does not hold the tunnel forever). The access-log
+//!    line of the 101 is written then, with the bytes both ways ([`crate::session::logged::TunnelTally`]).
 
 use std::cell::Cell;
 use std::pin::pin;
@@ -46,6 +47,8 @@ pub(crate) struct Tunnel {
     pub(super) upstream: hyper::upgrade::OnUpgrade,
     pub(super) idle: Duration,
     pub(super) name: String,
+    /// The bytes both ways, for the access-log line of the response that opened it.
+    pub(super) tally: crate::session::logged::TunnelTally,
 }
 
 impl crate::session::tunnel::Tunnel for Tunnel {
@@ -179,6 +182,11 @@ impl Proxy {
                 return response::status(StatusCode::GATEWAY_TIMEOUT);
             }
         };
+        if h2_client.is_some() && resp.status().is_success() {
+            // to an extended CONNECT a 2xx means "tunnel open", and this upstream did not switch
+            tracing::warn!(upstream = %name, status = %resp.status(), "upstream answered an upgrade without switching protocols");
+            return response::status(StatusCode::BAD_GATEWAY);
+        }
         if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
             // declined (426, 200, 4xx...): an ordinary response on a connection not reused
             return self.respond(resp, None, None, idx, false, progress);
@@ -195,10 +203,12 @@ impl Proxy {
         let upstream = hyper::upgrade::on(&mut resp);
         let mut headers = std::mem::take(resp.headers_mut());
         strip_hop_by_hop(&mut headers);
+        let tally = crate::session::logged::TunnelTally::default();
         let tunnel = Tunnel {
             upstream,
             idle: self.cfg.upgrade_idle_timeout,
             name,
+            tally: tally.clone(),
         };
         if let Some(down) = h2_client {
             headers.remove("sec-websocket-accept");
@@ -210,6 +220,7 @@ impl Proxy {
             });
             let mut r = Response::new(crate::http::body::empty());
             *r.headers_mut() = headers;
+            r.extensions_mut().insert(tally);
             return r;
         }
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -218,6 +229,7 @@ impl Proxy {
         let mut r = Response::new(crate::http::body::empty());
         *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
         *r.headers_mut() = headers;
+        r.extensions_mut().insert(tally);
         r
     }
 }
@@ -271,7 +283,8 @@ where
             _ => return,
         }
     }
-    let why = splice(down, up, t.idle).await;
+    let (why, from_client, to_client) = splice(down, up, t.idle).await;
+    t.tally.set(early.len() as u64 + from_client, to_client);
     tracing::debug!(upstream = %t.name, "upgraded connection ended: {why}");
 }
 
@@ -279,11 +292,13 @@ where
 struct Flow {
     /// Since when a write has been waiting for the peer to take bytes.
     blocked_since: Cell<Option<Instant>>,
+    /// Bytes copied.
+    moved: Cell<u64>,
 }
 
 /// Copies bytes both ways until both directions ended, one failed, or the idle or stall
-/// limit passed; returns why it ended.
-async fn splice<A, B>(a: A, b: B, idle: Duration) -> &'static str
+/// limit passed; returns why it ended, and the bytes copied from `a` and to it.
+async fn splice<A, B>(a: A, b: B, idle: Duration) -> (&'static str, u64, u64)
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
@@ -293,14 +308,16 @@ where
     let last = Cell::new(Instant::now());
     let up = Flow {
         blocked_since: Cell::new(None),
+        moved: Cell::new(0),
     };
     let down = Flow {
         blocked_since: Cell::new(None),
+        moved: Cell::new(0),
     };
     let mut to_b = pin!(pump(&mut ar, &mut bw, &last, &up));
     let mut to_a = pin!(pump(&mut br, &mut aw, &last, &down));
     let (mut a_done, mut b_done) = (false, false);
-    loop {
+    let why = 'run: loop {
         let mut deadline = last.get() + idle;
         for f in [&up, &down] {
             if let Some(s) = f.blocked_since.get() {
@@ -310,33 +327,34 @@ where
         tokio::select! {
             r = to_b.as_mut(), if !a_done => {
                 if r.is_err() {
-                    return "client side failed";
+                    break 'run "client side failed";
                 }
                 a_done = true;
             }
             r = to_a.as_mut(), if !b_done => {
                 if r.is_err() {
-                    return "upstream side failed";
+                    break 'run "upstream side failed";
                 }
                 b_done = true;
             }
             _ = tokio::time::sleep_until(deadline) => {
                 let now = Instant::now();
                 if last.get() + idle <= now {
-                    return "idle";
+                    break 'run "idle";
                 }
                 if [&up, &down]
                     .iter()
                     .any(|f| f.blocked_since.get().is_some_and(|s| s + idle <= now))
                 {
-                    return "a peer stopped reading";
+                    break 'run "a peer stopped reading";
                 }
             }
         }
         if a_done && b_done {
-            return "closed";
+            break "closed";
         }
-    }
+    };
+    (why, up.moved.get(), down.moved.get())
 }
 
 /// Copies `r` to `w` until `r` ends (then shuts `w` down for writing).
@@ -357,6 +375,7 @@ where
         }
         flow.blocked_since.set(Some(Instant::now()));
         w.write_all(&buf[..n]).await?;
+        flow.moved.set(flow.moved.get() + n as u64);
         w.flush().await?;
         flow.blocked_since.set(None);
         last.set(Instant::now());

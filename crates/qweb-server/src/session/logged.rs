@@ -3,6 +3,8 @@
 //! line when the response ends.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -27,6 +29,50 @@ pub(crate) struct AccessRecord {
     pub fields: Option<crate::observe::access_log::RequestFields>,
 }
 
+/// A tunnel's byte counts (an upgrade's, an extended CONNECT's), shared by the tunnel and the
+/// response that opened it (as an extension): that response's access-log line waits until
+/// both are gone, i.e. the tunnel ended, and then says the bytes both ways and the duration.
+#[derive(Clone, Default)]
+pub(crate) struct TunnelTally(std::sync::Arc<Tally>);
+
+/// An access-log line waiting for a tunnel's byte counts (from the client, to it).
+type DeferredLine = Box<dyn FnOnce(u64, u64) + Send>;
+
+#[derive(Default)]
+struct Tally {
+    /// Bytes from the client through the tunnel, and bytes to it.
+    from_client: AtomicU64,
+    to_client: AtomicU64,
+    /// The access-log line, written when the last holder is gone.
+    line: Mutex<Option<DeferredLine>>,
+}
+
+impl TunnelTally {
+    /// The tunnel moved `from_client` and `to_client` bytes (so far).
+    pub(crate) fn set(&self, from_client: u64, to_client: u64) {
+        self.0.from_client.store(from_client, Ordering::Relaxed);
+        self.0.to_client.store(to_client, Ordering::Relaxed);
+    }
+
+    fn defer(&self, line: DeferredLine) {
+        if let Ok(mut l) = self.0.line.lock() {
+            *l = Some(line);
+        }
+    }
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        let line = self.line.get_mut().ok().and_then(|l| l.take());
+        if let Some(line) = line {
+            line(
+                self.from_client.load(Ordering::Relaxed),
+                self.to_client.load(Ordering::Relaxed),
+            );
+        }
+    }
+}
+
 /// Counts the body bytes sent and tells the connection's watchdog whether the response waits
 /// for the client (a chunk handed over, not yet taken) or for its source; on drop (body
 /// finished, the client went away, or the send timeout reset it) writes the access-log line
@@ -38,10 +84,17 @@ pub(crate) struct Logged {
     ended: bool,
     record: AccessRecord,
     guard: RequestGuard,
+    /// The response opened a tunnel: its line is written when the tunnel ends.
+    tunnel: Option<TunnelTally>,
 }
 
 impl Logged {
-    pub(crate) fn new(inner: Body, record: AccessRecord, guard: RequestGuard) -> Self {
+    pub(crate) fn new(
+        inner: Body,
+        record: AccessRecord,
+        guard: RequestGuard,
+        tunnel: Option<TunnelTally>,
+    ) -> Self {
         // The head goes out now; the body is polled once the client can take more.
         guard.waiting_for_client();
         Logged {
@@ -50,6 +103,7 @@ impl Logged {
             ended: false,
             record,
             guard,
+            tunnel,
         }
     }
 }
@@ -93,26 +147,62 @@ impl Drop for Logged {
         self.record
             .route
             .observe(self.record.status, self.record.start.elapsed());
-        if self.record.log {
-            let r = &self.record;
-            // HEAD responses and empty bodies are never polled: they went out whole
-            let whole = self.ended || self.inner.is_end_stream() || r.method == http::Method::HEAD;
-            let conn = self.guard.conn();
-            crate::observe::access_log::write(
-                r.format,
-                &crate::observe::access_log::Entry {
-                    peer: conn.peer,
-                    method: r.method.as_str(),
-                    target: &r.path,
-                    protocol: conn.protocol.get(),
-                    status: r.status,
-                    bytes: self.bytes,
-                    elapsed: r.start.elapsed(),
-                    aborted: !whole,
-                    tls: conn.tls_version.get(),
-                    fields: r.fields.as_ref(),
-                },
-            );
+        if !self.record.log {
+            return;
         }
+        let r = &mut self.record;
+        let conn = self.guard.conn();
+        let line = Line {
+            format: r.format,
+            peer: conn.peer,
+            method: r.method.clone(),
+            target: std::mem::take(&mut r.path),
+            protocol: conn.protocol.get(),
+            status: r.status,
+            start: r.start,
+            tls: conn.tls_version.get(),
+            fields: r.fields.take(),
+        };
+        if let Some(tunnel) = self.tunnel.take() {
+            tunnel.defer(Box::new(move |from, to| line.write(to, false, Some(from))));
+            return;
+        }
+        // HEAD responses and empty bodies are never polled: they went out whole
+        let whole = self.ended || self.inner.is_end_stream() || line.method == http::Method::HEAD;
+        line.write(self.bytes, !whole, None);
+    }
+}
+
+/// An access-log line waiting for its byte counts.
+struct Line {
+    format: crate::config::AccessFormat,
+    peer: std::net::SocketAddr,
+    method: http::Method,
+    target: String,
+    protocol: &'static str,
+    status: u16,
+    start: Instant,
+    tls: Option<&'static str>,
+    fields: Option<crate::observe::access_log::RequestFields>,
+}
+
+impl Line {
+    fn write(&self, bytes: u64, aborted: bool, received: Option<u64>) {
+        crate::observe::access_log::write(
+            self.format,
+            &crate::observe::access_log::Entry {
+                peer: self.peer,
+                method: self.method.as_str(),
+                target: &self.target,
+                protocol: self.protocol,
+                status: self.status,
+                bytes,
+                elapsed: self.start.elapsed(),
+                aborted,
+                received,
+                tls: self.tls,
+                fields: self.fields.as_ref(),
+            },
+        );
     }
 }
