@@ -155,8 +155,8 @@ pub struct RouteRules {
 #[derive(Debug, Clone)]
 pub struct RedirectConfig {
     /// The `Location` template: `{host}` (the request's host without port), `{uri}` (the
-    /// request target as sent: path and query), `{path}` (the path as sent) and `{query}`
-    /// (`?` and the query, or nothing).
+    /// normalised path and the query), `{path}` (the normalised path: dot segments removed,
+    /// `//` merged, so never another host) and `{query}` (`?` and the query, or nothing).
     pub to: String,
     /// 301, 302, 303, 307 or 308.
     pub status: http::StatusCode,

@@ -1,8 +1,11 @@
 //! `autoindex = true`: an HTML listing of a directory without an index file. Names are
 //! HTML-escaped in the text and percent-encoded in links (so no name becomes markup or a
-//! `javascript:` URL), sorted by name, directories with a trailing `/`; names starting with
-//! `.` are not listed.
+//! `javascript:` URL), control characters (CR, ESC ...) replaced by U+FFFD in the text
+//! (percent-encoded in links), sorted by name, directories with a trailing `/`; names
+//! starting with `.` are not listed, nor symlinks the route's `symlinks` policy would not
+//! serve (out of the root, absolute, dangling, or any with `"refuse"`).
 
+use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::os::unix::ffi::OsStrExt;
 
@@ -22,11 +25,12 @@ const LINK: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'~');
 
-/// `&`, `<`, `>`, `"` and `'` as character references.
+/// `&`, `<`, `>`, `"` and `'` as character references; control characters as U+FFFD.
 fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
+            c if c.is_control() => out.push(char::REPLACEMENT_CHARACTER),
             '&' => out.push_str("&amp;"),
             '<' => out.push_str("&lt;"),
             '>' => out.push_str("&gt;"),
@@ -67,15 +71,27 @@ impl StaticFiles {
                 cut = true;
                 break;
             }
-            let is_dir = match e.file_type() {
-                rustix::fs::FileType::Directory => true,
-                rustix::fs::FileType::Unknown => {
-                    rustix::fs::statat(&dir, e.file_name(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
-                        .is_ok_and(|st| {
-                            rustix::fs::FileType::from_raw_mode(st.st_mode)
-                                == rustix::fs::FileType::Directory
-                        })
+            use rustix::fs::FileType;
+            let kind = match e.file_type() {
+                FileType::Unknown => {
+                    match rustix::fs::statat(
+                        &dir,
+                        e.file_name(),
+                        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+                    ) {
+                        Ok(st) => FileType::from_raw_mode(st.st_mode),
+                        Err(_) => continue,
+                    }
                 }
+                k => k,
+            };
+            let is_dir = match kind {
+                FileType::Directory => true,
+                // listed only when the route would serve it: opened as a request would be
+                FileType::Symlink => match self.root.open(&rel.join(OsStr::from_bytes(name))) {
+                    Ok(f) => f.metadata().is_ok_and(|m| m.is_dir()),
+                    Err(_) => continue,
+                },
                 _ => false,
             };
             entries.push((name.to_vec(), is_dir));
@@ -91,7 +107,7 @@ impl StaticFiles {
             let _ = writeln!(
                 html,
                 "<li><a href=\"{}{slash}\">{}{slash}</a></li>",
-                percent_encode(std::ffi::OsStr::from_bytes(name).as_bytes(), LINK),
+                percent_encode(name, LINK),
                 escape(&text)
             );
         }
@@ -126,6 +142,14 @@ mod tests {
         assert_eq!(
             escape("<script>&\"'.html"),
             "&lt;script&gt;&amp;&quot;&#39;.html"
+        );
+    }
+
+    #[test]
+    fn control_characters_are_replaced() {
+        assert_eq!(
+            escape("a\rb\x1b[31m\u{7f}\u{9b}c"),
+            "a\u{fffd}b\u{fffd}[31m\u{fffd}\u{fffd}c"
         );
     }
 }

@@ -22,6 +22,32 @@ fn secs(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
+/// Splits an entity-tag list (RFC 9110 §8.8.3: `*`, `"x"`, `W/"x"`, separated by commas and
+/// optional whitespace) into its tags; `None` when malformed. A comma inside quotes belongs
+/// to its tag. The one entity-tag parser: conditional requests here, and the compressed
+/// variants' tags in `compress.rs`.
+pub(crate) fn entity_tags(list: &str) -> Option<Vec<&str>> {
+    let mut out = Vec::new();
+    let mut rest = list.trim_start_matches([' ', '\t', ',']);
+    while !rest.is_empty() {
+        let start = rest;
+        let body = rest.strip_prefix("W/").unwrap_or(rest);
+        let len = if let Some(b) = body.strip_prefix('*') {
+            start.len() - b.len()
+        } else {
+            let b = body.strip_prefix('"')?;
+            let close = b.find('"')?;
+            start.len() - (b.len() - close - 1)
+        };
+        out.push(&start[..len]);
+        rest = start[len..].trim_start_matches([' ', '\t']);
+        if !rest.is_empty() {
+            rest = rest.strip_prefix(',')?.trim_start_matches([' ', '\t', ',']);
+        }
+    }
+    Some(out)
+}
+
 fn opaque(tag: &str) -> (bool, &str) {
     match tag.strip_prefix("W/") {
         Some(t) => (true, t),
@@ -29,15 +55,18 @@ fn opaque(tag: &str) -> (bool, &str) {
     }
 }
 
-/// Does a comma-separated entity-tag list (or `*`) match `etag`?
+/// Does an entity-tag list (or `*`) match `etag`? Strong comparison when `strong` (both
+/// tags strong and equal), else weak (equal opaque tags). A malformed list matches nothing.
 fn list_matches(list: &str, etag: &str, strong: bool) -> bool {
     let (our_weak, ours) = opaque(etag);
-    list.split(',').map(str::trim).any(|t| {
-        if t == "*" {
-            return true;
-        }
-        let (weak, theirs) = opaque(t);
-        theirs == ours && (!strong || (!weak && !our_weak))
+    entity_tags(list).is_some_and(|tags| {
+        tags.into_iter().any(|t| {
+            if t == "*" {
+                return true;
+            }
+            let (weak, theirs) = opaque(t);
+            theirs == ours && (!strong || (!weak && !our_weak))
+        })
     })
 }
 
@@ -73,7 +102,9 @@ pub(crate) fn evaluate(headers: &HeaderMap, etag: &str, mtime: SystemTime) -> Ou
         Some(Ok(v)) => {
             let v = v.trim();
             if v.starts_with('"') || v.starts_with("W/") {
-                !v.starts_with("W/") && list_matches(v, etag, true) && !v.contains(',')
+                // exactly one strong tag, equal to ours
+                entity_tags(v).is_some_and(|t| t.len() == 1 && t[0] != "*")
+                    && list_matches(v, etag, true)
             } else {
                 httpdate::parse_http_date(v).is_ok_and(|d| secs(d) == modified)
             }
@@ -96,6 +127,30 @@ mod tests {
             );
         }
         m
+    }
+
+    #[test]
+    fn entity_tag_lists() {
+        assert_eq!(
+            entity_tags("\"a\", W/\"b\" ,*").unwrap(),
+            vec!["\"a\"", "W/\"b\"", "*"]
+        );
+        assert_eq!(entity_tags("\"a,b\"").unwrap(), vec!["\"a,b\""]);
+        assert_eq!(
+            entity_tags(" ,\"a\",,\t\"b\"").unwrap(),
+            vec!["\"a\"", "\"b\""]
+        );
+        assert_eq!(entity_tags("").unwrap(), Vec::<&str>::new());
+        assert!(entity_tags("\"a").is_none());
+        assert!(entity_tags("a").is_none());
+        assert!(entity_tags("\"a\" \"b\"").is_none());
+        // what the comma-splitting copy got wrong: a comma inside a tag
+        let e = "\"a,b\"";
+        assert!(list_matches("\"a,b\"", e, true));
+        assert!(!list_matches("\"a\"", e, false));
+        assert!(list_matches("\"x\", W/\"a,b\"", e, false));
+        assert!(!list_matches("\"x\", W/\"a,b\"", e, true));
+        assert!(list_matches(" *", e, true));
     }
 
     #[test]
@@ -154,6 +209,11 @@ mod tests {
         };
         assert_eq!(evaluate(&h(&[("if-range", "\"abc\"")]), e, t), go);
         assert_eq!(evaluate(&h(&[("if-range", "\"old\"")]), e, t), no_range);
+        assert_eq!(evaluate(&h(&[("if-range", "W/\"abc\"")]), e, t), no_range);
+        assert_eq!(
+            evaluate(&h(&[("if-range", "\"abc\", \"x\"")]), e, t),
+            no_range
+        );
         assert_eq!(evaluate(&h(&[("if-range", &date)]), e, t), go);
         assert_eq!(evaluate(&h(&[("if-range", &older)]), e, t), no_range);
     }

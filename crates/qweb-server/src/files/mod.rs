@@ -23,6 +23,7 @@ use crate::http::body::{empty, full, Body};
 use crate::http::response;
 use body::FileBody;
 use cache::{FileHead, Identity};
+pub(crate) use conditional::entity_tags;
 use conditional::Outcome;
 pub(crate) use open::Root;
 use range::RangeRequest;

@@ -7,9 +7,16 @@
 //!   (400): each would mean one thing to qweb's router and another to a file system or an
 //!   upstream that decodes it (`/files/..%2fsecret`);
 //! - dot segments are removed (RFC 3986 §5.2.4) and runs of `/` merged; a path that would
-//!   climb above `/` is refused (400), as nginx does.
+//!   climb above `/` is refused (400), as nginx does;
+//! - a dot segment with parameters (`..;x`, `.;`) is refused (400): Tomcat and Jetty read it
+//!   as the dot segment, qweb's router would read it as a name.
 //!
 //! The result is still a valid URI path (nothing was decoded that needs encoding).
+//!
+//! Routes that forward the client's path as sent (`pass_raw_path`) are routed on
+//! [`normalize_keeping_separators`] and checked against [`normalize_decoding_separators`],
+//! the path as an upstream that decodes `%2F` understands it; [`split_prefix`] says whether a
+//! route prefix covers a path and what is beneath it, for every caller.
 
 use http::StatusCode;
 
@@ -20,7 +27,8 @@ pub(crate) enum PathError {
     NotAbsolute,
     /// A `%` not followed by two hex digits.
     BadEscape,
-    /// `%2F`, `%5C`, `%00`, a raw backslash or a control byte.
+    /// `%2F`, `%5C`, `%00`, a raw backslash, a control byte, or a dot segment with
+    /// parameters (`..;`).
     Forbidden,
     /// More `..` segments than there are segments to remove.
     AboveRoot,
@@ -48,18 +56,65 @@ fn hex(b: u8) -> Option<u8> {
 
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
+/// What an encoded separator (`%2F`, `%5C`) does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Separators {
+    /// Refused (400).
+    Refuse,
+    /// Kept encoded: part of one segment.
+    Keep,
+    /// Decoded to `/`: a segment boundary, as an upstream that decodes them reads it.
+    Split,
+}
+
 /// Normalises an origin-form request path (without the query). See the module docs.
 pub(crate) fn normalize(raw: &str) -> Result<String, PathError> {
-    normalize_with(raw, false)
+    normalize_with(raw, Separators::Refuse)
 }
 
 /// [`normalize`], but `%2F` and `%5C` are kept encoded (one segment) instead of refused: for
 /// routing requests to routes that forward the client's raw path (`pass_raw_path`).
 pub(crate) fn normalize_keeping_separators(raw: &str) -> Result<String, PathError> {
-    normalize_with(raw, true)
+    normalize_with(raw, Separators::Keep)
 }
 
-fn normalize_with(raw: &str, keep_separators: bool) -> Result<String, PathError> {
+/// [`normalize`], but `%2F` and `%5C` are decoded to `/` before dot segments are removed: the
+/// path as an upstream that decodes them understands a raw path (python's http.server, IIS),
+/// so `/files/..%2fx` is `/x`. For checking where a raw path lands, never for forwarding.
+pub(crate) fn normalize_decoding_separators(raw: &str) -> Result<String, PathError> {
+    normalize_with(raw, Separators::Split)
+}
+
+/// Does a route's `prefix` (normalised, no trailing `/` unless it is `/`) cover the normalised
+/// `path`, and how does the route see it? `None` when it does not cover it: `/api` covers
+/// `/api` and `/api/...`, not `/apix`. Else `(mount, sub)`: with `strip` (and a prefix other
+/// than `/`) the prefix and the path beneath it (`/` for the prefix itself), else `("",
+/// path)`. The one prefix split of routing, rewrites, error pages and `pass_raw_path`.
+pub(crate) fn split_prefix<'a>(
+    prefix: &'a str,
+    strip: bool,
+    path: &'a str,
+) -> Option<(&'a str, &'a str)> {
+    if prefix == "/" {
+        return Some(("", path));
+    }
+    let rest = path.strip_prefix(prefix)?;
+    if !(rest.is_empty() || rest.starts_with('/')) {
+        return None;
+    }
+    Some(match (strip, rest) {
+        (false, _) => ("", path),
+        (true, "") => (prefix, "/"),
+        (true, rest) => (prefix, rest),
+    })
+}
+
+/// Does `prefix` cover `path`? See [`split_prefix`].
+pub(crate) fn covers(prefix: &str, path: &str) -> bool {
+    split_prefix(prefix, false, path).is_some()
+}
+
+fn normalize_with(raw: &str, separators: Separators) -> Result<String, PathError> {
     let bytes = raw.as_bytes();
     if bytes.first() != Some(&b'/') {
         return Err(PathError::NotAbsolute);
@@ -78,10 +133,13 @@ fn normalize_with(raw: &str, keep_separators: bool) -> Result<String, PathError>
                 (Some(h), Some(l)) => h << 4 | l,
                 _ => return Err(PathError::BadEscape),
             };
-            if v == 0 || (matches!(v, b'/' | b'\\') && !keep_separators) {
+            let separator = matches!(v, b'/' | b'\\');
+            if v == 0 || (separator && separators == Separators::Refuse) {
                 return Err(PathError::Forbidden);
             }
-            if unreserved(v) {
+            if separator && separators == Separators::Split {
+                decoded.push(b'/');
+            } else if unreserved(v) {
                 decoded.push(v);
             } else {
                 decoded.extend_from_slice(&[b'%', HEX[(v >> 4) as usize], HEX[(v & 15) as usize]]);
@@ -108,6 +166,7 @@ fn normalize_with(raw: &str, keep_separators: bool) -> Result<String, PathError>
                 }
                 trailing_slash = true;
             }
+            s if s.starts_with(b"..;") || s.starts_with(b".;") => return Err(PathError::Forbidden),
             s => out.push(s),
         }
     }
@@ -168,6 +227,11 @@ mod tests {
             ("/a%zz", PathError::BadEscape),
             ("/a%2", PathError::BadEscape),
             ("/a%", PathError::BadEscape),
+            ("/files/..;/internal.txt", PathError::Forbidden),
+            ("/files/..;x=1/y", PathError::Forbidden),
+            ("/files/%2e%2e;/y", PathError::Forbidden),
+            ("/files/.;/y", PathError::Forbidden),
+            ("/a/.%2E;/y", PathError::Forbidden),
             ("a/b", PathError::NotAbsolute),
             ("*", PathError::NotAbsolute),
             ("", PathError::NotAbsolute),
@@ -186,6 +250,49 @@ mod tests {
             normalize_keeping_separators("/a%00"),
             Err(PathError::Forbidden)
         );
+    }
+
+    #[test]
+    fn decoded_separators_are_segment_boundaries() {
+        for (raw, want) in [
+            ("/files/a%2fb", Ok("/files/a/b")),
+            ("/files/..%2finternal.txt", Ok("/internal.txt")),
+            ("/files/%2e%2e%2Finternal.txt", Ok("/internal.txt")),
+            ("/files/x/..%2f..%2fy", Ok("/y")),
+            ("/files/..%5cy", Ok("/y")),
+            ("/files/x/..%2f..%2f..%2fy", Err(PathError::AboveRoot)),
+            ("/files/..%2f..;/y", Err(PathError::Forbidden)),
+            ("/a%00", Err(PathError::Forbidden)),
+        ] {
+            assert_eq!(
+                normalize_decoding_separators(raw)
+                    .as_deref()
+                    .map_err(|e| *e),
+                want,
+                "{raw}"
+            );
+        }
+    }
+
+    #[test]
+    fn prefix_split_covers_whole_segments() {
+        for (prefix, strip, path, want) in [
+            ("/", false, "/anything", Some(("", "/anything"))),
+            ("/", true, "/anything", Some(("", "/anything"))),
+            ("/api", false, "/api", Some(("", "/api"))),
+            ("/api", true, "/api", Some(("/api", "/"))),
+            ("/api", false, "/api/x", Some(("", "/api/x"))),
+            ("/api", true, "/api/x/y", Some(("/api", "/x/y"))),
+            ("/api", true, "/api/", Some(("/api", "/"))),
+            ("/api", true, "/apix", None),
+            ("/api", false, "/apix/y", None),
+            ("/api", false, "/", None),
+            ("/a/b", true, "/a/b/c", Some(("/a/b", "/c"))),
+            ("/a/b", true, "/a/bc", None),
+        ] {
+            assert_eq!(split_prefix(prefix, strip, path), want, "{prefix} {path}");
+            assert_eq!(covers(prefix, path), want.is_some(), "{prefix} {path}");
+        }
     }
 
     #[test]

@@ -38,22 +38,13 @@ pub(crate) fn apply(
     let Some(page) = pages.page(status.as_u16()) else {
         return resp;
     };
-    let Some(route) = routes
-        .iter()
-        .find(|r| crate::pipeline::service::covers(&r.prefix, page))
-    else {
+    let Some((route, (mount, sub))) = routes.iter().find_map(|r| {
+        crate::http::path::split_prefix(&r.prefix, r.strip_prefix, page).map(|split| (r, split))
+    }) else {
         return resp;
     };
     let Handler::Static(files) = &route.handler else {
         return resp;
-    };
-    let (mount, sub) = if route.strip_prefix && route.prefix != "/" {
-        match &page[route.prefix.len()..] {
-            "" => (route.prefix.as_str(), "/"),
-            rest => (route.prefix.as_str(), rest),
-        }
-    } else {
-        ("", page)
     };
     let m = if method == Method::HEAD {
         Method::HEAD

@@ -10,46 +10,68 @@ use crate::http::path::PathError;
 use crate::http::response;
 
 /// The redirect for `req`: `Location` is `cfg.to` with `{host}` (the request's host without
-/// port, else the SNI name), `{uri}`, `{path}` and `{query}` filled in. 400 when `{host}` is
-/// needed and the request names none.
+/// port, else the SNI name), `{uri}` (`path` and the query), `{path}` and `{query}` filled in.
+/// `path` is the normalised request path (`None`: it did not normalise), never the target as
+/// sent: `//evil.com/../x` is `/x`. A `Location` that would start with `//` or `/\` (a
+/// scheme-relative reference: another host) has its leading slashes collapsed to one. 400
+/// when `{host}` is needed and the request names none, or `{uri}`/`{path}` and there is no
+/// normalised path.
 pub(crate) fn redirect<B>(
     cfg: &RedirectConfig,
     req: &Request<B>,
+    path: Option<&str>,
     sni: Option<&str>,
 ) -> Response<Body> {
     let host = crate::pipeline::sites::host_of(req)
         .and_then(crate::pipeline::sites::host_name)
         .or_else(|| sni.map(str::to_owned));
-    let uri = req.uri();
-    let path_and_query = uri.path_and_query().map_or("/", |p| p.as_str());
-    let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
-    let mut out = String::with_capacity(cfg.to.len() + path_and_query.len() + 32);
+    let query = req
+        .uri()
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    let mut out = String::with_capacity(cfg.to.len() + path.map_or(0, str::len) + 32);
     let mut rest = cfg.to.as_str();
     while let Some(open) = rest.find('{') {
         out.push_str(&rest[..open]);
         let Some(close) = rest[open..].find('}') else {
             break;
         };
-        match &rest[open + 1..open + close] {
-            "host" => match &host {
+        match (&rest[open + 1..open + close], path) {
+            ("host", _) => match &host {
                 Some(h) => out.push_str(h),
                 None => return response::status(StatusCode::BAD_REQUEST),
             },
-            "uri" => out.push_str(path_and_query),
-            "path" => out.push_str(uri.path()),
-            "query" => out.push_str(&query),
+            ("uri", Some(p)) => {
+                out.push_str(p);
+                out.push_str(&query);
+            }
+            ("path", Some(p)) => out.push_str(p),
+            ("uri" | "path", None) => return response::status(StatusCode::BAD_REQUEST),
+            ("query", _) => out.push_str(&query),
             // refused by the configuration
             _ => {}
         }
         rest = &rest[open + close + 1..];
     }
     out.push_str(rest);
-    let Ok(location) = HeaderValue::from_str(&out) else {
+    let Ok(location) = HeaderValue::from_str(&not_scheme_relative(&out)) else {
         return response::status(StatusCode::BAD_REQUEST);
     };
     let mut r = response::status(cfg.status);
     r.headers_mut().insert(header::LOCATION, location);
     r
+}
+
+/// `location` with a leading run of two or more `/` and `\` (browsers read `//` and `/\`
+/// as "another host follows") collapsed to one `/`; else unchanged.
+fn not_scheme_relative(location: &str) -> std::borrow::Cow<'_, str> {
+    let rest = location.trim_start_matches(['/', '\\']);
+    if location.len() - rest.len() >= 2 {
+        format!("/{rest}").into()
+    } else {
+        location.into()
+    }
 }
 
 /// The first matching rule's rewrite of `path` (normalised), normalised again: a rewrite
@@ -95,4 +117,24 @@ pub(crate) fn try_files(
         }
     }
     response::status(StatusCode::NOT_FOUND)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::not_scheme_relative;
+
+    #[test]
+    fn locations_are_never_scheme_relative() {
+        for (to, want) in [
+            ("//evil.com/x", "/evil.com/x"),
+            ("/\\evil.com/x", "/evil.com/x"),
+            ("\\\\evil.com", "/evil.com"),
+            ("///x?q=//y", "/x?q=//y"),
+            ("/x//y", "/x//y"),
+            ("/", "/"),
+            ("https://h/x", "https://h/x"),
+        ] {
+            assert_eq!(not_scheme_relative(to), want, "{to}");
+        }
+    }
 }

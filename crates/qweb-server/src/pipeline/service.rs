@@ -28,13 +28,6 @@ pub(crate) struct Service {
     redirect: Option<Rc<crate::config::RedirectConfig>>,
 }
 
-/// Does `prefix` cover `path`? `/api` covers `/api` and `/api/...`, not `/apix`.
-pub(crate) fn covers(prefix: &str, path: &str) -> bool {
-    prefix == "/"
-        || (path.starts_with(prefix)
-            && matches!(path.as_bytes().get(prefix.len()), None | Some(b'/')))
-}
-
 impl Service {
     pub(crate) fn new(
         worker: Rc<WorkerCtx>,
@@ -134,7 +127,20 @@ impl Service {
     }
 
     fn find_route<'a>(routes: &'a [Route], path: &str) -> Option<&'a Route> {
-        routes.iter().find(|r| covers(&r.prefix, path))
+        routes
+            .iter()
+            .find(|r| crate::http::path::covers(&r.prefix, path))
+    }
+
+    /// A `pass_raw_path` route forwards the target as sent: refused (400) unless the path as
+    /// an upstream that decodes `%2F` and `%5C` understands it is routed to this same route
+    /// (`/files/..%2fsecret` is `/secret` there, a path outside the route).
+    fn raw_path_stays(routes: &[Route], route: &Route, raw: &str) -> Result<(), PathError> {
+        let decoded = crate::http::path::normalize_decoding_separators(raw)?;
+        match Self::find_route(routes, &decoded) {
+            Some(r) if std::ptr::eq(r, route) => Ok(()),
+            _ => Err(PathError::Forbidden),
+        }
     }
 
     /// The normalised path; encoded separators pass only on their way to a route that
@@ -203,7 +209,7 @@ impl Service {
         }
         let sni = self.conn.sni.get().map(|s| &**s);
         if let Some(rd) = &self.redirect {
-            return crate::pipeline::rewrite::redirect(rd, &req, sni);
+            return crate::pipeline::rewrite::redirect(rd, &req, path.as_deref().ok(), sni);
         }
         let site_ref = self.worker.sites.get(site);
         let path = match path
@@ -224,29 +230,17 @@ impl Service {
             crate::pipeline::headers_rules::respond(site_ref, None, &mut r);
             return r;
         };
-        let sub = if route.strip_prefix && route.prefix != "/" {
-            match &path[route.prefix.len()..] {
-                "" => "/",
-                rest => rest,
-            }
-        } else {
-            path.as_str()
-        };
+        let (mount, sub) =
+            crate::http::path::split_prefix(&route.prefix, route.strip_prefix, &path)
+                .unwrap_or(("", path.as_str()));
         let method = req.method().clone();
         let resp = match &route.handler {
-            Handler::Redirect(rd) => crate::pipeline::rewrite::redirect(rd, &req, sni),
-            Handler::Static(_)
-                if route.strip_prefix && path == route.prefix && route.prefix != "/" =>
-            {
+            Handler::Redirect(rd) => crate::pipeline::rewrite::redirect(rd, &req, Some(&path), sni),
+            Handler::Static(_) if !mount.is_empty() && path == mount => {
                 // `/static` -> `/static/`, so relative links resolve under the mount
                 crate::files::redirect_to_dir(&path, req.uri().query())
             }
             Handler::Static(files) => {
-                let mount = if route.strip_prefix && route.prefix != "/" {
-                    route.prefix.as_str()
-                } else {
-                    ""
-                };
                 let r = if route.rules.try_files.is_empty() {
                     files.serve(req.method(), req.headers(), mount, sub, req.uri().query())
                 } else {
@@ -266,6 +260,12 @@ impl Service {
                 }
             }
             Handler::Proxy(proxy) => {
+                if proxy.pass_raw_path() {
+                    if let Err(e) = Self::raw_path_stays(routes, route, req.uri().path()) {
+                        tracing::debug!(peer = %self.conn.peer, "refused raw path: {e:?}");
+                        return response::status(e.status());
+                    }
+                }
                 crate::pipeline::headers_rules::forward(site_ref, route, req.headers_mut());
                 let pq = if proxy.pass_raw_path() {
                     req.uri()
@@ -321,17 +321,3 @@ fn head_too_large<B>(req: &Request<B>, limit: usize) -> Option<StatusCode> {
 
 /// What a proxy route answers in `Allow` (CONNECT and TRACE are never forwarded).
 const PROXY_METHODS: &str = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS";
-
-#[cfg(test)]
-mod tests {
-    use super::covers;
-
-    #[test]
-    fn prefix_covers_segments() {
-        assert!(covers("/", "/anything"));
-        assert!(covers("/api", "/api"));
-        assert!(covers("/api", "/api/x"));
-        assert!(!covers("/api", "/apix"));
-        assert!(!covers("/api", "/"));
-    }
-}

@@ -64,6 +64,24 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
 }
 
+/// Joins several `Cookie` fields into one, separated by `"; "` (RFC 9113 §8.2.3, RFC 6265
+/// §5.4: one `Cookie` header).
+fn join_cookies(h: &mut HeaderMap) {
+    if h.get_all(header::COOKIE).iter().nth(1).is_none() {
+        return;
+    }
+    let joined: Vec<&[u8]> = h
+        .get_all(header::COOKIE)
+        .iter()
+        .map(HeaderValue::as_bytes)
+        .collect();
+    // valid values joined by "; " are a valid value; kept as they came if not
+    let Ok(one) = HeaderValue::from_bytes(&joined.join(&b"; "[..])) else {
+        return;
+    };
+    h.insert(header::COOKIE, one);
+}
+
 /// Who sent the request, as the upstream is told.
 pub(crate) struct Forwarding<'a> {
     /// The client's address.
@@ -77,6 +95,8 @@ pub(crate) struct Forwarding<'a> {
 /// Rewrites a client's request headers for the upstream named `upstream` (`host:port`).
 ///
 /// - hop-by-hop headers go; names with `_` go unless `underscores_in_headers`;
+/// - several `Cookie` fields (HTTP/2 clients send one per cookie) are joined into one with
+///   `"; "` (RFC 9113 §8.2.3: an HTTP/1.1 upstream would otherwise read only one);
 /// - `Host` is the authority the client named (else the upstream's name);
 /// - `X-Forwarded-For` is every value the client sent, joined, plus the client's address;
 /// - `X-Forwarded-Host`, `X-Forwarded-Proto`, `X-Real-IP` are set by qweb, and `Forwarded`
@@ -95,6 +115,7 @@ pub(crate) fn rewrite_request(
         .filter(|v| !v.is_empty())
         .collect();
     strip_hop_by_hop(h);
+    join_cookies(h);
     if !cfg.underscores_in_headers {
         let bad: Vec<HeaderName> = h
             .keys()
@@ -203,6 +224,17 @@ mod tests {
         assert!(!h.contains_key("x-custom"));
         assert!(!h.contains_key("keep-alive"));
         assert!(!h.contains_key("connection"));
+    }
+
+    #[test]
+    fn cookie_fields_are_joined() {
+        let mut h = headers(&[("cookie", "a=1"), ("cookie", "b=2; c=3"), ("x", "y")]);
+        join_cookies(&mut h);
+        let all: Vec<_> = h.get_all("cookie").iter().collect();
+        assert_eq!(all, ["a=1; b=2; c=3"]);
+        let mut h = headers(&[("cookie", "a=1")]);
+        join_cookies(&mut h);
+        assert_eq!(h["cookie"], "a=1");
     }
 
     #[test]
