@@ -184,8 +184,7 @@ impl KeyserverConfig {
             )?,
             frame_timeout,
         };
-        // SAFETY: getuid(2) has no preconditions and cannot fail.
-        let me = unsafe { libc::getuid() };
+        let me = rustix::process::getuid().as_raw();
         Ok(KeyserverConfig {
             keys: raw.keys.iter().map(|k| abs(k)).collect(),
             threads: raw.threads.unwrap_or_else(|| {

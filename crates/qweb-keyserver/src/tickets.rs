@@ -279,8 +279,10 @@ mod tests {
             keys: vec![key],
             threads: 1,
             queue: 16,
-            // SAFETY: getuid(2) has no preconditions.
-            unix: Some((dir.join("ks.sock"), vec![unsafe { libc::getuid() }])),
+            unix: Some((
+                dir.join("ks.sock"),
+                vec![rustix::process::getuid().as_raw()],
+            )),
             tls: None,
             admin: None,
             limits: Default::default(),
