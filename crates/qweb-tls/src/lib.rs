@@ -27,6 +27,7 @@ pub use certs::{
     load_private_key, LoadedCert,
 };
 pub use error::TlsError;
+pub use handshake::HandshakeError;
 pub use offload_key::{KeyOffload, OffloadSigningKey};
 pub use selfsigned::{ensure_self_signed, SelfSigned};
 pub use server_config::{provider, server_config, ALPN_H2, ALPN_HTTP11};
