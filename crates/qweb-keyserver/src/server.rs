@@ -18,6 +18,7 @@ pub use crate::conn::ConnLimits;
 
 /// Why the key server cannot start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum KeyserverError {
     /// The configuration is invalid.
     #[error("{0}")]
