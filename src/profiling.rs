@@ -12,6 +12,7 @@
 //! docs/BENCHMARKS.md ("Method: where a request's cost goes") shows how to use both.
 
 #[cfg(feature = "alloc-count")]
+#[allow(unsafe_code)]
 pub(crate) mod alloc_count {
     use std::alloc::{GlobalAlloc, Layout};
     use std::sync::atomic::{AtomicU64, Ordering};

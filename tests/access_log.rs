@@ -2,6 +2,8 @@
 //! reopened on SIGUSR1 after a logrotate-style move, format switched by a reload; and a plain
 //! HTTP request on a TLS port answered with nginx's 400 page.
 
+#![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -59,10 +61,8 @@ impl Qweb {
 
     fn signal(&self, sig: libc::c_int) {
         // SAFETY: kill(2) with the pid of our own child and a valid signal number.
-        assert_eq!(
-            unsafe { libc::kill(self.child.id() as libc::pid_t, sig) },
-            0
-        );
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+        assert_eq!(rc, 0);
     }
 
     fn wait_stderr(&self, needle: &str) {

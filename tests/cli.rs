@@ -1,5 +1,7 @@
 //! The `qweb` binary: zero-config start, check-config, graceful shutdown on SIGTERM.
 
+#![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
+
 #[allow(dead_code)]
 #[path = "../crates/qweb-server/tests/common/upstream.rs"]
 mod upstream;

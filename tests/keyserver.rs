@@ -1,6 +1,8 @@
 //! The key server end to end: a real `qweb keyserver` process and a real qweb that holds no
 //! private key file, over the Unix socket and over mutual TLS; faults.
 
+#![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -2,6 +2,8 @@
 //! `qweb reload`, real TLS clients (HTTP/1.1 and h2, keep-alive and a new handshake per
 //! request) while every handshake pauses on a 200 ms engine.
 
+#![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -138,10 +140,8 @@ impl Qweb {
 
     fn signal(&self, sig: libc::c_int) {
         // SAFETY: kill(2) with the pid of our own child and a valid signal number.
-        assert_eq!(
-            unsafe { libc::kill(self.child.id() as libc::pid_t, sig) },
-            0
-        );
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+        assert_eq!(rc, 0);
     }
 }
 
@@ -497,10 +497,8 @@ fn sd_notify_ready_reloading_ready_stopping() {
     };
     assert_eq!(recv(), format!("READY=1\nMAINPID={}", child.id()));
     // SAFETY: kill(2) with our child's pid and a valid signal number.
-    assert_eq!(
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) },
-        0
-    );
+    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) };
+    assert_eq!(rc, 0);
     let reloading = recv();
     let usec: u64 = reloading
         .strip_prefix("RELOADING=1\nMONOTONIC_USEC=")
@@ -510,10 +508,8 @@ fn sd_notify_ready_reloading_ready_stopping() {
     assert!(usec > 0);
     assert!(recv().starts_with("READY=1\n"));
     // SAFETY: as above.
-    assert_eq!(
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) },
-        0
-    );
+    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(rc, 0);
     assert_eq!(recv(), "STOPPING=1");
     assert!(child.wait().unwrap().success());
 }

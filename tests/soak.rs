@@ -18,6 +18,8 @@
 //! nice value, and `QWEB_SOAK_LIMITS` adds `[limits]` lines to qweb's config (e.g.
 //! `write_burst = "16KiB"`), to find which attack costs the normal clients what.
 
+#![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;

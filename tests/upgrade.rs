@@ -3,6 +3,8 @@
 //! and h2, keep-alive and a new handshake per request, handshakes paused on a 200 ms engine)
 //! see no failed request and no refused connection.
 
+#![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -182,10 +184,8 @@ async fn sigusr2_hands_the_sockets_to_a_new_process_without_losing_a_request() {
 
     // SIGUSR2: the new process serves, the old one drains and exits 0
     // SAFETY: kill(2) with our child's pid and a valid signal number.
-    assert_eq!(
-        unsafe { libc::kill(old.id() as libc::pid_t, libc::SIGUSR2) },
-        0
-    );
+    let rc = unsafe { libc::kill(old.id() as libc::pid_t, libc::SIGUSR2) };
+    assert_eq!(rc, 0);
     wait_line("upgrade: process", 1);
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {
@@ -338,10 +338,8 @@ fn a_failed_upgrade_keeps_the_old_process_serving() {
     wait_line("worker(s)");
     std::fs::remove_file(&link).unwrap();
     // SAFETY: kill(2) with our child's pid and a valid signal number.
-    assert_eq!(
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGUSR2) },
-        0
-    );
+    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGUSR2) };
+    assert_eq!(rc, 0);
     wait_line("upgrade failed, this process serves on");
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     std::io::Write::write_all(

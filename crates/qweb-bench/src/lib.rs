@@ -29,6 +29,7 @@ pub use error::{Error, Result};
 
 /// Raises this process's open-file limit (soft to hard; as root also the hard limit) to at
 /// least `want`, and returns the soft limit now in force. Children inherit it.
+#[allow(unsafe_code)]
 pub fn raise_fd_limit(want: u64) -> u64 {
     // SAFETY: getrlimit/setrlimit only read/write the plain struct passed by pointer.
     unsafe {

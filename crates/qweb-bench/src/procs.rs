@@ -78,6 +78,7 @@ impl ServerProc {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        #[allow(unsafe_code)]
         // SAFETY: the closure runs in the child between fork and exec and only calls
         // prctl, which is async-signal-safe.
         unsafe {
@@ -217,6 +218,7 @@ impl ServerProc {
     }
 
     /// SIGTERM, wait up to 5 s, then SIGKILL.
+    #[allow(unsafe_code)]
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             // SAFETY: kill(2) with the pid of our own child, which we have not reaped yet.
@@ -280,6 +282,7 @@ fn proc_cpu_secs(pid: u32) -> f64 {
     let stime: f64 = stat_field(&stat, 15)
         .and_then(|f| f.parse().ok())
         .unwrap_or(0.0);
+    #[allow(unsafe_code)]
     // SAFETY: sysconf has no memory effects.
     let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     (utime + stime) / tck

@@ -190,7 +190,7 @@ where
             Mode::InPlace => Wait::Done(
                 compress_chunk(&op)
                     .map(OpOutput::Compressed)
-                    .map_err(OpError::Failed),
+                    .map_err(|e| OpError::Failed(e.to_string())),
             ),
         };
         self.in_flight.push_back(InFlight { op, wait });

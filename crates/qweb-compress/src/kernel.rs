@@ -27,15 +27,43 @@ use std::cell::RefCell;
 
 use qweb_offload::compress::{Codec, CompressOp, CompressedChunk};
 
+/// Why one chunk could not be compressed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CompressError {
+    /// The codec panicked on this chunk (caught: the thread lives on, with its per-thread
+    /// codec state reset).
+    #[error("the {} compressor panicked", .0.token())]
+    Panicked(Codec),
+    /// zlib-rs refused the dictionary or the input.
+    #[error("deflate: {0}")]
+    Deflate(#[source] flate2::CompressError),
+    /// The brotli encoder refused its parameters, or failed on the input.
+    #[error("brotli: {0}")]
+    Brotli(&'static str),
+    /// libzstd refused the level or a parameter, or failed on the input.
+    #[error("zstd: {0}")]
+    Zstd(#[source] std::io::Error),
+    /// This thread's codec state was not there after being set (a bug).
+    #[error("{} state missing", .0.token())]
+    StateMissing(Codec),
+}
+
+/// [`compress_chunk`] in the shape of [`qweb_offload::compress::CompressFn`]: engines
+/// report the error as text.
+pub fn compress_chunk_software(op: &CompressOp) -> Result<CompressedChunk, String> {
+    compress_chunk(op).map_err(|e| e.to_string())
+}
+
 /// Most preceding input a gzip chunk is primed with: deflate's window.
 pub const GZIP_HISTORY: usize = 32 * 1024;
 
-/// Compresses one chunk in software (the [`qweb_offload::compress::CompressFn`] of every op
-/// this crate builds).
+/// Compresses one chunk in software (through [`compress_chunk_software`], the
+/// [`qweb_offload::compress::CompressFn`] of every op this crate builds).
 ///
 /// A panic inside a codec library is caught and reported as an error: it must not take an
 /// engine thread (or a worker) down with it.
-pub fn compress_chunk(op: &CompressOp) -> Result<CompressedChunk, String> {
+pub fn compress_chunk(op: &CompressOp) -> Result<CompressedChunk, CompressError> {
     let run = std::panic::AssertUnwindSafe(|| match op.codec {
         Codec::Gzip => gzip_chunk(op),
         Codec::Brotli => brotli_chunk(op),
@@ -45,7 +73,7 @@ pub fn compress_chunk(op: &CompressOp) -> Result<CompressedChunk, String> {
         // the per-thread codec state may be half-updated: start afresh next time
         DEFLATE.with(|c| c.replace(None));
         ZSTD.with(|c| c.replace(None));
-        Err(format!("the {} compressor panicked", op.codec.token()))
+        Err(CompressError::Panicked(op.codec))
     })
 }
 
@@ -58,7 +86,7 @@ thread_local! {
         const { RefCell::new(None) };
 }
 
-fn gzip_chunk(op: &CompressOp) -> Result<CompressedChunk, String> {
+fn gzip_chunk(op: &CompressOp) -> Result<CompressedChunk, CompressError> {
     use flate2::{Compress, Compression, FlushCompress, Status};
     let level = op.level.min(9);
     let input = op.input.as_slice();
@@ -74,15 +102,14 @@ fn gzip_chunk(op: &CompressOp) -> Result<CompressedChunk, String> {
                 *slot = Some((level, Compress::new(Compression::new(level), false)));
                 match slot {
                     Some((_, c)) => c,
-                    None => return Err("deflate state missing".to_owned()),
+                    None => return Err(CompressError::StateMissing(Codec::Gzip)),
                 }
             }
         };
         let h = op.history.as_slice();
         let dict = &h[h.len().saturating_sub(GZIP_HISTORY)..];
         if !dict.is_empty() {
-            c.set_dictionary(dict)
-                .map_err(|e| format!("deflate dictionary: {e}"))?;
+            c.set_dictionary(dict).map_err(CompressError::Deflate)?;
         }
         let flush = if op.last {
             FlushCompress::Finish
@@ -95,7 +122,7 @@ fn gzip_chunk(op: &CompressOp) -> Result<CompressedChunk, String> {
             let consumed = (c.total_in() - start) as usize;
             let status = c
                 .compress_vec(&input[consumed..], &mut out, flush)
-                .map_err(|e| format!("deflate: {e}"))?;
+                .map_err(CompressError::Deflate)?;
             let consumed = (c.total_in() - start) as usize;
             let room = out.len() < out.capacity();
             let done = match flush {
@@ -113,7 +140,7 @@ fn gzip_chunk(op: &CompressOp) -> Result<CompressedChunk, String> {
     })
 }
 
-fn brotli_chunk(op: &CompressOp) -> Result<CompressedChunk, String> {
+fn brotli_chunk(op: &CompressOp) -> Result<CompressedChunk, CompressError> {
     use brotli::enc::encode::BrotliEncoderStateStruct;
     use brotli::enc::encode::{BrotliEncoderOperation, BrotliEncoderParameter as P};
     use brotli::enc::StandardAlloc;
@@ -126,7 +153,7 @@ fn brotli_chunk(op: &CompressOp) -> Result<CompressedChunk, String> {
         && s.set_parameter(P::BROTLI_PARAM_MAGIC_NUMBER, 0)
         && s.set_parameter(P::BROTLI_PARAM_SIZE_HINT, input.len() as u32);
     if !ok {
-        return Err("brotli parameters refused".to_owned());
+        return Err(CompressError::Brotli("parameters refused"));
     }
     let h = op.history.as_slice();
     // The dictionary and the chunk must fit in the declared window.
@@ -154,7 +181,7 @@ fn brotli_chunk(op: &CompressOp) -> Result<CompressedChunk, String> {
             &mut |_, _, _, _| (),
         );
         if !ok {
-            return Err("brotli encoder failed".to_owned());
+            return Err(CompressError::Brotli("encoder failed"));
         }
         if s.is_finished() {
             break;
@@ -178,23 +205,22 @@ pub fn brotli_quality(level: u32) -> u32 {
     level.clamp(2, 11)
 }
 
-fn zstd_chunk(op: &CompressOp) -> Result<CompressedChunk, String> {
+fn zstd_chunk(op: &CompressOp) -> Result<CompressedChunk, CompressError> {
     let level = op.level.min(22);
     ZSTD.with(|cell| {
         let mut cell = cell.borrow_mut();
         if !matches!(&*cell, Some((l, _)) if *l == level) {
-            let mut c = zstd::bulk::Compressor::new(level as i32)
-                .map_err(|e| format!("zstd context: {e}"))?;
+            let mut c = zstd::bulk::Compressor::new(level as i32).map_err(CompressError::Zstd)?;
             c.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))
-                .map_err(|e| format!("zstd parameter: {e}"))?;
+                .map_err(CompressError::Zstd)?;
             *cell = Some((level, c));
         }
         let Some((_, c)) = &mut *cell else {
-            return Err("zstd context missing".to_owned());
+            return Err(CompressError::StateMissing(Codec::Zstd));
         };
         let data = c
             .compress(op.input.as_slice())
-            .map_err(|e| format!("zstd: {e}"))?;
+            .map_err(CompressError::Zstd)?;
         Ok(CompressedChunk { data, crc32: 0 })
     })
 }
@@ -234,5 +260,26 @@ mod determinism {
                 );
             }
         }
+    }
+
+    /// A codec that panics on a chunk is the `Panicked` variant (not a crash, not a string),
+    /// and the thread's next chunk compresses normally. The panic: a brotli window far past
+    /// its 24 bits overflows the window-size shift (overflow checks are on in test builds).
+    #[cfg(debug_assertions)]
+    #[test]
+    fn a_panicking_codec_is_the_panicked_variant() {
+        let mut enc = StreamEncoder::new(Codec::Brotli, 4, 4096);
+        let mut op = enc.op(b"some text".to_vec(), true);
+        op.window_log = 200;
+        let e = compress_chunk(&op).expect_err("a panic");
+        assert!(matches!(e, CompressError::Panicked(Codec::Brotli)), "{e:?}");
+        assert_eq!(e.to_string(), "the br compressor panicked");
+        // through the engines' text form, and after: the thread still compresses
+        assert_eq!(
+            compress_chunk_software(&op).err().as_deref(),
+            Some("the br compressor panicked")
+        );
+        op.window_log = 22;
+        assert!(compress_chunk(&op).is_ok());
     }
 }

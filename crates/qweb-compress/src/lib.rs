@@ -27,6 +27,7 @@ pub mod stream;
 
 pub use body::{BoxError, CompressBody, EncodeParams, Sink};
 pub use cache::{CacheEvents, VariantCache, VariantKey};
+pub use kernel::CompressError;
 pub use metrics::CompressMetrics;
 pub use negotiate::{negotiate, AcceptEncoding};
 pub use qweb_offload::compress::{Codec, CompressOp, CompressedChunk};

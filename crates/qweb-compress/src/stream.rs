@@ -11,7 +11,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use qweb_offload::compress::{Codec, CompressOp, CompressedChunk};
 
-use crate::kernel::{compress_chunk, GZIP_HISTORY};
+use crate::kernel::{compress_chunk, compress_chunk_software, CompressError, GZIP_HISTORY};
 
 /// Preceding input a brotli chunk is primed with.
 pub const BROTLI_HISTORY: usize = 64 * 1024;
@@ -92,7 +92,7 @@ impl StreamEncoder {
             input: Arc::new(input),
             history,
             last,
-            software: compress_chunk,
+            software: compress_chunk_software,
         }
     }
 
@@ -170,7 +170,7 @@ pub fn compress_all(
     level: u32,
     chunk_size: usize,
     data: &[u8],
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, CompressError> {
     let chunk_size = chunk_size.max(1);
     let mut enc = StreamEncoder::new(codec, level, chunk_size);
     let mut out = Vec::new();
@@ -362,7 +362,7 @@ pub(crate) mod tests {
                 input: Arc::new(c.to_vec()),
                 history: Arc::new(Vec::new()),
                 last: false,
-                software: compress_chunk,
+                software: compress_chunk_software,
             };
             unprimed += compress_chunk(&op).unwrap().data.len();
         }

@@ -386,27 +386,81 @@ async fn connection_manager(server: usize, ep: Endpoint, cfg: ClientConfig, d: R
     }
 }
 
+/// Why qweb could not get an answer from a key server (connecting, or asking it for the
+/// fleet's ticket keys).
+///
+/// Converts into an [`std::io::Error`] that carries this error as its source (an I/O error
+/// converts as itself), so a caller holding only the `io::Error` can still downcast it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// Connecting (and for `tls://`, the TLS handshake) took longer than 5 s.
+    #[error("connect timed out")]
+    ConnectTimeout,
+    /// A `tls://` key server, but no client certificate, key and CA to reach it with.
+    #[error("a tls:// key server needs client_cert, client_key and server_ca")]
+    TlsNotConfigured,
+    /// The `tls://` endpoint's server name is not a DNS name or an IP address.
+    #[error("invalid key server name: {0}")]
+    ServerName(#[source] rustls::pki_types::InvalidDnsNameError),
+    /// The key server did not answer within the engine's timeout (at least 1 s).
+    #[error("no answer in time")]
+    AnswerTimeout,
+    /// The key server refused the request with an error frame.
+    #[error("key server refused: {code:?}: {message}")]
+    Refused {
+        /// Why, as the key server coded it.
+        code: ErrorCode,
+        /// The key server's details.
+        message: String,
+    },
+    /// The key server answered with a well-formed frame that does not answer the request.
+    #[error("key server: unexpected answer")]
+    UnexpectedAnswer,
+    /// The key server's bytes are not valid frames.
+    #[error("key server: {0}")]
+    Protocol(#[from] crate::protocol::ProtocolError),
+    /// The key server closed the connection before answering.
+    #[error("key server closed the connection before answering")]
+    Closed,
+    /// Reading from or writing to the connection failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl From<ClientError> for std::io::Error {
+    fn from(e: ClientError) -> std::io::Error {
+        use std::io::ErrorKind;
+        let kind = match e {
+            ClientError::Io(io) => return io,
+            ClientError::ConnectTimeout | ClientError::AnswerTimeout => ErrorKind::TimedOut,
+            ClientError::ServerName(_) => ErrorKind::InvalidInput,
+            ClientError::Protocol(_) => ErrorKind::InvalidData,
+            ClientError::Closed => ErrorKind::UnexpectedEof,
+            _ => ErrorKind::Other,
+        };
+        std::io::Error::new(kind, e)
+    }
+}
+
 pub(crate) enum Stream {
     Unix(tokio::net::UnixStream),
     Tls(Box<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>),
 }
 
-pub(crate) async fn connect(ep: &Endpoint, cfg: &ClientConfig) -> std::io::Result<Stream> {
+pub(crate) async fn connect(ep: &Endpoint, cfg: &ClientConfig) -> Result<Stream, ClientError> {
     let limit = Duration::from_secs(5);
-    let timed_out = || std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out");
     match ep {
-        Endpoint::Unix(p) => tokio::time::timeout(limit, tokio::net::UnixStream::connect(p))
-            .await
-            .map_err(|_| timed_out())?
-            .map(Stream::Unix),
+        Endpoint::Unix(p) => Ok(
+            tokio::time::timeout(limit, tokio::net::UnixStream::connect(p))
+                .await
+                .map_err(|_| ClientError::ConnectTimeout)?
+                .map(Stream::Unix)?,
+        ),
         Endpoint::Tls { addr, server_name } => {
-            let tls = cfg.tls.clone().ok_or_else(|| {
-                std::io::Error::other(
-                    "a tls:// key server needs client_cert, client_key and server_ca",
-                )
-            })?;
+            let tls = cfg.tls.clone().ok_or(ClientError::TlsNotConfigured)?;
             let name = rustls::pki_types::ServerName::try_from(server_name.clone())
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+                .map_err(ClientError::ServerName)?;
             let fut = async {
                 let tcp = tokio::net::TcpStream::connect(addr.as_str()).await?;
                 let _ = tcp.set_nodelay(true);
@@ -416,7 +470,7 @@ pub(crate) async fn connect(ep: &Endpoint, cfg: &ClientConfig) -> std::io::Resul
             };
             let s = tokio::time::timeout(limit, fut)
                 .await
-                .map_err(|_| timed_out())??;
+                .map_err(|_| ClientError::ConnectTimeout)??;
             Ok(Stream::Tls(Box::new(s)))
         }
     }

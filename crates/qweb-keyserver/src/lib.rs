@@ -12,6 +12,8 @@
 //! - [`client`]: the `keyserver` offload engine qweb uses: a few connections per key server,
 //!   non-blocking submit, reconnect with backoff, per-op timeout, one retry on another server.
 
+#![forbid(unsafe_code)]
+
 pub mod accept;
 pub mod client;
 pub mod conn;

@@ -57,6 +57,7 @@ pub fn scheme(op: u8) -> Option<SignScheme> {
 /// Error codes of an error response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
+#[non_exhaustive]
 pub enum ErrorCode {
     /// No key with that id.
     UnknownKey = 1,
@@ -129,6 +130,7 @@ const TICKET_KEY: usize = KEY_NAME_LEN + KEY_SECRET_LEN;
 
 /// Why bytes could not be decoded. Any of these closes the connection.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProtocolError {
     /// The length prefix exceeds [`MAX_FRAME`] or is shorter than a header.
     #[error("bad frame length {0}")]

@@ -18,6 +18,7 @@ pub use crate::conn::ConnLimits;
 
 /// Why the key server cannot start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum KeyserverError {
     /// The configuration is invalid.
     #[error("{0}")]
@@ -184,8 +185,7 @@ impl KeyserverConfig {
             )?,
             frame_timeout,
         };
-        // SAFETY: getuid(2) has no preconditions and cannot fail.
-        let me = unsafe { libc::getuid() };
+        let me = rustix::process::getuid().as_raw();
         Ok(KeyserverConfig {
             keys: raw.keys.iter().map(|k| abs(k)).collect(),
             threads: raw.threads.unwrap_or_else(|| {

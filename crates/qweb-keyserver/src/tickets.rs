@@ -19,7 +19,7 @@ use qweb_tls::{FleetKeys, TicketKeyMaterial, Ticketer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
-use crate::client::{connect, ClientConfig, Stream};
+use crate::client::{connect, ClientConfig, ClientError, Stream};
 use crate::protocol::Frame;
 
 /// The key server's ticket keys.
@@ -93,7 +93,7 @@ impl TicketKeyRing {
 pub async fn fetch(
     server: &crate::client::Endpoint,
     cfg: &ClientConfig,
-) -> std::io::Result<FleetKeys> {
+) -> Result<FleetKeys, ClientError> {
     let limit = cfg.timeout.max(Duration::from_secs(1));
     let work = async {
         match connect(server, cfg).await? {
@@ -103,10 +103,10 @@ pub async fn fetch(
     };
     tokio::time::timeout(limit, work)
         .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer in time"))?
+        .map_err(|_| ClientError::AnswerTimeout)?
 }
 
-async fn ask<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) -> std::io::Result<FleetKeys> {
+async fn ask<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) -> Result<FleetKeys, ClientError> {
     let mut out = BytesMut::new();
     Frame::TicketKeysRequest { id: 1 }.encode(&mut out);
     s.write_all(&out).await?;
@@ -114,15 +114,15 @@ async fn ask<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) -> std::io::Result<Fle
     loop {
         match Frame::decode(&mut buf) {
             Ok(Some(Frame::TicketKeys { id: 1, keys })) => return Ok(keys),
-            Ok(Some(Frame::Error { message, .. })) => {
-                return Err(std::io::Error::other(format!("key server: {message}")))
+            Ok(Some(Frame::Error { code, message, .. })) => {
+                return Err(ClientError::Refused { code, message })
             }
-            Ok(Some(_)) => return Err(std::io::Error::other("key server: unexpected answer")),
-            Err(e) => return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+            Ok(Some(_)) => return Err(ClientError::UnexpectedAnswer),
+            Err(e) => return Err(e.into()),
             Ok(None) => {}
         }
         if s.read_buf(&mut buf).await? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
+            return Err(ClientError::Closed);
         }
     }
 }
@@ -279,8 +279,10 @@ mod tests {
             keys: vec![key],
             threads: 1,
             queue: 16,
-            // SAFETY: getuid(2) has no preconditions.
-            unix: Some((dir.join("ks.sock"), vec![unsafe { libc::getuid() }])),
+            unix: Some((
+                dir.join("ks.sock"),
+                vec![rustix::process::getuid().as_raw()],
+            )),
             tls: None,
             admin: None,
             limits: Default::default(),
@@ -390,5 +392,83 @@ mod tests {
                 .to_string();
             assert!(e.contains("key `ticket_rotation`"), "{bad}: {e}");
         }
+    }
+
+    /// A fake key server on the other end of a pipe reads the request, then answers with
+    /// `answer` (or closes without answering).
+    async fn ask_fake(answer: Option<Frame>) -> Result<FleetKeys, ClientError> {
+        let (client, mut server) = tokio::io::duplex(4096);
+        let fake = async move {
+            let mut buf = BytesMut::new();
+            let req = loop {
+                if let Some(f) = Frame::decode(&mut buf).expect("a valid request") {
+                    break f;
+                }
+                assert!(server.read_buf(&mut buf).await.expect("read") > 0);
+            };
+            assert_eq!(req, Frame::TicketKeysRequest { id: 1 });
+            if let Some(a) = answer {
+                let mut out = BytesMut::new();
+                a.encode(&mut out);
+                server.write_all(&out).await.expect("write");
+            }
+            // dropped here: the pipe closes
+        };
+        let (got, ()) = tokio::join!(ask(client), fake);
+        got
+    }
+
+    #[tokio::test]
+    async fn a_key_server_refusal_is_the_refused_variant() {
+        let refusal = Frame::Error {
+            id: 1,
+            code: crate::protocol::ErrorCode::Internal,
+            message: "no ticket keys here".into(),
+        };
+        match ask_fake(Some(refusal)).await {
+            Err(ClientError::Refused { code, message }) => {
+                assert_eq!(code, crate::protocol::ErrorCode::Internal);
+                assert_eq!(message, "no ticket keys here");
+            }
+            other => panic!("{:?}", other.err()),
+        }
+        // the same, seen through io::Error: the typed error is its source
+        let e = std::io::Error::from(
+            ask_fake(Some(Frame::Error {
+                id: 1,
+                code: crate::protocol::ErrorCode::Overloaded,
+                message: String::new(),
+            }))
+            .await
+            .expect_err("an error"),
+        );
+        let inner = e.get_ref().and_then(|s| s.downcast_ref::<ClientError>());
+        assert!(matches!(inner, Some(ClientError::Refused { .. })), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn a_wrong_answer_or_none_are_their_variants() {
+        let wrong = Frame::Response {
+            id: 1,
+            signature: vec![1, 2, 3],
+        };
+        let e = ask_fake(Some(wrong)).await.expect_err("an error");
+        assert!(matches!(e, ClientError::UnexpectedAnswer), "{e:?}");
+        let e = ask_fake(None).await.expect_err("an error");
+        assert!(matches!(e, ClientError::Closed), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn a_tls_key_server_without_client_tls_is_not_configured() {
+        let cfg = ClientConfig {
+            servers: vec![],
+            connections: 1,
+            max_in_flight: 1,
+            timeout: Duration::from_secs(1),
+            tls: None,
+        };
+        let ep = crate::client::Endpoint::parse("tls://127.0.0.1:1").expect("an endpoint");
+        let e = fetch(&ep, &cfg).await.expect_err("an error");
+        assert!(matches!(e, ClientError::TlsNotConfigured), "{e:?}");
     }
 }

@@ -1,6 +1,8 @@
 //! The `keyserver` engine against an in-process key server over a real Unix socket: many
 //! ops in flight, answers matched by id, signatures verify, metrics on both sides.
 
+#![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -68,6 +68,7 @@ pub fn pause(op: Op) -> Result<OpResult, Op> {
     if y.is_null() {
         return Err(op);
     }
+    #[allow(unsafe_code)]
     // SAFETY: CURRENT is non-null only while the coroutine whose yielder it points to is
     // running on this thread: the coroutine body sets it when it starts and after every
     // suspend returns, and the resumer restores its own value as soon as `resume` returns

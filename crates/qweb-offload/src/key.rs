@@ -10,6 +10,7 @@ use crate::op::SignScheme;
 
 /// Why a key could not be loaded or used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum KeyError {
     /// Not an RSA, P-256 or P-384 key in PKCS#8, PKCS#1 or SEC1 DER.
     #[error("unsupported or malformed private key")]

@@ -136,6 +136,7 @@ pub enum OpOutput {
 
 /// Why an op did not produce a result.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum OpError {
     /// The engine's queue is full.
     #[error("engine saturated")]

@@ -3,6 +3,8 @@
 //! control-frame floods get GOAWAY ENHANCE_YOUR_CALM. Real sockets, real TLS, raw HTTP/2
 //! frames written by hand (a client that misbehaves on purpose).
 
+#![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
+
 mod common;
 
 use std::sync::Arc;

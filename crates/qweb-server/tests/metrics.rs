@@ -3,6 +3,8 @@
 //! (python's `prometheus_client.openmetrics.parser`, from the `python3-prometheus-client`
 //! package that `.ci/run` installs).
 
+#![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
+
 mod common;
 
 use std::io::Write;

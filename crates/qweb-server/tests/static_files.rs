@@ -2,6 +2,8 @@
 //! Content-Type, index files and directory redirects, errors, conditional requests, byte
 //! ranges, large files, path traversal, symlinks and FIFOs.
 
+#![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
+
 mod common;
 
 use std::path::Path;

@@ -2,6 +2,8 @@
 //! symlink to the outside while requests run never serves an outside file. Also the
 //! `symlinks` modes of a static route (`inside_root`, `refuse`, `follow`).
 
+#![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
+
 mod common;
 
 use std::path::Path;

@@ -2,6 +2,7 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong while loading certificates or building a TLS configuration.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TlsError {
     /// A file could not be read.
     #[error("cannot read {path}: {source}")]

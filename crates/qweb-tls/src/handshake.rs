@@ -62,8 +62,45 @@ pub enum Driver<'a> {
     },
 }
 
-fn invalid(e: rustls::Error) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, e)
+/// Why a TLS handshake did not complete.
+///
+/// Converts into an [`io::Error`] (kinds `UnexpectedEof`, `ConnectionAborted`,
+/// `InvalidData`, `Other`; an I/O error as itself) that carries this error as its source, so
+/// a caller holding only the `io::Error` can still `downcast_ref::<HandshakeError>()`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandshakeError {
+    /// The peer closed the connection before the handshake was complete.
+    #[error("peer closed during the handshake")]
+    PeerClosed,
+    /// The peer closed its end while the handshake was paused on an offloaded signature;
+    /// the paused job was dropped.
+    #[error("peer closed while its handshake was paused")]
+    PeerGoneWhilePaused,
+    /// The handshake job panicked (a bug in rustls or in an engine's signing key).
+    #[error("the handshake job panicked")]
+    JobPanicked,
+    /// rustls refused the peer: no protocol version, cipher suite or signature scheme in
+    /// common with this server and its key, or a malformed or unexpected message. The alert,
+    /// if any, has been sent.
+    #[error("TLS: {0}")]
+    Tls(#[source] rustls::Error),
+    /// Reading from or writing to the transport failed.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+impl From<HandshakeError> for io::Error {
+    fn from(e: HandshakeError) -> io::Error {
+        let kind = match e {
+            HandshakeError::Io(io) => return io,
+            HandshakeError::PeerClosed => io::ErrorKind::UnexpectedEof,
+            HandshakeError::PeerGoneWhilePaused => io::ErrorKind::ConnectionAborted,
+            HandshakeError::Tls(_) => io::ErrorKind::InvalidData,
+            HandshakeError::JobPanicked => io::ErrorKind::Other,
+        };
+        io::Error::new(kind, e)
+    }
 }
 
 /// Writes everything rustls wants to send.
@@ -86,8 +123,8 @@ pub async fn accept<IO: Transport>(
     mut io: IO,
     config: Arc<ServerConfig>,
     driver: Driver<'_>,
-) -> io::Result<TlsStream<IO>> {
-    let mut conn = Box::new(ServerConnection::new(config).map_err(invalid)?);
+) -> Result<TlsStream<IO>, HandshakeError> {
+    let mut conn = Box::new(ServerConnection::new(config).map_err(HandshakeError::Tls)?);
     loop {
         flush(&mut conn, &mut io).await?;
         if !conn.is_handshaking() {
@@ -100,14 +137,9 @@ pub async fn accept<IO: Transport>(
                 r => Poll::Ready(r),
             });
         match read.await {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "peer closed during the handshake",
-                ))
-            }
+            Ok(0) => return Err(HandshakeError::PeerClosed),
             Ok(_) => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         }
         let result;
         (conn, result) = match &driver {
@@ -119,7 +151,7 @@ pub async fn accept<IO: Transport>(
         };
         if let Err(e) = result {
             let _ = flush(&mut conn, &mut io).await; // the alert
-            return Err(invalid(e));
+            return Err(HandshakeError::Tls(e));
         }
     }
     Ok(TlsStream::new(io, *conn))
@@ -132,7 +164,7 @@ async fn run_as_job<IO: Transport>(
     io: &IO,
     offloader: &Rc<Offloader>,
     gauges: &HandshakeGauges,
-) -> io::Result<(Box<ServerConnection>, Result<(), rustls::Error>)> {
+) -> Result<(Box<ServerConnection>, Result<(), rustls::Error>), HandshakeError> {
     let (mut job, mut step) = Job::start(move || {
         let r = conn.process_new_packets().map(|_| ());
         (conn, r)
@@ -146,10 +178,7 @@ async fn run_as_job<IO: Transport>(
                     r = offloader.run(op) => r,
                     _ = peer_gone(io) => {
                         // `job` is dropped on return: its stack is unwound and recycled
-                        return Err(io::Error::new(
-                            io::ErrorKind::ConnectionAborted,
-                            "peer closed while its handshake was paused",
-                        ));
+                        return Err(HandshakeError::PeerGoneWhilePaused);
                     }
                 };
                 drop(_unpause);
@@ -157,7 +186,7 @@ async fn run_as_job<IO: Transport>(
             }
             Step::Done(Ok(out)) => return Ok(out),
             Step::Done(Err(_panic)) => {
-                return Err(io::Error::other("the handshake job panicked"));
+                return Err(HandshakeError::JobPanicked);
             }
         }
     }

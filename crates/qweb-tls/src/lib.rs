@@ -28,6 +28,7 @@ pub use certs::{
     load_private_key, LoadedCert,
 };
 pub use error::TlsError;
+pub use handshake::HandshakeError;
 pub use offload_key::{KeyOffload, OffloadSigningKey};
 pub use pinned::PinnedAnchors;
 pub use selfsigned::{ensure_self_signed, SelfSigned};

@@ -17,6 +17,7 @@ use rustls::sign::CertifiedKey;
 
 /// Why an OCSP response is not stapled.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum OcspError {
     /// Not DER, or not an OCSP response.
     #[error("malformed OCSP response: {0}")]

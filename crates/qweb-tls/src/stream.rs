@@ -272,7 +272,7 @@ mod tests {
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
-    use crate::handshake::{accept, Driver};
+    use crate::handshake::{accept, Driver, HandshakeError};
     use crate::{load_certified_key, provider, server_config, SniResolver};
 
     struct Pair {
@@ -618,7 +618,12 @@ mod tests {
         .await
         .expect("no hang");
         let e = r.err().expect("an error");
+        assert!(matches!(e, HandshakeError::PeerClosed), "{e:?}");
+        // as an io::Error: its kind, and the typed error as its source
+        let e = std::io::Error::from(e);
         assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
+        let inner = e.get_ref().and_then(|s| s.downcast_ref::<HandshakeError>());
+        assert!(matches!(inner, Some(HandshakeError::PeerClosed)), "{e:?}");
     }
 
     /// Garbage instead of a ClientHello: a TLS error (and an alert), not a hang.
@@ -635,9 +640,48 @@ mod tests {
         )
         .await
         .expect("no hang");
+        let e = r.err().expect("an error");
+        assert!(matches!(e, HandshakeError::Tls(_)), "{e:?}");
         assert_eq!(
-            r.err().expect("an error").kind(),
+            std::io::Error::from(e).kind(),
             std::io::ErrorKind::InvalidData
+        );
+    }
+
+    /// A client whose only cipher suite needs an RSA key, against the ECDSA certificate: no
+    /// key to match, refused as a TLS error that says so (the alert reaches the client).
+    #[tokio::test]
+    async fn a_client_with_no_suite_for_the_key_is_refused() {
+        let p = pair();
+        let mut only_rsa = provider();
+        only_rsa.cipher_suites =
+            vec![rustls::crypto::aws_lc_rs::cipher_suite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256];
+        let client = rustls::ClientConfig::builder_with_provider(Arc::new(only_rsa))
+            .with_protocol_versions(&[&rustls::version::TLS12])
+            .unwrap()
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        let client = tokio_rustls::TlsConnector::from(Arc::new(client));
+        let (s, c) = tokio::io::duplex(4096);
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let (server, client) = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            tokio::join!(
+                accept(s, p.server.clone(), Driver::Direct),
+                client.connect(name, c)
+            )
+        })
+        .await
+        .expect("no hang");
+        assert!(client.is_err());
+        let e = server.err().expect("an error");
+        assert!(
+            matches!(
+                e,
+                HandshakeError::Tls(rustls::Error::PeerIncompatible(
+                    rustls::PeerIncompatible::NoCipherSuitesInCommon
+                ))
+            ),
+            "{e:?}"
         );
     }
 }

@@ -72,6 +72,7 @@ impl TicketKeyMaterial {
 
 /// A ticket key's material is unusable, or randomness failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TicketError {
     /// The system's random generator failed.
     #[error("the random generator failed")]

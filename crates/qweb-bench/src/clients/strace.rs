@@ -92,6 +92,7 @@ impl Tracer {
     }
 
     /// SIGINT (strace detaches and writes its summary), wait, parse.
+    #[allow(unsafe_code)]
     pub fn finish(mut self) -> Result<Summary> {
         // SAFETY: kill(2) on our own child's pid, not reaped yet.
         unsafe {

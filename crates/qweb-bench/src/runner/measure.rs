@@ -29,6 +29,7 @@ impl Runner {
         let res = (|| -> Result<ServerProc> {
             let port = procs::free_port()?;
             let plain = procs::free_port()?;
+            #[allow(unsafe_code)]
             // SAFETY: geteuid has no preconditions.
             let root = unsafe { libc::geteuid() } == 0;
             let log = self.out.join("logs").join(format!("{name}.log"));

@@ -55,7 +55,7 @@ pub struct RunArgs {
     /// The full matrix (default; about 20 minutes).
     #[arg(long)]
     pub full: bool,
-    /// Results folder (default: target/qweb-bench/<profile>-<UTC time> in the workspace).
+    /// Results folder (default: `target/qweb-bench/<profile>-<UTC time>` in the workspace).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// The qweb binary (default: target/release/qweb of the workspace, built with

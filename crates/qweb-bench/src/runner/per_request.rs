@@ -32,6 +32,7 @@ impl Load {
 }
 
 /// CPU seconds used so far by this process's waited-for children (wrk, h2load).
+#[allow(unsafe_code)]
 fn children_cpu_secs() -> f64 {
     // SAFETY: getrusage writes the plain struct passed by pointer.
     unsafe {

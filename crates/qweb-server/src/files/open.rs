@@ -347,6 +347,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(unsafe_code)]
     fn fifo_opens_without_blocking() {
         let t = tree();
         let root = t.path().join("root");

@@ -34,6 +34,7 @@ pub fn ready() {
 }
 
 /// `RELOADING=1` with the monotonic time, as `Type=notify-reload` asks.
+#[allow(unsafe_code)]
 pub fn reloading() {
     let mut ts = libc::timespec {
         tv_sec: 0,

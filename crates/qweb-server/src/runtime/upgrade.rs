@@ -78,6 +78,7 @@ fn parse_inherited() -> HashMap<SocketAddr, Vec<TcpListener>> {
             if fcntl_getfd(unsafe_borrow(fd)).is_err() {
                 continue;
             }
+            #[allow(unsafe_code)]
             // SAFETY: the previous process left `fd` open for us (it is open: fcntl above),
             // nothing else in this process owns it (it was named only in this variable, read
             // once), so taking ownership here is sound.
@@ -100,6 +101,7 @@ fn parse_inherited() -> HashMap<SocketAddr, Vec<TcpListener>> {
 }
 
 /// A borrowed fd for the `fcntl` probe.
+#[allow(unsafe_code)]
 fn unsafe_borrow(fd: RawFd) -> std::os::fd::BorrowedFd<'static> {
     // SAFETY: used only for one fcntl(F_GETFD) probe, which fails cleanly (EBADF) on a
     // closed fd and does not keep the borrow.
@@ -154,6 +156,7 @@ pub fn signal_ready() {
     if fcntl_getfd(unsafe_borrow(fd)).is_err() {
         return;
     }
+    #[allow(unsafe_code)]
     // SAFETY: the old process passed this end of its socket pair to us alone (named only in
     // READY_ENV, read once); it is open (fcntl above).
     let mut s = unsafe { UnixStream::from_raw_fd(fd) };
