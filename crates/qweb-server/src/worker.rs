@@ -237,6 +237,7 @@ impl Worker {
         let config = &g.config;
         qweb_offload::job::set_max_live(config.offload.max_jobs_per_worker);
         crate::files::cache::configure(&config.file_cache);
+        crate::files::body::set_held_fds(config.file_cache.held_fds);
         let batch = BatchConfig {
             enabled: config.offload.batch,
             max: config.offload.batch_max,
