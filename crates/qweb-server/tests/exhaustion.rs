@@ -286,8 +286,9 @@ async fn read_frames<R: AsyncRead + Unpin>(r: &mut R, until: Duration) -> Seen {
 }
 
 /// 8 HTTP/2 clients open 128 streams each for a 10 MB file and never grant flow-control
-/// window. While they stall, qweb holds one file (and one read-ahead chunk) per stream; the
-/// send timeout resets the streams and closes the connections, and the descriptors come back.
+/// window. While they stall, qweb holds one read-ahead chunk per stream (and at most
+/// `file_cache.held_fds` files per worker: `hostile_fd.rs`); the send timeout resets the
+/// streams and closes the connections, and the descriptors come back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2_zero_window_streams_are_reset_and_connections_closed() {
     let _serial = SERIAL.lock().await;
@@ -315,7 +316,7 @@ async fn h2_zero_window_streams_are_reset_and_connections_closed() {
             (seen, tls)
         }));
     }
-    // while stalled: about one descriptor per stream, plus one per connection
+    // while stalled: one descriptor per connection, and the worker's held files
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let stalled_fds = open_fds();
     let bound = baseline + 8 * (128 + 1) + 32;
@@ -332,10 +333,6 @@ async fn h2_zero_window_streams_are_reset_and_connections_closed() {
     assert!(
         per_stream <= 64,
         "{per_stream} KiB of RSS per stalled stream"
-    );
-    assert!(
-        stalled_fds >= baseline + 8 * 64,
-        "the streams did not stall ({stalled_fds} fds, baseline {baseline})"
     );
     // a new client (past the cap of 8 connections) is served once the stalled ones are cut
     let c = common::client(&t.cert(), common::Proto::H2);

@@ -23,6 +23,11 @@ pub struct FileCacheConfig {
     /// modification time. A file replaced, changed, removed or made unreachable is seen at
     /// most this long after.
     pub valid: Duration,
+    /// Open files a worker keeps between the frames of its streamed responses (larger files,
+    /// sidecars), least recently read closed first; a response whose file was closed opens
+    /// it again (and checks it is the same file) when the client takes more. Bounds the fds
+    /// that HTTP/2 streams whose client reads nothing can hold (see `crate::files::body`).
+    pub held_fds: usize,
 }
 
 impl Default for FileCacheConfig {
@@ -32,6 +37,7 @@ impl Default for FileCacheConfig {
             max_file_size: 64 << 10,
             memory: 16 << 20,
             valid: Duration::from_secs(1),
+            held_fds: 64,
         }
     }
 }
@@ -44,6 +50,7 @@ pub(crate) struct RawFileCache {
     pub max_file_size: Option<Size>,
     pub memory: Option<Size>,
     pub valid: Option<Dur>,
+    pub held_fds: Option<usize>,
 }
 
 impl Validator<'_> {
@@ -54,6 +61,7 @@ impl Validator<'_> {
             max_file_size: raw.max_file_size.map_or(d.max_file_size, |s| s.0),
             memory: raw.memory.map_or(d.memory, |s| s.0),
             valid: raw.valid.map_or(d.valid, |v| v.0),
+            held_fds: raw.held_fds.unwrap_or(d.held_fds),
         };
         let bad = |key: &str, msg: &str| self.err(span_of_key(self.text, key), key, msg);
         if c.entries > 1 << 20 {
@@ -73,6 +81,9 @@ impl Validator<'_> {
                 "file_cache.memory",
                 "must be at least file_cache.max_file_size",
             ));
+        }
+        if c.held_fds > 65536 {
+            return Err(bad("file_cache.held_fds", "must be at most 65536"));
         }
         if c.valid.is_zero() || c.valid > Duration::from_secs(3600) {
             return Err(bad("file_cache.valid", "must be between 1ms and 1h"));

@@ -218,3 +218,14 @@ fn write_burst_default_and_bounds() {
     assert!(e.contains(":2:1: key `limits.write_burst`"), "{e}");
     assert!(e.contains("between 16KiB and 64MiB"), "{e}");
 }
+
+#[test]
+fn held_fds_default_and_bound() {
+    let c = Config::from_str_at("workers = 1\n", None).unwrap();
+    assert_eq!(c.file_cache.held_fds, 64);
+    let c = Config::from_str_at("[file_cache]\nheld_fds = 0\n", None).unwrap();
+    assert_eq!(c.file_cache.held_fds, 0);
+    let e = err("[file_cache]\nheld_fds = 70000\n");
+    assert!(e.contains("key `file_cache.held_fds`"), "{e}");
+    assert!(e.contains("at most 65536"), "{e}");
+}

@@ -41,6 +41,7 @@ pub(crate) trait ReadReady {
 }
 
 /// `SIOCOUTQ` of a TCP socket (0 when the kernel does not say).
+#[allow(unsafe_code)] // one ioctl: see the SAFETY note
 fn send_queue(s: &TcpStream) -> usize {
     use std::os::fd::AsRawFd;
     let mut n: libc::c_int = 0;

@@ -356,6 +356,7 @@ mod tests {
             max_file_size: 1000,
             memory: 3 * (1000 + ENTRY_OVERHEAD),
             valid: Duration::from_secs(60),
+            ..Default::default()
         });
         for i in 0..10 {
             insert(1, &format!("/f{i}"), head(10), Bytes::from(vec![0; 10]));
@@ -371,6 +372,7 @@ mod tests {
             max_file_size: 1000,
             memory: 2 * (1000 + ENTRY_OVERHEAD),
             valid: Duration::from_secs(60),
+            ..Default::default()
         });
         for i in 0..5 {
             insert(1, &format!("/s{i}"), head(10), Bytes::from(vec![0; 10]));
@@ -390,6 +392,7 @@ mod tests {
             max_file_size: 1000,
             memory: 100_000,
             valid: Duration::from_millis(30),
+            ..Default::default()
         });
         let e = insert(7, "/a", head(3), Bytes::from_static(b"abc"));
         assert!(matches!(lookup(7, "/a"), Lookup::Fresh(_)));

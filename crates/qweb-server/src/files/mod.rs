@@ -2,7 +2,7 @@
 //! Last-Modified, conditional requests (304/412), single byte ranges (206/416).
 
 mod autoindex;
-mod body;
+pub(crate) mod body;
 pub(crate) mod cache;
 mod conditional;
 mod open;
@@ -21,7 +21,7 @@ use http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
 use crate::config::StaticConfig;
 use crate::http::body::{empty, full, Body};
 use crate::http::response;
-use body::FileBody;
+pub(crate) use body::FileBody;
 use cache::{FileHead, Identity};
 pub(crate) use conditional::entity_tags;
 use conditional::Outcome;
@@ -250,12 +250,13 @@ impl StaticFiles {
                     .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
                 full(read_whole(&mut file, count)?)
             }
-            Source::File(mut file) => {
-                if start > 0 {
-                    file.seek(SeekFrom::Start(start))
-                        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
-                }
-                crate::http::body::boxed(FileBody::new(file, count))
+            Source::File(file) => {
+                let source = body::Reopen {
+                    root: self.root.clone(),
+                    rel: head.rel.clone(),
+                    identity: head.identity,
+                };
+                crate::http::body::boxed(FileBody::new(file, source, start, count))
             }
         };
         Ok(with_file(with_headers(status, h, body), info))

@@ -21,19 +21,14 @@
 //! request.
 
 use std::cell::RefCell;
-use std::fs::File;
-use std::io::Read;
 use std::path::Path;
-use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::UNIX_EPOCH;
 
-use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
-use http_body::{Body as _, Frame, SizeHint};
+use http_body::Body as _;
 use qweb_compress::{
     AcceptEncoding, CacheEvents, Codec, CompressBody, CompressMetrics, EncodeParams, VariantCache,
     VariantKey,
@@ -41,7 +36,10 @@ use qweb_compress::{
 use qweb_offload::{BatchConfig, Engine, Offloader};
 
 use crate::config::{CompressionConfig, Config};
-use crate::http::body::{boxed, full, Body, BoxError};
+use crate::files::body::Reopen;
+use crate::files::cache::Identity;
+use crate::files::FileBody;
+use crate::http::body::{boxed, full, Body};
 
 pub(crate) use crate::files::StaticFile;
 
@@ -321,7 +319,8 @@ pub(crate) fn finish(neg: Option<Negotiated>, mut resp: Response<Body>) -> Respo
     if let Some(f) = &file {
         if cfg.precompressed {
             for &c in &neg.ranked {
-                if let Some((sidecar, slen)) = open_sidecar(f, c) {
+                if let Some(sidecar) = open_sidecar(f, c) {
+                    let slen = sidecar.size_hint().exact().unwrap_or(0);
                     comp.metrics().sidecar_hits.fetch_add(1, Relaxed);
                     encode_headers(resp.headers_mut(), c, Some(slen));
                     let m = comp.metrics();
@@ -329,10 +328,7 @@ pub(crate) fn finish(neg: Option<Negotiated>, mut resp: Response<Body>) -> Respo
                     if !neg.head {
                         m.bytes_in[c.index()].fetch_add(f.len, Relaxed);
                         m.bytes_out[c.index()].fetch_add(slen, Relaxed);
-                        *resp.body_mut() = boxed(SidecarBody {
-                            file: sidecar,
-                            remaining: slen,
-                        });
+                        *resp.body_mut() = boxed(sidecar);
                     }
                     return resp;
                 }
@@ -414,9 +410,11 @@ pub(crate) fn finish(neg: Option<Negotiated>, mut resp: Response<Body>) -> Respo
 }
 
 /// `path` + `.gz`/`.br`/`.zst`, when it is a regular file at least as new as the original
-/// (`gzip -k` keeps the original's mtime), with its length. Opened beneath the route's root
-/// like the original (a sidecar symlink is followed only as the route's `symlinks` allows).
-fn open_sidecar(f: &StaticFile, codec: Codec) -> Option<(File, u64)> {
+/// (`gzip -k` keeps the original's mtime), as a body (of its length). Opened beneath the
+/// route's root like the original (a sidecar symlink is followed only as the route's
+/// `symlinks` allows), and streamed by the static handler's own [`FileBody`] (the same
+/// chunk sizes, the same per-worker bound on held files).
+fn open_sidecar(f: &StaticFile, codec: Codec) -> Option<FileBody> {
     let ext = match codec {
         Codec::Gzip => "gz",
         Codec::Brotli => "br",
@@ -428,48 +426,15 @@ fn open_sidecar(f: &StaticFile, codec: Codec) -> Option<(File, u64)> {
     let file = f.root.open(Path::new(&name)).ok()?;
     let meta = file.metadata().ok()?;
     let smtime = meta.modified().unwrap_or(UNIX_EPOCH);
-    (meta.is_file() && smtime >= f.mtime).then_some((file, meta.len()))
-}
-
-/// A sidecar file streamed in 64 KiB frames.
-struct SidecarBody {
-    file: File,
-    remaining: u64,
-}
-
-impl http_body::Body for SidecarBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if self.remaining == 0 {
-            return Poll::Ready(None);
-        }
-        let want = self.remaining.min(64 * 1024) as usize;
-        let mut buf = BytesMut::zeroed(want);
-        let mut filled = 0;
-        while filled < want {
-            match self.file.read(&mut buf[filled..]) {
-                Ok(0) => return Poll::Ready(Some(Err("sidecar file shrank".into()))),
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Poll::Ready(Some(Err(e.into()))),
-            }
-        }
-        self.remaining -= want as u64;
-        Poll::Ready(Some(Ok(Frame::data(buf.freeze()))))
+    if !meta.is_file() || smtime < f.mtime {
+        return None;
     }
-
-    fn is_end_stream(&self) -> bool {
-        self.remaining == 0
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.remaining)
-    }
+    let source = Reopen {
+        root: f.root.clone(),
+        rel: Path::new(&name).into(),
+        identity: Identity::of(&meta),
+    };
+    Some(FileBody::new(file, source, 0, meta.len()))
 }
 
 #[cfg(test)]
@@ -490,6 +455,37 @@ mod tests {
         let e = HeaderValue::from_static("\"abc\"");
         assert_eq!(encoded_etag(&e, Codec::Gzip).unwrap(), "W/\"abc-gzip\"");
         assert!(encoded_etag(&HeaderValue::from_static("abc"), Codec::Zstd).is_none());
+    }
+
+    /// Sidecars are streamed by the static handler's `FileBody` (issue 21: a copy of it read
+    /// fixed 64 KiB frames and so held 64 KiB, and an fd, per stalled HTTP/2 stream).
+    #[tokio::test]
+    async fn a_sidecar_is_streamed_as_a_static_file_is() {
+        use crate::config::{OpenMethod, Symlinks};
+        use crate::files::body::FIRST_CHUNK;
+        use http_body_util::BodyExt;
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("x.txt"), "original").unwrap();
+        let gz: Vec<u8> = (0..200 * 1024).map(|i| (i % 253) as u8).collect();
+        std::fs::write(t.path().join("x.txt.gz"), &gz).unwrap();
+        let root =
+            crate::files::Root::open_dir(t.path(), Symlinks::InsideRoot, OpenMethod::Auto).unwrap();
+        let f = StaticFile {
+            path: t.path().join("x.txt").into(),
+            root: Arc::new(root),
+            rel: Path::new("x.txt").into(),
+            len: 8,
+            mtime: UNIX_EPOCH,
+        };
+        let mut body: FileBody = open_sidecar(&f, Codec::Gzip).unwrap();
+        assert!(open_sidecar(&f, Codec::Brotli).is_none());
+        assert_eq!(body.size_hint().exact(), Some(gz.len() as u64));
+        let mut frames = Vec::new();
+        while let Some(fr) = body.frame().await {
+            frames.push(fr.unwrap().into_data().unwrap());
+        }
+        assert_eq!(frames[0].len(), FIRST_CHUNK);
+        assert_eq!(frames.concat(), gz);
     }
 
     #[test]

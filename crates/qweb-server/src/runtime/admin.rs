@@ -7,6 +7,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -70,31 +71,51 @@ async fn serve(socket: TcpListener, registry: Arc<Metrics>, mut shutdown: watch:
     let open = Rc::new(std::cell::Cell::new(0usize));
     let errors = crate::observe::log_limit::Every::new(Duration::from_secs(1));
     let addr = socket.local_addr().ok();
+    let reserve = Rc::new(std::cell::RefCell::new(
+        crate::runtime::fd_limit::FdReserve::new(),
+    ));
     loop {
         let accepted = tokio::select! {
             r = socket.accept() => r,
             _ = shutdown.wait_for(|s| *s) => return,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, reserved) = match accepted {
+            Ok((stream, _)) => (stream, false),
             Err(e) => {
-                // EMFILE/ENFILE and the like: the pending connection stays queued and accept
-                // would fail again at once. Back off instead of spinning.
                 if let Some(suppressed) = errors.hit() {
                     tracing::error!(listener = ?addr, suppressed, "admin listener: accept failed: {e}");
                 }
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(50)) => continue,
-                    _ = shutdown.wait_for(|s| *s) => return,
+                // Out of fds (the workers' connections took them all): the reserve's fd is
+                // given back and a scrape served in its place, one at a time.
+                let retry =
+                    crate::runtime::fd_limit::out_of_fds(&e) && reserve.borrow_mut().release();
+                let got = match retry {
+                    true => socket.accept().now_or_never().and_then(Result::ok),
+                    false => None,
+                };
+                match got {
+                    Some((stream, _)) => (stream, true),
+                    None => {
+                        reserve.borrow_mut().restore();
+                        // EMFILE/ENFILE and the like: the pending connection stays queued and
+                        // accept would fail again at once. Back off instead of spinning.
+                        tokio::select! {
+                            _ = tokio::time::sleep(Duration::from_millis(50)) => continue,
+                            _ = shutdown.wait_for(|s| *s) => return,
+                        }
+                    }
                 }
             }
         };
         if open.get() >= MAX_CONNECTIONS {
             drop(stream);
+            if reserved {
+                reserve.borrow_mut().restore();
+            }
             continue;
         }
         open.set(open.get() + 1);
-        let (registry, open) = (registry.clone(), open.clone());
+        let (registry, open, reserve) = (registry.clone(), open.clone(), reserve.clone());
         tokio::task::spawn_local(async move {
             let svc = service_fn(move |req| {
                 let r = handle(&req, &registry);
@@ -104,6 +125,9 @@ async fn serve(socket: TcpListener, registry: Arc<Metrics>, mut shutdown: watch:
                 .serve_connection(TokioIo::new(stream), svc);
             let _ = tokio::time::timeout(CONNECTION_LIFETIME, conn).await;
             open.set(open.get() - 1);
+            if reserved {
+                reserve.borrow_mut().restore();
+            }
         });
     }
 }

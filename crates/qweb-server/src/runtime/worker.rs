@@ -171,6 +171,7 @@ impl Worker {
         let config = &g.config;
         qweb_offload::job::set_max_live(config.offload.max_jobs_per_worker);
         crate::files::cache::configure(&config.file_cache);
+        crate::files::body::set_held_fds(config.file_cache.held_fds);
         let batch = BatchConfig {
             enabled: config.offload.batch,
             max: config.offload.batch_max,
@@ -352,6 +353,7 @@ async fn accept_loop(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let errors = crate::observe::log_limit::Every::new(Duration::from_secs(1));
+    let mut reserve = crate::runtime::fd_limit::FdReserve::new();
     loop {
         let ctx = current.borrow().gen.clone();
         // At the limit, stop accepting: new connections wait in the backlog.
@@ -404,12 +406,28 @@ async fn accept_loop(
                 tasks.tasks.borrow_mut().insert(id, task.abort_handle());
             }
             Err(e) => {
-                // EMFILE/ENFILE and the like: back off instead of spinning, and say so once
-                // a second at most.
+                // Out of fds: the pending connection is taken with the reserve's fd and
+                // answered at once (503 on a plain listener; closed on a TLS one, which could
+                // not answer before a handshake), not left in the backlog.
+                let shed = crate::runtime::fd_limit::out_of_fds(&e) && {
+                    let answer = match listener.tls {
+                        Some(_) => &[][..],
+                        None => crate::runtime::fd_limit::OUT_OF_FDS_503,
+                    };
+                    reserve.shed(std::os::fd::AsFd::as_fd(&socket), answer)
+                };
+                // Say so once a second at most; back off instead of spinning when nothing
+                // could be taken.
                 if let Some(suppressed) = errors.hit() {
-                    tracing::error!(listener = %listener.local_addr, suppressed, "accept failed: {e}");
+                    if shed {
+                        tracing::error!(listener = %listener.local_addr, suppressed, "accept failed: {e}; answering new connections with 503 until fds are free");
+                    } else {
+                        tracing::error!(listener = %listener.local_addr, suppressed, "accept failed: {e}");
+                    }
                 }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                if !shed {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
         }
     }
