@@ -149,11 +149,19 @@ fn reload_and_upgrade_reach_the_qweb_that_holds_the_pid_file() {
     let q = Qweb::start(&config);
     let first = q.child.id() as i32;
     let out = cli(&["reload"], &config);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     q.wait_for("configuration reloaded", 1);
 
     let out = cli(&["upgrade"], &config);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     q.wait_for("stops accepting, drains and exits", 1);
     let deadline = Instant::now() + Duration::from_secs(20);
     let second = loop {
@@ -177,7 +185,11 @@ fn reload_and_upgrade_reach_the_qweb_that_holds_the_pid_file() {
     unsafe { libc::kill(second, libc::SIGTERM) };
     let deadline = Instant::now() + Duration::from_secs(20);
     while alive(second) || pid_path.exists() {
-        assert!(Instant::now() < deadline, "{second} did not stop: {}", q.text());
+        assert!(
+            Instant::now() < deadline,
+            "{second} did not stop: {}",
+            q.text()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let out = cli(&["reload"], &config);
@@ -209,11 +221,17 @@ fn start_warns_about_a_state_folder_others_write_and_a_key_others_read() {
     let q = Qweb::start(&config);
     let text = q.text();
     assert!(
-        text.contains(&format!("{} (mode 0777) can be written by other users", state.display())),
+        text.contains(&format!(
+            "{} (mode 0777) can be written by other users",
+            state.display()
+        )),
         "{text}"
     );
     assert!(
-        text.contains(&format!("{} (mode 0644) can be read by other users", key.display())),
+        text.contains(&format!(
+            "{} (mode 0644) can be read by other users",
+            key.display()
+        )),
         "{text}"
     );
 }

@@ -251,7 +251,10 @@ mod tests {
         let f = PidFile::write(dir.path()).unwrap();
         assert_eq!(read_pid(f.path()).unwrap(), std::process::id() as i32);
         let (_, file) = read_pid_file(f.path()).unwrap();
-        assert!(held_by_a_running_qweb(&file).unwrap(), "locked while we run");
+        assert!(
+            held_by_a_running_qweb(&file).unwrap(),
+            "locked while we run"
+        );
         let path = f.path().to_owned();
         drop(f);
         assert!(!path.exists());
