@@ -669,7 +669,11 @@ async fn drive<T>(
                 continue;
             }
             match state.tunnel.take() {
-                Some(t) => Box::pin(crate::proxy::run_tunnel(io, read_buf, t)).await,
+                Some(t) => {
+                    // kept past a reload's shutdown_timeout; told when to go away
+                    let (_tunnel, ending) = worker.tunnel_started();
+                    Box::pin(crate::proxy::run_tunnel(io, read_buf, t, Some(ending))).await
+                }
                 None => {
                     let shut = tokio::io::AsyncWriteExt::shutdown(&mut io);
                     let _ = tokio::time::timeout(limits.send_timeout, shut).await;

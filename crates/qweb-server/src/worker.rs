@@ -11,7 +11,7 @@
 //! its paused handshakes finish, and whatever is left at its `shutdown_timeout` is closed.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -87,6 +87,15 @@ pub(crate) struct WorkerCtx {
     tasks: RefCell<HashMap<u64, tokio::task::AbortHandle>>,
     /// The key of the next connection in `tasks`.
     next_task: Cell<u64>,
+    /// The tasks of `tasks` that run a tunnel (an accepted upgrade): a retired generation
+    /// keeps them past its `shutdown_timeout`, up to `upgrade_drain`.
+    tunnel_tasks: RefCell<HashSet<tokio::task::Id>>,
+    /// `upgrade_drain_timeout` of this generation's configuration.
+    upgrade_drain: Duration,
+    /// Becomes `true` when this generation's tunnels must end (retired and its
+    /// `upgrade_drain` passed, or shutdown while retired): each WebSocket is sent a close
+    /// frame 1001 (going away), then the tunnel closes.
+    going_away: watch::Sender<bool>,
     /// This worker's counters (also read by `/metrics`).
     pub metrics: Arc<WorkerMetrics>,
     /// The metrics of requests no route matched.
@@ -257,6 +266,9 @@ impl Worker {
             retire: watch::Sender::new(false),
             tasks: RefCell::new(HashMap::new()),
             next_task: Cell::new(0),
+            tunnel_tasks: RefCell::new(HashSet::new()),
+            upgrade_drain: config.upgrade_drain_timeout,
+            going_away: watch::Sender::new(false),
             metrics: self.extras.metrics.clone(),
             unmatched: Rc::new(self.extras.registry.route(NO_ROUTE)),
             compression: g.compression.as_ref().map(crate::compress::Compressor::new),
@@ -364,12 +376,59 @@ impl Worker {
     }
 }
 
+/// How long tunnels told to go away get to send their close frames and close.
+const GOING_AWAY_GRACE: Duration = Duration::from_secs(2);
+
 /// A replaced generation: its connections close after their current request; what is left
-/// at `deadline` is closed.
+/// at `deadline` is closed, except tunnels (WebSockets...), which go on until
+/// `upgrade_drain_timeout` (counted from now) or a shutdown, then are told to go away (a
+/// WebSocket close frame 1001 each way) and closed.
 async fn retire(ctx: Rc<WorkerCtx>, deadline: Duration) {
+    let started = tokio::time::Instant::now();
     ctx.retire.send_replace(true);
-    drain(&ctx, deadline).await;
+    if !wait_until(&ctx, deadline, |c| {
+        c.connections.get() <= c.tunnel_tasks.borrow().len()
+    })
+    .await
+    {
+        tracing::warn!(
+            connections = ctx
+                .connections
+                .get()
+                .saturating_sub(ctx.tunnel_tasks.borrow().len()),
+            "shutdown deadline passed; closing the remaining connections"
+        );
+    }
     // (taken out first: an aborted task's `ConnCount` removes itself from the map)
+    let tasks: Vec<_> = {
+        let tunnels = ctx.tunnel_tasks.borrow();
+        let mut all = ctx.tasks.borrow_mut();
+        let ids: Vec<u64> = all
+            .iter()
+            .filter(|(_, t)| !tunnels.contains(&t.id()))
+            .map(|(k, _)| *k)
+            .collect();
+        ids.into_iter().filter_map(|k| all.remove(&k)).collect()
+    };
+    for t in tasks {
+        t.abort();
+    }
+    if ctx.connections.get() > 0 {
+        let left = ctx.upgrade_drain.saturating_sub(started.elapsed());
+        let mut shutdown = ctx.shutdown.clone();
+        tokio::select! {
+            _ = wait_until(&ctx, left, |c| c.connections.get() == 0) => {}
+            _ = shutdown.wait_for(|s| *s) => {}
+        }
+    }
+    if ctx.connections.get() > 0 {
+        tracing::info!(
+            tunnels = ctx.connections.get(),
+            "tunnels of a replaced configuration: going away"
+        );
+        ctx.going_away.send_replace(true);
+        wait_until(&ctx, GOING_AWAY_GRACE, |c| c.connections.get() == 0).await;
+    }
     let tasks = std::mem::take(&mut *ctx.tasks.borrow_mut());
     for t in tasks.into_values() {
         t.abort();
@@ -378,16 +437,54 @@ async fn retire(ctx: Rc<WorkerCtx>, deadline: Duration) {
 
 /// Waits until every connection has finished, or the deadline passed.
 async fn drain(ctx: &Rc<WorkerCtx>, deadline: Duration) {
-    let wait = async {
-        while ctx.connections.get() > 0 {
-            ctx.connection_closed.notified().await;
-        }
-    };
-    if tokio::time::timeout(deadline, wait).await.is_err() {
+    if !wait_until(ctx, deadline, |c| c.connections.get() == 0).await {
         tracing::warn!(
             connections = ctx.connections.get(),
             "shutdown deadline passed; closing the remaining connections"
         );
+    }
+}
+
+/// Waits until `done` holds (checked whenever a connection closes or a tunnel starts), or
+/// `deadline` passed; says whether it holds.
+async fn wait_until(
+    ctx: &Rc<WorkerCtx>,
+    deadline: Duration,
+    done: impl Fn(&WorkerCtx) -> bool,
+) -> bool {
+    let wait = async {
+        while !done(ctx) {
+            ctx.connection_closed.notified().await;
+        }
+    };
+    tokio::time::timeout(deadline, wait).await.is_ok()
+}
+
+/// A tunnel running on the current task (a connection's), registered with its generation
+/// until dropped.
+pub(crate) struct TunnelGuard(Rc<WorkerCtx>, Option<tokio::task::Id>);
+
+impl WorkerCtx {
+    /// The connection on the current task now runs a tunnel: a retirement keeps it past
+    /// `shutdown_timeout`. Returns the guard to hold while it runs and what tells it to go
+    /// away.
+    pub(crate) fn tunnel_started(self: &Rc<Self>) -> (TunnelGuard, crate::proxy::Ending) {
+        let id = tokio::task::try_id();
+        if let Some(id) = id {
+            self.tunnel_tasks.borrow_mut().insert(id);
+            // a retirement waiting for the requests to finish counts this one as done
+            self.connection_closed.notify_waiters();
+        }
+        let ending = crate::proxy::Ending::new(self.shutdown.clone(), self.going_away.subscribe());
+        (TunnelGuard(self.clone(), id), ending)
+    }
+}
+
+impl Drop for TunnelGuard {
+    fn drop(&mut self) {
+        if let Some(id) = self.1 {
+            self.0.tunnel_tasks.borrow_mut().remove(&id);
+        }
     }
 }
 

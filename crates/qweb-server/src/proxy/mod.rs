@@ -49,7 +49,7 @@ pub(crate) use headers::strip_hop_by_hop;
 use headers::Forwarding;
 pub(crate) use health::upstream_gauges;
 use pool::{Pool, SharedSocket, UpstreamConn};
-pub(crate) use upgrade::{run as run_tunnel, TunnelSlot};
+pub(crate) use upgrade::{run as run_tunnel, Ending, TunnelSlot};
 
 /// One proxy route on one worker.
 pub(crate) struct Proxy {
