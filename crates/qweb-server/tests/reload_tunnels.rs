@@ -27,17 +27,12 @@ async fn ws_upstream() -> (SocketAddr, mpsc::UnboundedReceiver<Option<u16>>) {
                     return;
                 };
                 while let Some(Ok(m)) = ws.next().await {
-                    match m {
-                        Message::Close(f) => {
-                            let _ = tx.send(f.map(|f| u16::from(f.code)));
-                            return;
-                        }
-                        m if m.is_text() => {
-                            if ws.send(m).await.is_err() {
-                                return;
-                            }
-                        }
-                        _ => {}
+                    if let Message::Close(f) = m {
+                        let _ = tx.send(f.map(|f| u16::from(f.code)));
+                        return;
+                    }
+                    if m.is_text() && ws.send(m).await.is_err() {
+                        return;
                     }
                 }
             });
