@@ -120,6 +120,11 @@ fn keyserver(path: &std::path::Path, added_latency_ms: u64) -> ExitCode {
         }
     };
     cfg.added_latency = std::time::Duration::from_millis(added_latency_ms);
+    let exposed: Vec<String> = cfg
+        .keys
+        .iter()
+        .filter_map(|k| qweb_server::control::exposed(k, true))
+        .collect();
     let log = qweb_server::config::LogConfig {
         access: false,
         ..Default::default()
@@ -164,6 +169,9 @@ fn keyserver(path: &std::path::Path, added_latency_ms: u64) -> ExitCode {
         eprintln!(
             "qweb keyserver: adding {added_latency_ms} ms to every answer (measurement only)"
         );
+    }
+    for w in exposed {
+        tracing::warn!("{w}");
     }
     eprintln!("qweb keyserver: ready");
     signals.wait(move || server.shutdown())
@@ -302,6 +310,9 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
     }
     if let Some(a) = server.admin_addr() {
         eprintln!("qweb: metrics on http://{a}/metrics");
+    }
+    for w in qweb_server::control::exposed_files(server.config()) {
+        tracing::warn!("{w}");
     }
     let pid_file = match qweb_server::control::PidFile::write(&server.config().state_dir) {
         Ok(f) => Some(f),

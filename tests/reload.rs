@@ -459,7 +459,7 @@ fn reload_without_a_running_instance_exits_1_and_says_why() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("not running"), "{err}");
+    assert!(err.contains("no qweb holds that pid file"), "{err}");
 }
 
 /// `Type=notify-reload`: READY=1 (with MAINPID) once serving, RELOADING=1 with

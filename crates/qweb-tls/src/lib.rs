@@ -20,6 +20,7 @@ mod selfsigned;
 mod server_config;
 mod session;
 mod sni;
+pub mod state_file;
 mod stream;
 pub mod ticket;
 

@@ -51,11 +51,9 @@ pub fn ensure_self_signed(dir: &Path) -> Result<SelfSigned, TlsError> {
     params.not_before = (now - std::time::Duration::from_secs(86_400)).into();
     params.not_after = (now + std::time::Duration::from_secs(397 * 86_400)).into();
     let c = params.self_signed(&kp).map_err(gen_err)?;
-    write_private(&key, kp.serialize_pem().as_bytes())?;
-    std::fs::write(&cert, c.pem()).map_err(|source| TlsError::Write {
-        path: cert.clone(),
-        source,
-    })?;
+    // each through a new file renamed into place: never written through a planted symlink
+    write_new(&key, kp.serialize_pem().as_bytes(), 0o600)?;
+    write_new(&cert, c.pem().as_bytes(), 0o644)?;
     Ok(SelfSigned {
         cert,
         key,
@@ -63,21 +61,13 @@ pub fn ensure_self_signed(dir: &Path) -> Result<SelfSigned, TlsError> {
     })
 }
 
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), TlsError> {
-    use std::io::Write;
-    let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        opts.mode(0o600);
-    }
-    let err = |source| TlsError::Write {
-        path: path.to_owned(),
-        source,
-    };
-    let mut f = opts.open(path).map_err(err)?;
-    f.write_all(bytes).map_err(err)
+fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), TlsError> {
+    crate::state_file::write_replacing(path, bytes, mode, |_| Ok(()))
+        .map(drop)
+        .map_err(|source| TlsError::Write {
+            path: path.to_owned(),
+            source,
+        })
 }
 
 #[cfg(test)]
@@ -102,5 +92,21 @@ mod tests {
             let mode = std::fs::metadata(&first.key).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         }
+    }
+
+    /// A key name planted as a symlink (by whoever can write the state folder) is replaced,
+    /// not written through: the file it points at is untouched.
+    #[cfg(unix)]
+    #[test]
+    fn planted_symlinks_are_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.path().join("selfsigned.key")).unwrap();
+        let ss = ensure_self_signed(dir.path()).unwrap();
+        assert!(ss.created);
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        let loaded = load_certified_key(&ss.cert, &ss.key, &provider()).unwrap();
+        assert_eq!(loaded.dns_names, vec!["localhost"]);
     }
 }

@@ -55,6 +55,10 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// How long in-flight requests may run after SIGINT/SIGTERM before the process exits.
     pub shutdown_timeout: Duration,
+    /// How long a tunnel (an accepted WebSocket or other upgrade) of a configuration a
+    /// reload or binary upgrade replaced may go on; then (or at shutdown) a WebSocket gets a
+    /// close frame 1001 (going away) and the tunnel closes.
+    pub upgrade_drain_timeout: Duration,
     /// Protective limits.
     pub limits: Limits,
     /// Logging.
@@ -75,6 +79,10 @@ pub struct Config {
     /// the default.
     pub sites: SitesConfig,
 }
+
+/// Default `upgrade_drain_timeout`: tunnels of a replaced configuration live on up to an
+/// hour (nginx keeps its old workers until their sockets end).
+pub const DEFAULT_UPGRADE_DRAIN_TIMEOUT: Duration = Duration::from_secs(3600);
 
 impl Config {
     /// Reads and validates a configuration file.
@@ -127,6 +135,7 @@ impl Config {
             routes: route::default_routes(&state_dir),
             state_dir,
             shutdown_timeout: Duration::from_secs(10),
+            upgrade_drain_timeout: DEFAULT_UPGRADE_DRAIN_TIMEOUT,
             limits: Limits::default(),
             log: LogConfig::default(),
             listeners: listener::default_listeners(),
@@ -229,6 +238,10 @@ impl Validator<'_> {
                 .shutdown_timeout
                 .map(|d| d.0)
                 .unwrap_or(Duration::from_secs(10)),
+            upgrade_drain_timeout: raw
+                .upgrade_drain_timeout
+                .map(|d| d.0)
+                .unwrap_or(DEFAULT_UPGRADE_DRAIN_TIMEOUT),
             limits,
             log,
             listeners,

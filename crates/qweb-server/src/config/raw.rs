@@ -14,6 +14,7 @@ pub(crate) struct RawConfig {
     pub workers: Option<Spanned<Workers>>,
     pub state_dir: Option<Spanned<PathBuf>>,
     pub shutdown_timeout: Option<Dur>,
+    pub upgrade_drain_timeout: Option<Dur>,
     #[serde(default)]
     pub limits: RawLimits,
     #[serde(default)]

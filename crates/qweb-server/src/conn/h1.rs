@@ -81,7 +81,11 @@ pub(super) async fn serve<T, H: Host, S: HyperService>(
             continue;
         }
         match state.tunnel.take() {
-            Some(t) => t.run(io, read_buf).await,
+            Some(t) => {
+                // kept past a reload's shutdown_timeout; told when to go away
+                let (_tunnel, ending) = worker.tunnels().started(worker.shutdown());
+                t.run(io, read_buf, Some(ending)).await
+            }
             None => {
                 let shut = tokio::io::AsyncWriteExt::shutdown(&mut io);
                 let _ = tokio::time::timeout(limits.send_timeout, shut).await;

@@ -50,6 +50,8 @@ pub(crate) trait Host: 'static {
     fn retired(&self) -> tokio::sync::watch::Receiver<bool>;
     /// The access-log format for requests hyper's parser refused (`None`: no access log).
     fn refused_log(&self) -> Option<crate::config::AccessFormat>;
+    /// The tunnels of the connection's generation (registered while they run).
+    fn tunnels(&self) -> &Rc<crate::session::tunnel::Tunnels>;
 }
 
 /// Answers the requests of one connection.

@@ -33,6 +33,8 @@ pub(crate) struct WorkerCtx {
     pub compression: Option<Rc<crate::pipeline::compress::Compressor>>,
     /// Log lines about misbehaving peers: one per peer per minute.
     pub peer_log: PerPeer,
+    /// The tunnels (WebSockets...) of this generation's connections.
+    pub tunnels: Rc<crate::session::tunnel::Tunnels>,
 }
 
 impl crate::conn::Host for WorkerCtx {
@@ -58,5 +60,9 @@ impl crate::conn::Host for WorkerCtx {
 
     fn refused_log(&self) -> Option<AccessFormat> {
         self.access_log.then_some(self.log_format)
+    }
+
+    fn tunnels(&self) -> &Rc<crate::session::tunnel::Tunnels> {
+        &self.tunnels
     }
 }

@@ -15,6 +15,10 @@
 //!    fails, or nothing moved for the route's `upgrade_idle_timeout`, or a write waits that
 //!    long (a peer that stops reading does not hold the tunnel forever). The access-log
 //!    line of the 101 is written then, with the bytes both ways ([`crate::session::logged::TunnelTally`]).
+//! 4. A reload does not cut it at `shutdown_timeout`: it goes on up to
+//!    `upgrade_drain_timeout`; then, or at shutdown, it is told to go away ([`Ending`]): a
+//!    WebSocket gets a close frame 1001 (going away) each way, put between two frames (the
+//!    copy tracks where each direction's frames end), and the tunnel closes.
 
 use std::cell::Cell;
 use std::pin::pin;
@@ -42,6 +46,95 @@ const HANDOFF_TIMEOUT: Duration = Duration::from_secs(5);
 /// Size of each direction's copy buffer.
 const COPY_BUF: usize = 16 * 1024;
 
+/// How long a direction told to go away may take to reach the end of the frame it is in
+/// before the tunnel is closed without a close frame.
+const GOING_AWAY_GRACE: Duration = Duration::from_secs(1);
+
+/// A WebSocket close frame with status 1001 (going away), server to client (unmasked).
+const CLOSE_1001_TO_CLIENT: [u8; 4] = [0x88, 0x02, 0x03, 0xe9];
+
+use crate::session::tunnel::Ending;
+
+/// Resolves when `e` says to end; never without one.
+async fn ending(e: &mut Option<Ending>) {
+    match e {
+        Some(e) => e.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Where one direction of a WebSocket is in its frames (RFC 6455 §5.2): a close frame can be
+/// put in only between two frames (control frames may come between the fragments of a
+/// message).
+#[derive(Default)]
+struct Frames {
+    /// The header read so far of the next frame.
+    head: [u8; 14],
+    have: usize,
+    /// Payload bytes of the current frame still to pass.
+    left: u64,
+    /// A close frame passed (then none is added).
+    closed: bool,
+}
+
+impl Frames {
+    fn at_boundary(&self) -> bool {
+        self.have == 0 && self.left == 0
+    }
+
+    fn feed(&mut self, mut b: &[u8]) {
+        while let Some((&first, rest)) = b.split_first() {
+            if self.left > 0 {
+                let n = usize::try_from(self.left)
+                    .unwrap_or(usize::MAX)
+                    .min(b.len());
+                self.left -= n as u64;
+                b = &b[n..];
+                continue;
+            }
+            self.head[self.have] = first;
+            self.have += 1;
+            b = rest;
+            if self.have < 2 {
+                continue;
+            }
+            let len7 = self.head[1] & 0x7f;
+            let ext = match len7 {
+                126 => 2,
+                127 => 8,
+                _ => 0,
+            };
+            let mask = if self.head[1] & 0x80 != 0 { 4 } else { 0 };
+            if self.have < 2 + ext + mask {
+                continue;
+            }
+            self.left = match ext {
+                2 => u64::from(u16::from_be_bytes([self.head[2], self.head[3]])),
+                8 => {
+                    let mut l = [0u8; 8];
+                    l.copy_from_slice(&self.head[2..10]);
+                    u64::from_be_bytes(l)
+                }
+                _ => u64::from(len7),
+            };
+            if self.head[0] & 0x0f == 0x8 {
+                self.closed = true;
+            }
+            self.have = 0;
+        }
+    }
+}
+
+/// A WebSocket close frame with status 1001, client to server (masked, RFC 6455 §5.3).
+fn close_1001_to_upstream() -> [u8; 8] {
+    let k = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0x5a5a_5a5a)
+        .to_be_bytes();
+    [0x88, 0x82, k[0], k[1], k[2], k[3], 0x03 ^ k[0], 0xe9 ^ k[1]]
+}
+
 /// An upgrade the upstream accepted, waiting for the client connection to be free.
 pub(crate) struct Tunnel {
     pub(super) upstream: hyper::upgrade::OnUpgrade,
@@ -49,6 +142,8 @@ pub(crate) struct Tunnel {
     pub(super) name: String,
     /// The bytes both ways, for the access-log line of the response that opened it.
     pub(super) tally: crate::session::logged::TunnelTally,
+    /// A WebSocket: told to go away, it sends close frames 1001.
+    pub(super) websocket: bool,
 }
 
 impl crate::session::tunnel::Tunnel for Tunnel {
@@ -56,8 +151,9 @@ impl crate::session::tunnel::Tunnel for Tunnel {
         self: Box<Self>,
         client: Box<dyn crate::session::tunnel::TunnelIo + 'a>,
         early: Bytes,
+        ending: Option<Ending>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>> {
-        Box::pin(run(client, early, *self))
+        Box::pin(run(client, early, *self, ending))
     }
 }
 
@@ -209,12 +305,13 @@ impl Proxy {
             idle: self.cfg.upgrade_idle_timeout,
             name,
             tally: tally.clone(),
+            websocket: answer.as_bytes().eq_ignore_ascii_case(b"websocket"),
         };
         if let Some(down) = h2_client {
             headers.remove("sec-websocket-accept");
             tokio::task::spawn_local(async move {
                 match tokio::time::timeout(HANDOFF_TIMEOUT, down).await {
-                    Ok(Ok(d)) => run(TokioIo::new(d), Bytes::new(), tunnel).await,
+                    Ok(Ok(d)) => run(TokioIo::new(d), Bytes::new(), tunnel, None).await,
                     _ => tracing::debug!(upstream = %tunnel.name, "client stream not handed over"),
                 }
             });
@@ -260,8 +357,9 @@ where
 }
 
 /// Runs an accepted upgrade: `down` is the client connection as hyper left it, `early` the
-/// bytes hyper had read past the request head (the client may send before it sees the 101).
-pub(crate) async fn run<D>(down: D, early: Bytes, t: Tunnel)
+/// bytes hyper had read past the request head (the client may send before it sees the 101);
+/// `end` says when to go away.
+pub(crate) async fn run<D>(down: D, early: Bytes, t: Tunnel, end: Option<Ending>)
 where
     D: AsyncRead + AsyncWrite + Unpin,
 {
@@ -277,13 +375,15 @@ where
         }
     };
     let mut up = TokioIo::new(up);
+    let mut to_up = Frames::default();
     if !early.is_empty() {
         match tokio::time::timeout(t.idle, up.write_all(&early)).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => to_up.feed(&early),
             _ => return,
         }
     }
-    let (why, from_client, to_client) = splice(down, up, t.idle).await;
+    let frames = t.websocket.then(|| (to_up, Frames::default()));
+    let (why, from_client, to_client) = splice(down, up, t.idle, frames, end).await;
     t.tally.set(early.len() as u64 + from_client, to_client);
     tracing::debug!(upstream = %t.name, "upgraded connection ended: {why}");
 }
@@ -297,8 +397,15 @@ struct Flow {
 }
 
 /// Copies bytes both ways until both directions ended, one failed, or the idle or stall
-/// limit passed; returns why it ended, and the bytes copied from `a` and to it.
-async fn splice<A, B>(a: A, b: B, idle: Duration) -> (&'static str, u64, u64)
+/// limit passed, or `end` said to go away; returns why it ended, and the bytes copied from `a` and to it. `frames`: a WebSocket's
+/// frame positions (`a` to `b`, `b` to `a`), to add close frames when going away.
+async fn splice<A, B>(
+    a: A,
+    b: B,
+    idle: Duration,
+    frames: Option<(Frames, Frames)>,
+    end: Option<Ending>,
+) -> (&'static str, u64, u64)
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,
@@ -314,8 +421,28 @@ where
         blocked_since: Cell::new(None),
         moved: Cell::new(0),
     };
-    let mut to_b = pin!(pump(&mut ar, &mut bw, &last, &up));
-    let mut to_a = pin!(pump(&mut br, &mut aw, &last, &down));
+    let (to_b_frames, to_a_frames) = match frames {
+        Some((ab, ba)) => (Some(ab), Some(ba)),
+        None => (None, None),
+    };
+    let close_up = close_1001_to_upstream();
+    let mut to_b = pin!(pump(
+        &mut ar,
+        &mut bw,
+        &last,
+        &up,
+        to_b_frames.map(|f| (f, &close_up[..])),
+        end.clone()
+    ));
+    let mut to_a = pin!(pump(
+        &mut br,
+        &mut aw,
+        &last,
+        &down,
+        to_a_frames.map(|f| (f, &CLOSE_1001_TO_CLIENT[..])),
+        end
+    ));
+    let mut went_away = false;
     let (mut a_done, mut b_done) = (false, false);
     let why = 'run: loop {
         let mut deadline = last.get() + idle;
@@ -326,14 +453,16 @@ where
         }
         tokio::select! {
             r = to_b.as_mut(), if !a_done => {
-                if r.is_err() {
-                    break 'run "client side failed";
+                match r {
+                    Err(_) => break 'run "client side failed",
+                    Ok(gone) => went_away |= gone,
                 }
                 a_done = true;
             }
             r = to_a.as_mut(), if !b_done => {
-                if r.is_err() {
-                    break 'run "upstream side failed";
+                match r {
+                    Err(_) => break 'run "upstream side failed",
+                    Ok(gone) => went_away |= gone,
                 }
                 b_done = true;
             }
@@ -351,27 +480,70 @@ where
             }
         }
         if a_done && b_done {
-            break "closed";
+            break if went_away { "going away" } else { "closed" };
         }
     };
     (why, up.moved.get(), down.moved.get())
 }
 
-/// Copies `r` to `w` until `r` ends (then shuts `w` down for writing).
-async fn pump<R, W>(r: &mut R, w: &mut W, last: &Cell<Instant>, flow: &Flow) -> std::io::Result<()>
+/// Copies `r` to `w` until `r` ends (then shuts `w` down for writing), or `end` says to go
+/// away: then, with `ws` (the direction's frames and the close frame to send), at the next
+/// frame boundary (within [`GOING_AWAY_GRACE`]) the close frame is sent, then `w` is shut
+/// down. `Ok(true)`: it went away.
+async fn pump<R, W>(
+    r: &mut R,
+    w: &mut W,
+    last: &Cell<Instant>,
+    flow: &Flow,
+    mut ws: Option<(Frames, &[u8])>,
+    mut end: Option<Ending>,
+) -> std::io::Result<bool>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let mut buf = vec![0u8; COPY_BUF];
+    let mut going: Option<Instant> = None;
     loop {
-        let n = r.read(&mut buf).await?;
+        if going.is_some() {
+            match &ws {
+                Some((f, _)) if !f.at_boundary() => {}
+                _ => {
+                    flow.blocked_since.set(Some(Instant::now()));
+                    if let Some((f, close)) = &ws {
+                        if !f.closed {
+                            w.write_all(close).await?;
+                            w.flush().await?;
+                        }
+                    }
+                    let _ = w.shutdown().await;
+                    flow.blocked_since.set(None);
+                    return Ok(true);
+                }
+            }
+        }
+        let grace = going.map(|g| g + GOING_AWAY_GRACE);
+        let n = tokio::select! {
+            _ = ending(&mut end), if going.is_none() => {
+                going = Some(Instant::now());
+                continue;
+            }
+            _ = async { if let Some(g) = grace { tokio::time::sleep_until(g).await } }, if grace.is_some() => {
+                // mid-frame for too long: closed without a close frame
+                let _ = w.shutdown().await;
+                return Ok(true);
+            }
+            n = r.read(&mut buf) => n?,
+        };
         last.set(Instant::now());
         if n == 0 {
             flow.blocked_since.set(Some(Instant::now()));
             let r = w.shutdown().await;
             flow.blocked_since.set(None);
-            return r;
+            return r.map(|()| false);
+        }
+        if let Some((f, _)) = &mut ws {
+            f.feed(&buf[..n]);
         }
         flow.blocked_since.set(Some(Instant::now()));
         w.write_all(&buf[..n]).await?;
@@ -427,5 +599,43 @@ mod tests {
             &hv("websocket"),
             Some(&hv("websocket, h2c"))
         ));
+    }
+
+    #[test]
+    fn frame_boundaries_are_tracked_across_reads() {
+        let mut f = Frames::default();
+        assert!(f.at_boundary());
+        // a masked text frame of 5 bytes, split anywhere
+        let frame = [
+            0x81,
+            0x85,
+            1,
+            2,
+            3,
+            4,
+            b'h' ^ 1,
+            b'e' ^ 2,
+            b'l' ^ 3,
+            b'l' ^ 4,
+            b'o' ^ 1,
+        ];
+        for split in 0..frame.len() {
+            f.feed(&frame[..split]);
+            assert_eq!(f.at_boundary(), split == 0, "{split}");
+            f.feed(&frame[split..]);
+            assert!(f.at_boundary());
+        }
+        // 16-bit and 64-bit lengths
+        let mut long = vec![0x82, 126, 0x01, 0x00];
+        long.resize(long.len() + 256, 0);
+        long.extend([0x82, 127, 0, 0, 0, 0, 0, 1, 0, 0]);
+        f.feed(&long);
+        assert!(!f.at_boundary());
+        let payload = [0u8; 65536];
+        f.feed(&payload);
+        assert!(f.at_boundary());
+        assert!(!f.closed);
+        f.feed(&CLOSE_1001_TO_CLIENT);
+        assert!(f.at_boundary() && f.closed);
     }
 }

@@ -143,6 +143,9 @@ pub struct RunningServer {
     engines: HashMap<String, BuiltEngine>,
     /// Keeps the running configuration's ticket-key and OCSP refreshers going.
     refreshers: crate::runtime::tls_session::RefresherStop,
+    /// The TLS listeners' resumption state by configured address (fixed ports only), for
+    /// a reload to keep.
+    sessions: HashMap<SocketAddr, Arc<crate::runtime::tls_session::ListenerSession>>,
     config: Config,
     metrics: Arc<Metrics>,
     /// TLS session resumption and OCSP per TLS listener, on `/metrics` (replaced on reload).
@@ -176,7 +179,13 @@ impl Server {
             ..StartInfo::default()
         };
         let compression_metrics = Arc::new(qweb_compress::CompressMetrics::default());
-        let built = build(&config, &HashMap::new(), &compression_metrics, &mut info)?;
+        let built = build(
+            &config,
+            &HashMap::new(),
+            &HashMap::new(),
+            &compression_metrics,
+            &mut info,
+        )?;
         refuse_addresses_in_use(&config, &[], true)?;
         let n = config.workers.max(1);
         let (listeners, mut sockets) = bind_new_listeners(&config, &[], n)?;
@@ -258,6 +267,7 @@ impl Server {
             admin_thread,
             generations,
             sockets: clones,
+            sessions: kept_sessions(&config, &built),
             engines: built.engines,
             refreshers: built.refreshers,
             config,
@@ -297,11 +307,28 @@ fn install_welcome(config: &Config) -> Result<Option<PathBuf>, ServerError> {
     Ok(Some(welcome))
 }
 
+/// The TLS listeners' resumption state of `built`, by configured address (a listener on
+/// port 0 gets a new port at each reload: nothing to keep).
+fn kept_sessions(
+    config: &Config,
+    built: &Built,
+) -> HashMap<SocketAddr, Arc<crate::runtime::tls_session::ListenerSession>> {
+    config
+        .listeners
+        .iter()
+        .zip(&built.listeners)
+        .filter(|(l, _)| l.address.port() != 0)
+        .filter_map(|(l, setup)| Some((l.address, setup.session.clone()?)))
+        .collect()
+}
+
 /// Engines, listener TLS setups and compression for `config`; engines of `previous` whose
-/// configuration is unchanged are reused.
+/// configuration is unchanged are reused, and so is the resumption state of `sessions`
+/// (listeners by configured address) whose settings are unchanged.
 fn build(
     config: &Config,
     previous: &HashMap<String, BuiltEngine>,
+    sessions: &HashMap<SocketAddr, Arc<crate::runtime::tls_session::ListenerSession>>,
     compression_metrics: &Arc<qweb_compress::CompressMetrics>,
     info: &mut StartInfo,
 ) -> Result<Built, ServerError> {
@@ -314,7 +341,10 @@ fn build(
     let listeners = config
         .listeners
         .iter()
-        .map(|l| listener_setup(config, l, &by_name, info, &mut refreshers))
+        .map(|l| {
+            let previous = sessions.get(&l.address).map(|s| &**s);
+            listener_setup(config, l, &by_name, info, &mut refreshers, previous)
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let (stop, stopped) = crate::runtime::tls_session::RefresherStop::new();
     // detached: each ends within a second of `stop` being dropped
@@ -408,6 +438,7 @@ fn listener_setup(
     engines: &HashMap<&str, Arc<dyn Engine>>,
     info: &mut StartInfo,
     refreshers: &mut Vec<crate::runtime::tls_session::Refresher>,
+    previous: Option<&crate::runtime::tls_session::ListenerSession>,
 ) -> Result<ListenerSetup, ServerError> {
     let provider = qweb_tls::provider();
     let offload = l
@@ -455,7 +486,8 @@ fn listener_setup(
                 qweb_tls::TlsError::Generate("no certificate for a TLS listener".into())
             })?;
             let mut sc = qweb_tls::server_config(Arc::new(resolver), l.http2)?;
-            let (s, refresher) = crate::runtime::tls_session::setup(l, config, &certs, &mut sc)?;
+            let (s, refresher) =
+                crate::runtime::tls_session::setup(l, config, &certs, &mut sc, previous)?;
             session = Some(Arc::new(s));
             refreshers.extend(refresher);
             Some(Arc::new(sc))
@@ -730,7 +762,13 @@ impl RunningServer {
         check_worker_setup(config)?;
         let mut info = self.info.clone();
         info.welcome = install_welcome(config)?;
-        let built = build(config, &self.engines, &self.metrics.compression, &mut info)?;
+        let built = build(
+            config,
+            &self.engines,
+            &self.sessions,
+            &self.metrics.compression,
+            &mut info,
+        )?;
         refuse_addresses_in_use(config, &self.listeners, false)?;
         let n = self.generations.len();
         let (listeners, mut sockets) = bind_new_listeners(config, &self.listeners, n)?;
@@ -766,6 +804,7 @@ impl RunningServer {
             .set(crate::proxy::upstream_gauges(config));
         self.tls_sessions_collector
             .set(tls_sessions(&listeners, &built));
+        self.sessions = kept_sessions(config, &built);
         self.engines = built.engines;
         self.refreshers = built.refreshers;
         self.addrs = listeners.iter().map(|l| l.bound).collect();

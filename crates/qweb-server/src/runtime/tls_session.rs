@@ -23,6 +23,11 @@ pub(crate) struct ListenerSession {
     pub fetch: Option<Arc<qweb_keyserver::tickets::FetchStats>>,
     /// Stapled certificates: a name (the first DNS name) and the staple.
     pub ocsp: Vec<(String, Arc<qweb_tls::ocsp::OcspStaple>)>,
+    /// The settings this state was made for: a reload that keeps them keeps the ticketer
+    /// and the session cache (see [`setup`]).
+    pub settings: crate::config::SessionConfig,
+    /// The TLS 1.2 session-id cache (or the no-cache storage).
+    pub storage: Arc<dyn rustls::server::StoresServerSessions>,
 }
 
 /// What keeps a listener's keys, or a certificate's OCSP staple, fresh (started by
@@ -90,13 +95,24 @@ fn load_ocsp(path: &std::path::Path, holder: &qweb_tls::ocsp::OcspStaple) {
 
 /// Sets up listener `l`'s resumption on `sc`: its ticketer (fetching fleet keys once, here,
 /// so that the first tickets are fleet-wide already when the key server answers).
+///
+/// `previous`: the same listener's state in the configuration a reload replaces. When its
+/// resumption settings are unchanged, its local (or fleet) ticket keys and its TLS 1.2
+/// session cache are kept, so that clients resume across a reload as they do between two
+/// (nginx keeps its session cache across reloads too). Keys from a file are read again
+/// (the same file gives the same keys).
 pub(crate) fn setup(
     l: &ListenerConfig,
     config: &Config,
     certs: &[qweb_tls::LoadedCert],
     sc: &mut rustls::ServerConfig,
+    previous: Option<&ListenerSession>,
 ) -> Result<(ListenerSession, Option<Refresher>), ServerError> {
     let s = &l.session;
+    let previous = previous.filter(|p| p.settings == *s);
+    let kept_ticketer = previous
+        .filter(|_| !matches!(s.ticket_keys, TicketKeys::File(_)))
+        .and_then(|p| p.ticketer.clone());
     let mut out = ListenerSession {
         stats: Arc::new(HandshakeStats::default()),
         ticketer: None,
@@ -108,14 +124,17 @@ pub(crate) fn setup(
                 c.ocsp.clone().map(|o| (name, o))
             })
             .collect(),
+        settings: s.clone(),
+        storage: Arc::new(rustls::server::NoServerSessionStorage {}),
     };
     let mut refresh = None;
     let bad = |m: String| ServerError::Tickets(m);
     if s.resumption {
         let ticketer = match &s.ticket_keys {
-            TicketKeys::Local => {
-                Ticketer::local(s.ticket_rotation).map_err(|e| bad(e.to_string()))?
-            }
+            TicketKeys::Local => match kept_ticketer {
+                Some(t) => t,
+                None => Ticketer::local(s.ticket_rotation).map_err(|e| bad(e.to_string()))?,
+            },
             TicketKeys::File(path) => {
                 let keys = read_key_file(path)?;
                 refresh = Some(Refresh::File(path.clone()));
@@ -138,8 +157,12 @@ pub(crate) fn setup(
                     timeout: k.timeout,
                     tls: crate::runtime::server::keyserver_client_tls(k)?,
                 };
-                // local keys until the fleet's arrive
-                let t = Ticketer::local(s.ticket_rotation).map_err(|e| bad(e.to_string()))?;
+                // local keys until the fleet's arrive (or the fleet keys the configuration
+                // this one replaces had)
+                let t = match kept_ticketer {
+                    Some(t) => t,
+                    None => Ticketer::local(s.ticket_rotation).map_err(|e| bad(e.to_string()))?,
+                };
                 let stats = Arc::new(qweb_keyserver::tickets::FetchStats::default());
                 if let Err(e) = qweb_keyserver::tickets::fetch_blocking(&client, &t, &stats) {
                     tracing::warn!(
@@ -162,6 +185,11 @@ pub(crate) fn setup(
             ticketer: out.ticketer.clone(),
         },
     );
+    if let Some(p) = previous {
+        // the same cache: sessions cached before the reload resume after it
+        sc.session_storage = p.storage.clone();
+    }
+    out.storage = sc.session_storage.clone();
     let refresher = match (refresh, &out.ticketer) {
         (Some(Refresh::File(p)), Some(t)) => Some(Refresher::KeyFile(p, t.clone())),
         (Some(Refresh::Keyserver(e, c)), Some(t)) => Some(Refresher::Keyserver(

@@ -11,7 +11,8 @@ pub(crate) fn install(dir: &Path) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let index = dir.join("index.html");
     if std::fs::read(&index).ok().as_deref() != Some(INDEX.as_bytes()) {
-        std::fs::write(&index, INDEX)?;
+        // a new file renamed into place: never written through a symlink planted there
+        qweb_tls::state_file::write_replacing(&index, INDEX.as_bytes(), 0o644, |_| Ok(()))?;
     }
     Ok(())
 }

@@ -89,6 +89,8 @@ struct Gen {
     next_task: Cell<u64>,
     connections: Cell<usize>,
     connection_closed: Notify,
+    /// `upgrade_drain_timeout` of this generation's configuration.
+    upgrade_drain: Duration,
 }
 
 /// What an accept loop serves new connections with; replaced by a reload.
@@ -197,6 +199,7 @@ impl Worker {
                 .as_ref()
                 .map(crate::pipeline::compress::Compressor::new),
             peer_log: crate::observe::log_limit::PerPeer::new(Duration::from_secs(60)),
+            tunnels: Rc::default(),
         });
         let gen = Rc::new(Gen {
             ctx: ctx.clone(),
@@ -204,6 +207,7 @@ impl Worker {
             next_task: Cell::new(0),
             connections: Cell::new(0),
             connection_closed: Notify::new(),
+            upgrade_drain: config.upgrade_drain_timeout,
         });
         let mut next = HashMap::new();
         for l in g.listeners {
@@ -305,12 +309,52 @@ impl Worker {
     }
 }
 
+/// How long tunnels told to go away get to send their close frames and close.
+const GOING_AWAY_GRACE: Duration = Duration::from_secs(2);
+
 /// A replaced generation: its connections close after their current request; what is left
-/// at `deadline` is closed.
+/// at `deadline` is closed, except tunnels (WebSockets...), which go on until
+/// `upgrade_drain_timeout` (counted from now) or a shutdown, then are told to go away (a
+/// WebSocket close frame 1001 each way) and closed.
 async fn retire(gen: Rc<Gen>, deadline: Duration) {
+    let started = tokio::time::Instant::now();
+    let tunnels = gen.ctx.tunnels.clone();
     gen.ctx.retire.send_replace(true);
-    drain(&gen, deadline).await;
+    if !wait_until(&gen, deadline, |g| g.connections.get() <= tunnels.count()).await {
+        tracing::warn!(
+            connections = gen.connections.get().saturating_sub(tunnels.count()),
+            "shutdown deadline passed; closing the remaining connections"
+        );
+    }
     // (taken out first: an aborted task's `ConnCount` removes itself from the map)
+    let tasks: Vec<_> = {
+        let mut all = gen.tasks.borrow_mut();
+        let ids: Vec<u64> = all
+            .iter()
+            .filter(|(_, t)| !tunnels.runs(t.id()))
+            .map(|(k, _)| *k)
+            .collect();
+        ids.into_iter().filter_map(|k| all.remove(&k)).collect()
+    };
+    for t in tasks {
+        t.abort();
+    }
+    if gen.connections.get() > 0 {
+        let left = gen.upgrade_drain.saturating_sub(started.elapsed());
+        let mut shutdown = gen.ctx.shutdown.clone();
+        tokio::select! {
+            _ = wait_until(&gen, left, |g| g.connections.get() == 0) => {}
+            _ = shutdown.wait_for(|s| *s) => {}
+        }
+    }
+    if gen.connections.get() > 0 {
+        tracing::info!(
+            tunnels = gen.connections.get(),
+            "tunnels of a replaced configuration: going away"
+        );
+        tunnels.go_away();
+        wait_until(&gen, GOING_AWAY_GRACE, |g| g.connections.get() == 0).await;
+    }
     let tasks = std::mem::take(&mut *gen.tasks.borrow_mut());
     for t in tasks.into_values() {
         t.abort();
@@ -318,18 +362,27 @@ async fn retire(gen: Rc<Gen>, deadline: Duration) {
 }
 
 /// Waits until every connection has finished, or the deadline passed.
-async fn drain(ctx: &Rc<Gen>, deadline: Duration) {
-    let wait = async {
-        while ctx.connections.get() > 0 {
-            ctx.connection_closed.notified().await;
-        }
-    };
-    if tokio::time::timeout(deadline, wait).await.is_err() {
+async fn drain(gen: &Rc<Gen>, deadline: Duration) {
+    if !wait_until(gen, deadline, |g| g.connections.get() == 0).await {
         tracing::warn!(
-            connections = ctx.connections.get(),
+            connections = gen.connections.get(),
             "shutdown deadline passed; closing the remaining connections"
         );
     }
+}
+
+/// Waits until `done` holds (checked whenever a connection closes or a tunnel starts), or
+/// `deadline` passed; says whether it holds.
+async fn wait_until(gen: &Rc<Gen>, deadline: Duration, done: impl Fn(&Gen) -> bool) -> bool {
+    let wait = async {
+        while !done(gen) {
+            tokio::select! {
+                _ = gen.connection_closed.notified() => {}
+                _ = gen.ctx.tunnels.started.notified() => {}
+            }
+        }
+    };
+    tokio::time::timeout(deadline, wait).await.is_ok()
 }
 
 struct ConnCount(Rc<Gen>, u64);

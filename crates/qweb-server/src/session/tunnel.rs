@@ -6,11 +6,14 @@
 //! [`Tunnel::run`] with the client's transport; the proxy implements it.
 
 use std::cell::RefCell;
+use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
+use std::rc::Rc;
 
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{watch, Notify};
 
 /// A client transport handed to a tunnel.
 pub(crate) trait TunnelIo: AsyncRead + AsyncWrite + Unpin {}
@@ -21,11 +24,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin> TunnelIo for T {}
 /// HTTP/1.1 exchange is over.
 pub(crate) trait Tunnel {
     /// Runs the tunnel to its end; `early` are the bytes the client sent after its request
-    /// head that hyper had already read.
+    /// head that hyper had already read; `ending` tells it to go away.
     fn run<'a>(
         self: Box<Self>,
         client: Box<dyn TunnelIo + 'a>,
         early: Bytes,
+        ending: Option<Ending>,
     ) -> Pin<Box<dyn Future<Output = ()> + 'a>>;
 }
 
@@ -42,5 +46,97 @@ impl TunnelSlot {
     /// Leaves a tunnel for the connection to run.
     pub(crate) fn set(&self, t: Box<dyn Tunnel>) {
         *self.0.borrow_mut() = Some(t);
+    }
+}
+
+/// What tells a running tunnel to go away: the server shuts down, or the generation it
+/// belongs to was retired and its `upgrade_drain_timeout` passed.
+#[derive(Clone)]
+pub(crate) struct Ending {
+    shutdown: watch::Receiver<bool>,
+    going_away: watch::Receiver<bool>,
+}
+
+impl Ending {
+    pub(crate) fn new(shutdown: watch::Receiver<bool>, going_away: watch::Receiver<bool>) -> Self {
+        Ending {
+            shutdown,
+            going_away,
+        }
+    }
+
+    /// Resolves when the tunnel must end (never once a sender is gone: the server is being
+    /// torn down and the tunnel's task with it).
+    pub(crate) async fn wait(&mut self) {
+        let said = tokio::select! {
+            r = self.shutdown.wait_for(|s| *s) => r.is_ok(),
+            r = self.going_away.wait_for(|g| *g) => r.is_ok(),
+        };
+        if !said {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// The tunnels of one configuration generation on a worker: which connection tasks run one
+/// (a retirement keeps those past `shutdown_timeout`, up to `upgrade_drain_timeout`), and
+/// the signal that tells them to go away.
+pub(crate) struct Tunnels {
+    tasks: RefCell<HashSet<tokio::task::Id>>,
+    going_away: watch::Sender<bool>,
+    /// Told when a tunnel starts (a retirement waiting for requests counts it as done).
+    pub started: Notify,
+}
+
+impl Default for Tunnels {
+    fn default() -> Self {
+        Tunnels {
+            tasks: RefCell::default(),
+            going_away: watch::Sender::new(false),
+            started: Notify::new(),
+        }
+    }
+}
+
+impl Tunnels {
+    /// The connection on the current task now runs a tunnel. Returns the guard to hold while
+    /// it runs, and what tells it to go away (`shutdown`, or [`Tunnels::go_away`]).
+    pub(crate) fn started(
+        self: &Rc<Self>,
+        shutdown: watch::Receiver<bool>,
+    ) -> (TunnelGuard, Ending) {
+        let id = tokio::task::try_id();
+        if let Some(id) = id {
+            self.tasks.borrow_mut().insert(id);
+            self.started.notify_waiters();
+        }
+        let ending = Ending::new(shutdown, self.going_away.subscribe());
+        (TunnelGuard(self.clone(), id), ending)
+    }
+
+    /// How many tunnels run.
+    pub(crate) fn count(&self) -> usize {
+        self.tasks.borrow().len()
+    }
+
+    /// Whether task `id` runs a tunnel.
+    pub(crate) fn runs(&self, id: tokio::task::Id) -> bool {
+        self.tasks.borrow().contains(&id)
+    }
+
+    /// Tells every tunnel to go away (a WebSocket gets a close frame 1001 each way).
+    pub(crate) fn go_away(&self) {
+        self.going_away.send_replace(true);
+    }
+}
+
+/// A running tunnel, registered with its generation until dropped.
+pub(crate) struct TunnelGuard(Rc<Tunnels>, Option<tokio::task::Id>);
+
+impl Drop for TunnelGuard {
+    fn drop(&mut self) {
+        if let Some(id) = self.1 {
+            self.0.tasks.borrow_mut().remove(&id);
+        }
     }
 }
