@@ -2,7 +2,7 @@
 //! Content-Type, index files and directory redirects, errors, conditional requests, byte
 //! ranges, large files, path traversal, symlinks and FIFOs.
 
-mod common;
+use qweb_testkit as common;
 
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

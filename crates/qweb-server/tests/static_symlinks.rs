@@ -2,7 +2,7 @@
 //! symlink to the outside while requests run never serves an outside file. Also the
 //! `symlinks` modes of a static route (`inside_root`, `refuse`, `follow`).
 
-mod common;
+use qweb_testkit as common;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
