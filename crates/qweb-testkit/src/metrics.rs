@@ -122,9 +122,7 @@ impl std::fmt::Display for Metrics {
 
 /// Parses `name{k="v",...} value [timestamp] [# exemplar]`.
 fn parse_sample(line: &str) -> Result<Sample, String> {
-    let name_end = line
-        .find(|c: char| c == '{' || c == ' ')
-        .ok_or("no value")?;
+    let name_end = line.find(['{', ' ']).ok_or("no value")?;
     let name = &line[..name_end];
     if name.is_empty()
         || !name
