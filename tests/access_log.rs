@@ -2,90 +2,15 @@
 //! reopened on SIGUSR1 after a logrotate-style move, format switched by a reload; and a plain
 //! HTTP request on a TLS port answered with nginx's 400 page.
 
-#![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
-
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use qweb_testkit::free_port;
+use qweb_testkit::process::Qweb;
+use qweb_testkit::tls::{proto_builder, tls_client_config, Proto};
+
 const BIN: &str = env!("CARGO_BIN_EXE_qweb");
-
-struct Qweb {
-    child: Child,
-    addrs: Vec<String>,
-    lines: Arc<std::sync::Mutex<Vec<String>>>,
-}
-
-impl Qweb {
-    fn start(config: &Path) -> Qweb {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--config"])
-            .arg(config)
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut reader = BufReader::new(child.stderr.take().unwrap());
-        let mut started = Vec::new();
-        loop {
-            let mut l = String::new();
-            assert!(reader.read_line(&mut l).unwrap() > 0, "exited: {started:?}");
-            let done = l.contains("worker(s)");
-            started.push(l.trim_end().to_owned());
-            if done {
-                break;
-            }
-        }
-        let addrs = started
-            .iter()
-            .filter_map(|l| l.split("://").nth(1))
-            .filter_map(|a| a.split('/').next())
-            .map(str::to_owned)
-            .collect();
-        let lines = Arc::new(std::sync::Mutex::new(started));
-        let sink = lines.clone();
-        std::thread::spawn(move || {
-            for l in reader.lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(l);
-            }
-        });
-        Qweb {
-            child,
-            addrs,
-            lines,
-        }
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        // SAFETY: kill(2) with the pid of our own child and a valid signal number.
-        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
-        assert_eq!(rc, 0);
-    }
-
-    fn wait_stderr(&self, needle: &str) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !self
-            .lines
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.contains(needle))
-        {
-            assert!(Instant::now() < deadline, "no {needle:?}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Qweb {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Waits until `path` has `n` lines; returns them.
 fn lines_of(path: &Path, n: usize) -> Vec<String> {
@@ -106,31 +31,9 @@ fn lines_of(path: &Path, n: usize) -> Vec<String> {
 }
 
 fn client(ca: &Path) -> reqwest::Client {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let mut roots = rustls::RootCertStore::empty();
-    for c in qweb_tls::load_certs(ca).unwrap() {
-        roots.add(c).unwrap();
-    }
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"h2".to_vec()];
-    reqwest::Client::builder()
-        .use_preconfigured_tls(cfg)
-        .http2_prior_knowledge()
-        .timeout(Duration::from_secs(20))
+    proto_builder(tls_client_config(ca, Proto::H2), Proto::H2)
         .build()
         .unwrap()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A TLS listener on `port` (fixed, so that a reload keeps it).
@@ -154,11 +57,11 @@ async fn access_file_json_reopen_on_sigusr1_and_combined_after_reload() {
     let file = d.join("qweb.toml");
     let port = free_port();
     std::fs::write(&file, config(d, port, "json")).unwrap();
-    let qweb = Qweb::start(&file);
+    let qweb = Qweb::serve(BIN, &file);
     let c = client(&d.join("state/selfsigned.crt"));
     let url = format!(
         "https://localhost:{}",
-        qweb.addrs[0].rsplit(':').next().unwrap()
+        qweb.addrs()[0].rsplit(':').next().unwrap()
     );
     let get = |path: &str, ua: &str| {
         c.get(format!("{url}{path}"))
@@ -184,7 +87,7 @@ async fn access_file_json_reopen_on_sigusr1_and_combined_after_reload() {
     // logrotate: move the file away, SIGUSR1, the next line goes to a new file
     std::fs::rename(&log, d.join("logs/access.log.1")).unwrap();
     qweb.signal(libc::SIGUSR1);
-    qweb.wait_stderr("access log reopened");
+    qweb.wait_for_within("access log reopened", 1, Duration::from_secs(20));
     assert_eq!(get("/missing", "ua-two").await.unwrap().status(), 404);
     let second = lines_of(&log, 1);
     assert!(second[0].contains("\"status\":404"), "{second:?}");
@@ -193,7 +96,7 @@ async fn access_file_json_reopen_on_sigusr1_and_combined_after_reload() {
     // a reload switches the format for new requests
     std::fs::write(&file, config(d, port, "combined")).unwrap();
     qweb.signal(libc::SIGHUP);
-    qweb.wait_stderr("configuration reloaded");
+    qweb.wait_for_within("configuration reloaded", 1, Duration::from_secs(20));
     let c2 = client(&d.join("state/selfsigned.crt"));
     let r = c2
         .get(format!("{url}/hello.txt"))
@@ -221,8 +124,8 @@ fn plain_http_on_a_tls_port_gets_the_400_page() {
     std::fs::create_dir_all(d.join("logs")).unwrap();
     let file = d.join("qweb.toml");
     std::fs::write(&file, config(d, free_port(), "qweb")).unwrap();
-    let qweb = Qweb::start(&file);
-    let mut s = std::net::TcpStream::connect(&qweb.addrs[0]).unwrap();
+    let qweb = Qweb::serve(BIN, &file);
+    let mut s = std::net::TcpStream::connect(&qweb.addrs()[0]).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nUser-Agent: curl\r\n\r\n")
         .unwrap();
@@ -235,7 +138,7 @@ fn plain_http_on_a_tls_port_gets_the_400_page() {
     );
     // TLS still works on the port (an empty site without index: 403)
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let port = qweb.addrs[0].rsplit(':').next().unwrap().to_owned();
+    let port = qweb.addrs()[0].rsplit(':').next().unwrap().to_owned();
     let ca = d.join("state/selfsigned.crt");
     let r = rt
         .block_on(async {

@@ -1,95 +1,33 @@
 //! The `qweb` binary: zero-config start, check-config, graceful shutdown on SIGTERM.
-
 #![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
-
-#[allow(dead_code)]
-#[path = "../crates/qweb-server/tests/common/upstream.rs"]
-mod upstream;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::process::{Command, Stdio};
 use std::time::Duration;
+
+use qweb_testkit::process::{cpu_seconds, listen_addr, Qweb, BANNER_END};
+use qweb_testkit::tls::{https_builder, ClientTls};
+use qweb_testkit::upstream;
 
 const BIN: &str = env!("CARGO_BIN_EXE_qweb");
 
 fn client(ca: &Path) -> reqwest::Client {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let mut roots = rustls::RootCertStore::empty();
-    for c in qweb_tls::load_certs(ca).unwrap() {
-        roots.add(c).unwrap();
-    }
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    reqwest::Client::builder()
-        .use_preconfigured_tls(cfg)
-        .timeout(Duration::from_secs(20))
+    https_builder(ClientTls::trusting(ca).build())
         .build()
         .unwrap()
 }
 
-/// Starts `qweb serve` and waits for its "listening" lines; returns the child and the lines
-/// it printed on stderr before the "worker(s)" line.
-fn spawn_serve(args: &[&str], cwd: &Path, state: &Path) -> (Child, Vec<String>) {
-    let mut child = Command::new(BIN)
-        .arg("serve")
+/// Starts `qweb serve ARGS` in `cwd` with `QWEB_STATE_DIR=state` and waits for its banner.
+fn spawn_serve(args: &[&str], cwd: &Path, state: &Path) -> Qweb {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("serve")
         .args(args)
         .current_dir(cwd)
         .env("QWEB_STATE_DIR", state)
         .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = Vec::new();
-    let mut reader = BufReader::new(stderr);
-    loop {
-        let mut l = String::new();
-        if reader.read_line(&mut l).unwrap() == 0 {
-            panic!("qweb exited early: {lines:?}");
-        }
-        let done = l.contains("worker(s)");
-        lines.push(l.trim_end().to_owned());
-        if done {
-            break;
-        }
-    }
-    // keep draining stderr so the server never blocks on a full pipe
-    std::thread::spawn(move || for _ in reader.lines() {});
-    (child, lines)
-}
-
-fn sigterm(child: &Child) {
-    // SAFETY: kill(2) with a pid we own and a valid signal number.
-    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-    assert_eq!(rc, 0);
-}
-
-fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
-    let start = std::time::Instant::now();
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        if start.elapsed() > within {
-            let _ = child.kill();
-            panic!("qweb did not exit within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn listen_addr(lines: &[String], scheme: &str) -> String {
-    lines
-        .iter()
-        .find_map(|l| l.split_once(&format!("listening on {scheme}://")))
-        .map(|(_, rest)| rest.split('/').next().unwrap().to_owned())
-        .unwrap_or_else(|| panic!("no {scheme} listener in {lines:?}"))
+        .stdout(Stdio::null());
+    Qweb::spawn(cmd, BANNER_END)
 }
 
 /// The README's first command: `qweb serve` with no config serves the welcome page on
@@ -99,8 +37,8 @@ fn listen_addr(lines: &[String], scheme: &str) -> String {
 async fn zero_config_start_serves_welcome_and_reuses_certificate() {
     let cwd = tempfile::tempdir().unwrap();
     let state = cwd.path().join("state");
-    let (mut child, lines) = spawn_serve(&[], cwd.path(), &state);
-    let text = lines.join("\n");
+    let mut child = spawn_serve(&[], cwd.path(), &state);
+    let text = child.banner.join("\n");
     assert!(text.contains("https://127.0.0.1:8443/"), "{text}");
     assert!(text.contains("http://127.0.0.1:8080/"), "{text}");
     let cert = state.join("selfsigned.crt");
@@ -117,14 +55,14 @@ async fn zero_config_start_serves_welcome_and_reuses_certificate() {
     let r = c.get("http://127.0.0.1:8080/").send().await.unwrap();
     assert!(r.text().await.unwrap().contains("Welcome to qweb"));
     let pem = std::fs::read(&cert).unwrap();
-    sigterm(&child);
-    assert!(wait_exit(&mut child, Duration::from_secs(15)).success());
+    child.signal(libc::SIGTERM);
+    assert!(child.wait_exit(Duration::from_secs(15)).success());
 
     // second start: same certificate; ./public now exists and is served instead
     std::fs::create_dir(cwd.path().join("public")).unwrap();
     std::fs::write(cwd.path().join("public/index.html"), "mine").unwrap();
-    let (mut child, lines) = spawn_serve(&[], cwd.path(), &state);
-    let text = lines.join("\n");
+    let mut child = spawn_serve(&[], cwd.path(), &state);
+    let text = child.banner.join("\n");
     assert!(text.contains("(reused)"), "{text}");
     assert_eq!(std::fs::read(&cert).unwrap(), pem);
     let r = client(&cert)
@@ -133,8 +71,8 @@ async fn zero_config_start_serves_welcome_and_reuses_certificate() {
         .await
         .unwrap();
     assert_eq!(r.text().await.unwrap(), "mine");
-    sigterm(&child);
-    assert!(wait_exit(&mut child, Duration::from_secs(15)).success());
+    child.signal(libc::SIGTERM);
+    assert!(child.wait_exit(Duration::from_secs(15)).success());
 }
 
 #[test]
@@ -250,12 +188,12 @@ async fn sigterm_lets_in_flight_requests_finish() {
         ),
     )
     .unwrap();
-    let (mut child, lines) = spawn_serve(
+    let mut child = spawn_serve(
         &["--config", cfg.to_str().unwrap()],
         dir.path(),
         &dir.path().join("state"),
     );
-    let addr = listen_addr(&lines, "http");
+    let addr = listen_addr(&child.banner, "http");
     let c = reqwest::Client::new();
     let url = format!("http://{addr}/slow/1500");
     let in_flight = tokio::spawn({
@@ -263,7 +201,7 @@ async fn sigterm_lets_in_flight_requests_finish() {
         async move { c.get(url).send().await?.text().await }
     });
     tokio::time::sleep(Duration::from_millis(400)).await; // the request reaches the upstream
-    sigterm(&child);
+    child.signal(libc::SIGTERM);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let refused = reqwest::Client::new()
         .get(format!("http://{addr}/x"))
@@ -276,10 +214,9 @@ async fn sigterm_lets_in_flight_requests_finish() {
     );
     let body = in_flight.await.unwrap().expect("in-flight request failed");
     assert_eq!(body, "slow");
-    let status =
-        tokio::task::spawn_blocking(move || wait_exit(&mut child, Duration::from_secs(15)))
-            .await
-            .unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait_exit(Duration::from_secs(15)))
+        .await
+        .unwrap();
     assert!(status.success(), "{status:?}");
 }
 
@@ -297,28 +234,14 @@ async fn access_log_line_per_request() {
         "workers = 1\n[[listener]]\naddress = \"127.0.0.1:0\"\n[[route]]\nprefix = \"/\"\nroot = \"site\"\n",
     )
     .unwrap();
-    let mut child = Command::new(BIN)
-        .args(["serve", "--config"])
+    let mut cmd = Command::new(BIN);
+    cmd.args(["serve", "--config"])
         .arg(&cfg)
         .env("QWEB_STATE_DIR", dir.path().join("state"))
         .env_remove("RUST_LOG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut lines = Vec::new();
-    loop {
-        let mut l = String::new();
-        assert!(err.read_line(&mut l).unwrap() > 0, "exited: {lines:?}");
-        let done = l.contains("worker(s)");
-        lines.push(l.trim_end().to_owned());
-        if done {
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in err.lines() {});
-    let addr = listen_addr(&lines, "http");
+        .stdout(Stdio::piped());
+    let mut child = Qweb::spawn(cmd, BANNER_END);
+    let addr = child.addr("http");
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let r = reqwest::get(format!("http://{addr}/hello.txt?x=1"))
         .await
@@ -328,7 +251,7 @@ async fn access_log_line_per_request() {
         .await
         .unwrap();
     assert_eq!(r.status(), 404);
-    let out = child.stdout.take().unwrap();
+    let out = child.child().stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     std::thread::spawn(move || {
         for l in BufReader::new(out).lines() {
@@ -378,8 +301,8 @@ async fn access_log_line_per_request() {
     assert!(aborted.ends_with(" aborted") && f[5] == "200", "{aborted}");
     let sent: u64 = f[6].parse().unwrap();
     assert!(sent < 16 << 20, "{aborted}");
-    sigterm(&child);
-    assert!(wait_exit(&mut child, Duration::from_secs(15)).success());
+    child.signal(libc::SIGTERM);
+    assert!(child.wait_exit(Duration::from_secs(15)).success());
     // e.g. 2026-11-30T07:00:00.123456Z 127.0.0.1:5555 "GET /hello.txt?x=1 HTTP/1.1" 200 11 0.2ms
     let first: Vec<&str> = log[0].split_whitespace().collect();
     assert!(first[0].contains('T') && first[0].ends_with('Z'), "{log:?}");
@@ -400,12 +323,6 @@ fn write_config(dir: &Path, body: &str) -> std::path::PathBuf {
     cfg
 }
 
-fn signal(child: &Child, sig: libc::c_int) {
-    // SAFETY: kill(2) with a pid we own and a valid signal number.
-    let rc = unsafe { libc::kill(child.id() as libc::pid_t, sig) };
-    assert_eq!(rc, 0);
-}
-
 /// A second SIGTERM exits at once, even with a request in flight and a long drain deadline.
 #[tokio::test(flavor = "multi_thread")]
 async fn second_signal_exits_at_once() {
@@ -420,12 +337,12 @@ async fn second_signal_exits_at_once() {
             up.addr
         ),
     );
-    let (mut child, lines) = spawn_serve(
+    let mut child = spawn_serve(
         &["--config", cfg.to_str().unwrap()],
         dir.path(),
         &dir.path().join("state"),
     );
-    let addr = listen_addr(&lines, "http");
+    let addr = listen_addr(&child.banner, "http");
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let in_flight = tokio::spawn(async move {
         reqwest::Client::new()
@@ -434,18 +351,17 @@ async fn second_signal_exits_at_once() {
             .await
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    signal(&child, libc::SIGTERM);
+    child.signal(libc::SIGTERM);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
-        child.try_wait().unwrap().is_none(),
+        child.child().try_wait().unwrap().is_none(),
         "exited on the first signal"
     );
     let start = std::time::Instant::now();
-    signal(&child, libc::SIGTERM);
-    let status =
-        tokio::task::spawn_blocking(move || wait_exit(&mut child, Duration::from_secs(10)))
-            .await
-            .unwrap();
+    child.signal(libc::SIGTERM);
+    let status = tokio::task::spawn_blocking(move || child.wait_exit(Duration::from_secs(10)))
+        .await
+        .unwrap();
     let took = start.elapsed();
     assert!(took < Duration::from_secs(3), "second signal took {took:?}");
     assert_eq!(status.code(), Some(130), "{status:?}");
@@ -468,8 +384,8 @@ async fn sigterm_lets_a_paused_handshake_finish() {
          [[route]]\nprefix = \"/\"\nroot = \"site\"\n",
     );
     let state = dir.path().join("state");
-    let (mut child, lines) = spawn_serve(&["--config", cfg.to_str().unwrap()], dir.path(), &state);
-    let addr = listen_addr(&lines, "https");
+    let mut child = spawn_serve(&["--config", cfg.to_str().unwrap()], dir.path(), &state);
+    let addr = listen_addr(&child.banner, "https");
     let c = client(&state.join("selfsigned.crt"));
     let req = tokio::spawn(async move {
         c.get(format!(
@@ -482,16 +398,15 @@ async fn sigterm_lets_a_paused_handshake_finish() {
         .await
     });
     tokio::time::sleep(Duration::from_millis(500)).await; // the handshake is paused now
-    sigterm(&child);
+    child.signal(libc::SIGTERM);
     let body = req
         .await
         .unwrap()
         .expect("the paused handshake was dropped");
     assert_eq!(body, "served");
-    let status =
-        tokio::task::spawn_blocking(move || wait_exit(&mut child, Duration::from_secs(15)))
-            .await
-            .unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait_exit(Duration::from_secs(15)))
+        .await
+        .unwrap();
     assert!(status.success(), "{status:?}");
 }
 
@@ -499,11 +414,7 @@ async fn sigterm_lets_a_paused_handshake_finish() {
 /// share the port silently).
 #[test]
 fn second_instance_on_the_same_address_refuses_to_start() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = qweb_testkit::free_port();
     let dir = tempfile::tempdir().unwrap();
     let cfg = write_config(
         dir.path(),
@@ -512,7 +423,7 @@ fn second_instance_on_the_same_address_refuses_to_start() {
              [[listener]]\naddress = \"127.0.0.1:{port}\"\n"
         ),
     );
-    let (mut first, _) = spawn_serve(
+    let mut first = spawn_serve(
         &["--config", cfg.to_str().unwrap()],
         dir.path(),
         &dir.path().join("state"),
@@ -540,8 +451,8 @@ fn second_instance_on_the_same_address_refuses_to_start() {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    sigterm(&first);
-    assert!(wait_exit(&mut first, Duration::from_secs(15)).success());
+    first.signal(libc::SIGTERM);
+    assert!(first.wait_exit(Duration::from_secs(15)).success());
     let status = status.expect("the second instance started and shared the port");
     std::io::Read::read_to_string(&mut pipe, &mut err).unwrap();
     assert_eq!(status.code(), Some(1), "{status:?}: {err}");
@@ -553,28 +464,13 @@ fn second_instance_on_the_same_address_refuses_to_start() {
     );
 }
 
-/// CPU time (user + system, seconds) of a process so far.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // fields after the command name (which is in parentheses)
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
-    // SAFETY: sysconf with a valid name.
-    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
-}
-
 /// With its file descriptors exhausted, the admin listener backs off instead of spinning on
 /// a failing accept: the process stays under 10% of a core while clients hammer it.
 #[test]
 fn admin_listener_under_emfile_does_not_spin() {
     use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().unwrap();
-    let admin = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let admin = qweb_testkit::free_port();
     let cfg = write_config(
         dir.path(),
         &format!(
@@ -602,24 +498,7 @@ fn admin_listener_under_emfile_does_not_spin() {
             Ok(())
         });
     }
-    let mut child = cmd.spawn().unwrap();
-    let mut reader = BufReader::new(child.stderr.take().unwrap());
-    loop {
-        let mut l = String::new();
-        assert!(reader.read_line(&mut l).unwrap() > 0, "qweb exited early");
-        if l.contains("worker(s)") {
-            break;
-        }
-    }
-    let errors = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let e = errors.clone();
-    std::thread::spawn(move || {
-        for l in reader.lines().map_while(Result::ok) {
-            if l.contains("accept failed") {
-                e.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-        }
-    });
+    let mut child = Qweb::spawn(cmd, BANNER_END);
     // exhaust the descriptors: connections the admin accepts and then some in its backlog
     let mut held = Vec::new();
     for _ in 0..150 {
@@ -628,15 +507,14 @@ fn admin_listener_under_emfile_does_not_spin() {
         }
     }
     std::thread::sleep(Duration::from_millis(500));
-    let before = cpu_seconds(child.id());
+    let before = cpu_seconds(child.pid());
     let start = std::time::Instant::now();
     std::thread::sleep(Duration::from_secs(3));
-    let used = cpu_seconds(child.id()) - before;
+    let used = cpu_seconds(child.pid()) - before;
     let share = used / start.elapsed().as_secs_f64();
-    let logged = errors.load(std::sync::atomic::Ordering::Relaxed);
+    let logged = child.count("accept failed");
     drop(held);
-    let _ = child.kill();
-    let _ = child.wait();
+    child.kill();
     eprintln!(
         "admin under EMFILE: {:.1}% of a core, {logged} accept-error lines",
         share * 100.0
@@ -676,23 +554,15 @@ fn soft_open_file_limit_is_raised_to_the_hard_limit() {
             Ok(())
         });
     }
-    let mut child = cmd.spawn().unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    loop {
-        let mut l = String::new();
-        assert!(err.read_line(&mut l).unwrap() > 0, "qweb exited early");
-        if l.contains("worker(s)") {
-            break;
-        }
-    }
-    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
+    let mut child = Qweb::spawn(cmd, BANNER_END);
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.pid())).unwrap();
     let line = limits
         .lines()
         .find(|l| l.starts_with("Max open files"))
         .unwrap()
         .to_owned();
-    sigterm(&child);
-    let _ = wait_exit(&mut child, Duration::from_secs(15));
+    child.signal(libc::SIGTERM);
+    let _ = child.wait_exit(Duration::from_secs(15));
     let f: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(&f[3..5], &["4096", "4096"], "{line}");
 }

@@ -4,11 +4,12 @@
 //! connection plus a stated margin; and the idle connections still close at
 //! `keepalive_timeout`.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use qweb_testkit::process::{rss_kib, Qweb};
+use qweb_testkit::tls::{ClientTls, Proto};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -23,51 +24,6 @@ const KIB_PER_CONN: u64 = 10;
 /// (a few allocator pages, 64 KiB each per size class and worker thread; slab and timer pages):
 /// 512 KiB, about 1 KiB per connection at N = 500, so that 11 KiB per connection fails.
 const MARGIN_KIB: u64 = 512;
-
-struct Qweb(Child);
-
-impl Drop for Qweb {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
-/// Starts qweb on `config`; returns it and its TLS address (from its start-up lines).
-fn start(config: &Path) -> (Qweb, String) {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(config)
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut reader = BufReader::new(child.stderr.take().unwrap());
-    let mut addr = None;
-    loop {
-        let mut l = String::new();
-        assert!(reader.read_line(&mut l).unwrap() > 0, "qweb exited");
-        if let Some(a) = l.split("https://").nth(1) {
-            addr = a.split('/').next().map(str::to_owned);
-        }
-        if l.contains("worker(s)") {
-            break;
-        }
-    }
-    // keep draining stderr so that qweb never blocks on it
-    std::thread::spawn(move || for _ in reader.lines() {});
-    (Qweb(child), addr.expect("an https:// address"))
-}
 
 fn setup(dir: &Path) -> (std::path::PathBuf, rustls::ClientConfig) {
     let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
@@ -92,17 +48,14 @@ fn setup(dir: &Path) -> (std::path::PathBuf, rustls::ClientConfig) {
         ),
     )
     .unwrap();
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let mut roots = rustls::RootCertStore::empty();
     roots.add(cert.der().clone()).unwrap();
-    let mut client = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    client.alpn_protocols = vec![b"http/1.1".to_vec()];
-    // every connection a full handshake, as in experiment F
-    client.resumption = rustls::client::Resumption::disabled();
+    let client = ClientTls::with_roots(roots)
+        .versions(&[&rustls::version::TLS13])
+        .proto(Proto::H1)
+        // every connection a full handshake, as in experiment F
+        .no_resumption()
+        .build();
     (config, client)
 }
 
@@ -147,8 +100,9 @@ async fn open(addr: &str, tls: &tokio_rustls::TlsConnector, n: usize) -> Vec<Con
 async fn idle_tls_keepalive_connections_cost_at_most_10_kib_each() {
     let dir = tempfile::tempdir().unwrap();
     let (config, client) = setup(dir.path());
-    let (qweb, addr) = start(&config);
-    let pid = qweb.0.id();
+    let qweb = Qweb::serve(BIN, &config);
+    let addr = qweb.addr("https");
+    let pid = qweb.pid();
     let tls = tokio_rustls::TlsConnector::from(Arc::new(client));
 
     // Warm up: one-time allocations (handshake tables, allocator pages, timer wheel levels)

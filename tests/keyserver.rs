@@ -1,15 +1,16 @@
 //! The key server end to end: a real `qweb keyserver` process and a real qweb that holds no
 //! private key file, over the Unix socket and over mutual TLS; faults.
-
 #![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use qweb_server::{Config, RunningServer, Server};
+use qweb_server::RunningServer;
+use qweb_testkit::process::{cpu_seconds, rss_kib, Qweb, KEYSERVER_READY};
+use qweb_testkit::start_file;
+use qweb_testkit::tls::{connect, ClientTls};
 
 const BIN: &str = env!("CARGO_BIN_EXE_qweb");
 
@@ -82,15 +83,13 @@ impl Pki {
     }
 }
 
-/// A `qweb keyserver` child process.
+/// A `qweb keyserver` child process (killed when dropped).
 struct Keyserver {
-    child: Child,
+    q: Qweb,
     tls_addr: Option<String>,
     admin_addr: Option<String>,
     /// Key ids (hex) in the order the key server printed them.
     key_ids: Vec<String>,
-    /// stderr lines printed after "ready".
-    log: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Keyserver {
@@ -126,8 +125,7 @@ impl Keyserver {
             .arg(&file)
             .arg("--added-latency-ms")
             .arg(latency_ms.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .stdout(Stdio::null());
         if let Some(n) = nofile {
             use std::os::unix::process::CommandExt;
             // SAFETY: the closure runs in the child between fork and exec and only calls
@@ -145,17 +143,11 @@ impl Keyserver {
                 });
             }
         }
-        let mut child = cmd.spawn().unwrap();
-        let mut reader = BufReader::new(child.stderr.take().unwrap());
+        let q = Qweb::spawn(cmd, KEYSERVER_READY);
         let mut tls_addr = None;
         let mut admin_addr = None;
         let mut key_ids = Vec::new();
-        let mut lines = Vec::new();
-        loop {
-            let mut l = String::new();
-            if reader.read_line(&mut l).unwrap() == 0 {
-                panic!("keyserver exited: {lines:?}");
-            }
+        for l in &q.banner {
             if let Some(a) = l.trim().strip_prefix("qweb keyserver: listening on tls://") {
                 tls_addr = a.split(' ').next().map(str::to_owned);
             }
@@ -165,41 +157,26 @@ impl Keyserver {
             if let Some(k) = l.trim().strip_prefix("qweb keyserver: key ") {
                 key_ids.push(k.to_owned());
             }
-            let ready = l.contains("qweb keyserver: ready");
-            lines.push(l);
-            if ready {
-                break;
-            }
         }
-        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for l in reader.lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(l);
-            }
-        });
         Keyserver {
-            child,
+            q,
             tls_addr,
             admin_addr,
             key_ids,
-            log,
         }
     }
 
+    /// The stderr lines printed after "ready".
+    fn log(&self) -> Vec<String> {
+        self.q.lines().split_off(self.q.banner.len())
+    }
+
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.q.pid()
     }
 
     fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Keyserver {
-    fn drop(&mut self) {
-        self.kill();
+        self.q.kill();
     }
 }
 
@@ -230,26 +207,17 @@ fn start_qweb(
     );
     std::fs::create_dir_all(pki.path("site")).unwrap();
     std::fs::write(pki.path("site/index.html"), "kept-away").unwrap();
-    let file = write(pki.dir.path(), "qweb.toml", &cfg);
-    let config = Config::from_file(&file).unwrap_or_else(|e| panic!("{e}"));
-    Server::start(config).unwrap()
+    start_file(&write(pki.dir.path(), "qweb.toml", &cfg))
 }
 
 fn client(
     ca: &Path,
     version: &'static rustls::SupportedProtocolVersion,
 ) -> Arc<rustls::ClientConfig> {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in qweb_tls::load_certs(ca).unwrap() {
-        roots.add(c).unwrap();
-    }
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
-        .with_protocol_versions(&[version])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.resumption = rustls::client::Resumption::disabled();
-    Arc::new(cfg)
+    ClientTls::trusting(ca)
+        .versions(&[version])
+        .no_resumption()
+        .arc()
 }
 
 /// A full handshake and one request; the body.
@@ -258,11 +226,7 @@ async fn fetch(
     cfg: Arc<rustls::ClientConfig>,
 ) -> std::io::Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let tcp = tokio::net::TcpStream::connect(addr).await?;
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let mut tls = tokio_rustls::TlsConnector::from(cfg)
-        .connect(name, tcp)
-        .await?;
+    let mut tls = connect(addr, &cfg).await?;
     tls.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .await?;
     let mut out = Vec::new();
@@ -328,31 +292,18 @@ async fn keyserver_refuses_clients_without_a_valid_certificate() {
     let ks = Keyserver::start(&pki, "ks1", true, 0);
     let addr: std::net::SocketAddr = ks.tls_addr.as_ref().unwrap().parse().unwrap();
     for who in [None, Some("rogue")] {
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(qweb_tls::load_certs(&pki.path("ca.crt")).unwrap().remove(0))
-            .unwrap();
-        let b = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots);
+        let b = ClientTls::trusting(&pki.path("ca.crt"));
         let cfg = match who {
-            None => b.with_no_client_auth(),
-            Some(n) => b
-                .with_client_auth_cert(
-                    qweb_tls::load_certs(&pki.path(&format!("{n}.crt"))).unwrap(),
-                    qweb_tls::load_private_key(&pki.path(&format!("{n}.key"))).unwrap(),
-                )
-                .unwrap(),
-        };
-        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            None => b,
+            Some(n) => b.client_cert(
+                &pki.path(&format!("{n}.crt")),
+                &pki.path(&format!("{n}.key")),
+            ),
+        }
+        .arc();
         // TLS 1.3: the client may think it is done before the server checked its certificate;
         // either the handshake fails or the first read does, and no answer ever comes.
-        if let Ok(mut s) = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-            .connect(name, tcp)
-            .await
-        {
+        if let Ok(mut s) = connect(addr, &cfg).await {
             let frame = [0u8, 0, 0, 43, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 7];
             let _ = s.write_all(&frame).await;
             let _ = s.write_all(&[0u8; 32]).await;
@@ -440,7 +391,7 @@ async fn keyserver_killed_and_restarted_mid_load() {
         let t = start.elapsed();
         if t > Duration::from_millis(800)
             && restarted.is_none()
-            && ks.child.try_wait().unwrap().is_none()
+            && ks.q.child().try_wait().unwrap().is_none()
         {
             ks.kill();
         }
@@ -567,30 +518,6 @@ fn read_frame(s: &mut impl std::io::Read) -> std::io::Result<(u8, u64)> {
     s.read_exact(&mut body)?;
     let id = u64::from_be_bytes(body[2..10].try_into().unwrap());
     Ok((body[1], id))
-}
-
-fn proc_status_kib(pid: u32, field: &str) -> u64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    proc_status_kib(pid, "VmRSS:")
-}
-
-/// utime + stime of a process, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // fields after the command name (which may hold spaces): state is field 3
-    let rest = &text[text.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split(' ').collect();
-    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
-    // SAFETY: sysconf(3) has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    ticks as f64 / hz
 }
 
 /// A peer floods sign requests and never reads an answer: the key server stops reading
@@ -829,11 +756,11 @@ fn accept_errors_back_off_and_log_rarely() {
         held_unix.push(std::os::unix::net::UnixStream::connect(&sock).unwrap());
     }
     std::thread::sleep(Duration::from_millis(500));
-    let lines_before = ks.log.lock().unwrap().len();
+    let lines_before = ks.log().len();
     let (cpu0, t0) = (cpu_seconds(pid), Instant::now());
     std::thread::sleep(Duration::from_secs(3));
     let (cpu, wall) = (cpu_seconds(pid) - cpu0, t0.elapsed().as_secs_f64());
-    let log: Vec<String> = ks.log.lock().unwrap().clone();
+    let log: Vec<String> = ks.log();
     let accept_lines: Vec<&String> = log.iter().filter(|l| l.contains("accept")).collect();
     let during = log.len() - lines_before;
     eprintln!(

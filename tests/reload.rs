@@ -1,15 +1,18 @@
 //! Reload under load, through the real binary: `qweb serve` in a child process, SIGHUP and
 //! `qweb reload`, real TLS clients (HTTP/1.1 and h2, keep-alive and a new handshake per
 //! request) while every handshake pauses on a 200 ms engine.
-
 #![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use qweb_testkit::free_port;
+use qweb_testkit::metrics::scrape;
+use qweb_testkit::process::Qweb;
+use qweb_testkit::tls::{connect, proto_builder, ClientTls, Proto};
 
 const BIN: &str = env!("CARGO_BIN_EXE_qweb");
 
@@ -23,14 +26,6 @@ fn write_cert(dir: &Path, name: &str) -> Vec<u8> {
     std::fs::write(dir.join(format!("{name}.crt")), cert.pem()).unwrap();
     std::fs::write(dir.join(format!("{name}.key")), kp.serialize_pem()).unwrap();
     cert.der().to_vec()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Generation `g` ("a" or "b"): its own certificate, `/gen` from its own folder, and a route
@@ -56,134 +51,27 @@ thread_local! {
     static ADMIN_PORT: u16 = free_port();
 }
 
-/// The value of the sample `name{labels}` in the admin listener's `/metrics`.
-async fn metric(sample: &str) -> f64 {
-    let port = ADMIN_PORT.with(|p| *p);
-    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {sample} in\n{text}"))
-}
-
-struct Qweb {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Qweb {
-    fn start(config: &Path) -> Qweb {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--config"])
-            .arg(config)
-            .env_remove("RUST_LOG")
-            .env_remove("NOTIFY_SOCKET")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut reader = BufReader::new(child.stderr.take().unwrap());
-        let mut started = Vec::new();
-        loop {
-            let mut l = String::new();
-            if reader.read_line(&mut l).unwrap() == 0 {
-                panic!("qweb exited early: {started:?}");
-            }
-            let done = l.contains("worker(s)");
-            started.push(l.trim_end().to_owned());
-            if done {
-                break;
-            }
-        }
-        let lines = Arc::new(Mutex::new(started));
-        let sink = lines.clone();
-        std::thread::spawn(move || {
-            for l in reader.lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(l);
-            }
-        });
-        Qweb { child, lines }
-    }
-
-    fn count(&self, needle: &str) -> usize {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| l.contains(needle))
-            .count()
-    }
-
-    /// Waits until `needle` was printed `n` times; returns the last such line.
-    fn wait_for(&self, needle: &str, n: usize) -> String {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            {
-                let lines = self.lines.lock().unwrap();
-                let hits: Vec<&String> = lines.iter().filter(|l| l.contains(needle)).collect();
-                if hits.len() >= n {
-                    return hits[n - 1].clone();
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {needle:?} #{n} in {:#?}",
-                self.lines.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        // SAFETY: kill(2) with the pid of our own child and a valid signal number.
-        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
-        assert_eq!(rc, 0);
-    }
-}
-
-impl Drop for Qweb {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The admin listener (its port is fixed: a reload keeps it).
+fn admin() -> std::net::SocketAddr {
+    ([127, 0, 0, 1], ADMIN_PORT.with(|p| *p)).into()
 }
 
 fn tls_config(roots: &[PathBuf], h2: bool) -> rustls::ClientConfig {
-    let mut store = rustls::RootCertStore::empty();
-    for r in roots {
-        for c in qweb_tls::load_certs(r).unwrap() {
-            store.add(c).unwrap();
-        }
-    }
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(store)
-        .with_no_client_auth();
-    cfg.alpn_protocols = if h2 {
-        vec![b"h2".to_vec()]
+    ClientTls::trusting_all(roots).proto(proto(h2)).build()
+}
+
+fn proto(h2: bool) -> Proto {
+    if h2 {
+        Proto::H2
     } else {
-        vec![b"http/1.1".to_vec()]
-    };
-    cfg
+        Proto::H1
+    }
 }
 
 /// A client trusting both generations' certificates. `fresh`: a new connection (and TLS
 /// handshake) for every request.
 fn client(roots: &[PathBuf], h2: bool, fresh: bool) -> reqwest::Client {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let b = reqwest::Client::builder()
-        .use_preconfigured_tls(tls_config(roots, h2))
-        .timeout(Duration::from_secs(20));
-    let b = if h2 {
-        b.http2_prior_knowledge()
-    } else {
-        b.http1_only()
-    };
+    let b = proto_builder(tls_config(roots, h2), proto(h2));
     let b = if fresh {
         b.pool_max_idle_per_host(0)
     } else {
@@ -194,12 +82,8 @@ fn client(roots: &[PathBuf], h2: bool, fresh: bool) -> reqwest::Client {
 
 /// The certificate a new TLS connection to `port` is served.
 async fn served_cert(roots: &[PathBuf], port: u16) -> Vec<u8> {
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls_config(roots, false)));
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let tls = connector.connect(name, tcp).await.unwrap();
+    let cfg = Arc::new(tls_config(roots, false));
+    let tls = connect(([127, 0, 0, 1], port).into(), &cfg).await.unwrap();
     tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
 }
 
@@ -251,7 +135,7 @@ async fn twenty_reloads_under_load_lose_nothing_and_switch_certificates_and_rout
     let (tls_port, plain_port) = (free_port(), free_port());
     let file = d.join("qweb.toml");
     std::fs::write(&file, config(d, tls_port, plain_port, "a")).unwrap();
-    let qweb = Qweb::start(&file);
+    let qweb = Qweb::serve(BIN, &file);
     let roots = vec![d.join("a.crt"), d.join("b.crt")];
     let https = format!("https://127.0.0.1:{tls_port}");
     let plain = format!("http://127.0.0.1:{plain_port}");
@@ -299,8 +183,10 @@ async fn twenty_reloads_under_load_lose_nothing_and_switch_certificates_and_rout
     };
     assert_eq!(served_cert(&roots, tls_port).await, der_a);
     assert_eq!(get("/gen/gen.txt").await, (200, "A".to_owned()));
-    let submitted = "qweb_offload_ops_submitted_total{engine=\"slow\"}";
-    let slow_before = metric(submitted).await;
+    let submitted = "qweb_offload_ops_submitted_total";
+    let slow_before = scrape(admin())
+        .await
+        .value(submitted, &[("engine", "slow")]);
     assert!(
         slow_before >= 1.0,
         "no handshake went through the slow engine"
@@ -376,17 +262,23 @@ async fn twenty_reloads_under_load_lose_nothing_and_switch_certificates_and_rout
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     // the unchanged engine was kept through 20 reloads: its counters did not start over
-    let slow_after = metric(submitted).await;
+    let slow_after = scrape(admin())
+        .await
+        .value(submitted, &[("engine", "slow")]);
     assert!(
         slow_after > slow_before + 20.0,
         "{slow_before} then {slow_after}"
     );
     assert_eq!(
-        metric("qweb_config_reloads_total{result=\"ok\"}").await,
+        scrape(admin())
+            .await
+            .value("qweb_config_reloads_total", &[("result", "ok")]),
         20.0
     );
     assert_eq!(
-        metric("qweb_config_reloads_total{result=\"failed\"}").await,
+        scrape(admin())
+            .await
+            .value("qweb_config_reloads_total", &[("result", "failed")]),
         1.0
     );
 
@@ -413,7 +305,7 @@ async fn twenty_reloads_under_load_lose_nothing_and_switch_certificates_and_rout
     qweb.signal(libc::SIGTERM);
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {
-        if let Some(s) = qweb.child.try_wait().unwrap() {
+        if let Some(s) = qweb.child().try_wait().unwrap() {
             break s;
         }
         assert!(Instant::now() < deadline, "qweb did not exit");
@@ -545,7 +437,7 @@ fn reload_closes_removed_listeners_and_opens_added_ones() {
         Ok(out)
     };
     std::fs::write(&file, config(&[kept, removed])).unwrap();
-    let qweb = Qweb::start(&file);
+    let qweb = Qweb::serve(BIN, &file);
     assert!(get(kept).unwrap().ends_with("home"));
     assert!(get(removed).unwrap().ends_with("home"));
     assert!(get(added).is_err());

@@ -17,17 +17,18 @@
 //! abort_h2`; `abort` is both aborters), `QWEB_SOAK_HOSTILE_NICE` (default 19) their thread's
 //! nice value, and `QWEB_SOAK_LIMITS` adds `[limits]` lines to qweb's config (e.g.
 //! `write_burst = "16KiB"`), to find which attack costs the normal clients what.
-
 #![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use qweb_testkit::h2frames::{frame, get, hello, read_frames};
+use qweb_testkit::process::{rss_kib, serve_command, Qweb, BANNER_END};
+use qweb_testkit::tls::{connect, localhost, proto_builder, tls_client_config as tls_config};
+use qweb_testkit::tls::{Proto, TlsStream};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -58,11 +59,10 @@ fn env_u64(name: &str, default: u64) -> u64 {
 // ---- the server process ----
 
 struct Server {
-    child: Child,
+    q: Qweb,
     https: SocketAddr,
     http: SocketAddr,
     cert: std::path::PathBuf,
-    stderr_lines: Arc<Mutex<Vec<String>>>,
     _dir: tempfile::TempDir,
 }
 
@@ -91,68 +91,33 @@ impl Server {
             ),
         )
         .unwrap();
-        let mut child = Command::new(BIN)
-            .args(["serve", "--config"])
-            .arg(&cfg)
-            .current_dir(dir.path())
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut reader = BufReader::new(child.stderr.take().unwrap());
-        let mut lines = Vec::new();
-        loop {
-            let mut l = String::new();
-            if reader.read_line(&mut l).unwrap() == 0 {
-                panic!("qweb exited early: {lines:?}");
-            }
-            let done = l.contains("worker(s)");
-            lines.push(l.trim_end().to_owned());
-            if done {
-                break;
-            }
-        }
-        let addr = |scheme: &str| -> SocketAddr {
-            lines
-                .iter()
-                .find_map(|l| l.split_once(&format!("listening on {scheme}://")))
-                .map(|(_, rest)| rest.split('/').next().unwrap().parse().unwrap())
-                .unwrap_or_else(|| panic!("no {scheme} listener in {lines:?}"))
-        };
-        let (https, http) = (addr("https"), addr("http"));
-        // keep draining stderr (the server must never block on a full pipe); keep what it
-        // says under load for the report
-        let stderr_lines = Arc::new(Mutex::new(Vec::new()));
-        let keep = stderr_lines.clone();
-        std::thread::spawn(move || {
-            for l in reader.lines() {
-                let Ok(l) = l else { break };
-                keep.lock().unwrap().push(l);
-            }
-        });
+        let mut cmd = serve_command(BIN, &cfg);
+        cmd.current_dir(dir.path());
+        // the kit's reader keeps draining stderr (the server must never block on a full
+        // pipe) and keeps what it says under load for the report
+        let q = Qweb::spawn(cmd, BANNER_END);
+        let (https, http) = (q.socket_addr("https"), q.socket_addr("http"));
         Server {
-            child,
+            q,
             https,
             http,
             cert: state.join("selfsigned.crt"),
-            stderr_lines,
             _dir: dir,
         }
     }
 
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.q.pid()
     }
 
     /// Resident memory, KiB.
     fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS in /proc/PID/status")
+        rss_kib(self.pid())
+    }
+
+    /// What it wrote on stderr after its banner.
+    fn stderr_lines(&self) -> Vec<String> {
+        self.q.lines().split_off(self.q.banner.len())
     }
 
     fn fds(&self) -> usize {
@@ -162,75 +127,29 @@ impl Server {
     }
 
     fn alive(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
+        self.q.child().try_wait().unwrap().is_none()
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        // SAFETY: kill(2) with a pid we own and a valid signal number.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        let start = Instant::now();
-        while self.child.try_wait().ok().flatten().is_none() {
-            if start.elapsed() > Duration::from_secs(10) {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.q.terminate(Duration::from_secs(10));
     }
 }
 
 // ---- TLS and clients ----
 
-#[derive(Clone, Copy, PartialEq)]
-enum Proto {
-    H1,
-    H2,
-}
-
-fn tls_config(ca: &Path, proto: Proto) -> rustls::ClientConfig {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in qweb_tls::load_certs(ca).unwrap() {
-        roots.add(c).unwrap();
-    }
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.alpn_protocols = match proto {
-        Proto::H1 => vec![b"http/1.1".to_vec()],
-        Proto::H2 => vec![b"h2".to_vec()],
-    };
-    cfg
-}
-
 fn client(ca: &Path, proto: Proto) -> reqwest::Client {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let b = reqwest::Client::builder()
-        .use_preconfigured_tls(tls_config(ca, proto))
-        .timeout(Duration::from_secs(20))
-        .pool_idle_timeout(Duration::from_secs(600));
-    let b = match proto {
-        Proto::H1 => b.http1_only(),
-        Proto::H2 => b.http2_prior_knowledge(),
-    };
-    b.build().unwrap()
+    proto_builder(tls_config(ca, proto), proto)
+        .pool_idle_timeout(Duration::from_secs(600))
+        .build()
+        .unwrap()
 }
 
-fn server_name() -> rustls::pki_types::ServerName<'static> {
-    rustls::pki_types::ServerName::try_from("localhost").unwrap()
-}
-
-type Tls = tokio_rustls::client::TlsStream<TcpStream>;
+type Tls = TlsStream;
 
 async fn tls_connect(addr: SocketAddr, cfg: &Arc<rustls::ClientConfig>) -> std::io::Result<Tls> {
-    let tcp = TcpStream::connect(addr).await?;
-    tokio_rustls::TlsConnector::from(cfg.clone())
-        .connect(server_name(), tcp)
-        .await
+    connect(addr, cfg).await
 }
 
 // ---- normal load ----
@@ -381,7 +300,7 @@ async fn non_reading_h1(addr: SocketAddr, tls: Option<Arc<rustls::ClientConfig>>
             None => Box::new(tcp),
             Some(cfg) => {
                 match tokio_rustls::TlsConnector::from(cfg.clone())
-                    .connect(server_name(), tcp)
+                    .connect(localhost(), tcp)
                     .await
                 {
                     Ok(t) => Box::new(t),
@@ -419,79 +338,6 @@ async fn non_reading_h1(addr: SocketAddr, tls: Option<Arc<rustls::ClientConfig>>
             h.h1_not_cut.fetch_add(1, Ordering::Relaxed);
         }
     }
-}
-
-// raw HTTP/2 frames (as in crates/qweb-server/tests/exhaustion.rs)
-
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len();
-    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
-}
-
-/// HEADERS for `GET path` (HPACK without Huffman or indexing), END_STREAM | END_HEADERS.
-fn get(stream: u32, path: &str) -> Vec<u8> {
-    let mut block = vec![0x82, 0x87, 0x04, path.len() as u8];
-    block.extend_from_slice(path.as_bytes());
-    block.push(0x01);
-    block.push(9);
-    block.extend_from_slice(b"localhost");
-    frame(0x1, 0x5, stream, &block)
-}
-
-fn hello(settings: &[(u16, u32)]) -> Vec<u8> {
-    let mut payload = Vec::new();
-    for (id, v) in settings {
-        payload.extend_from_slice(&id.to_be_bytes());
-        payload.extend_from_slice(&v.to_be_bytes());
-    }
-    let mut out = PREFACE.to_vec();
-    out.extend(frame(0x4, 0, 0, &payload));
-    out
-}
-
-#[derive(Debug, Default)]
-struct Seen {
-    goaway: Option<u32>,
-    resets: usize,
-    data_bytes: usize,
-    eof: bool,
-}
-
-async fn read_frames<R: AsyncRead + Unpin>(r: &mut R, until: Duration) -> Seen {
-    let mut seen = Seen::default();
-    let _ = tokio::time::timeout(until, async {
-        loop {
-            let mut head = [0u8; 9];
-            if r.read_exact(&mut head).await.is_err() {
-                seen.eof = true;
-                return;
-            }
-            let len =
-                (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
-            let mut payload = vec![0u8; len];
-            if r.read_exact(&mut payload).await.is_err() {
-                seen.eof = true;
-                return;
-            }
-            match head[3] {
-                0x0 => seen.data_bytes += len,
-                0x3 => seen.resets += 1,
-                0x7 if len >= 8 => {
-                    seen.goaway = Some(u32::from_be_bytes([
-                        payload[4], payload[5], payload[6], payload[7],
-                    ]))
-                }
-                _ => {}
-            }
-        }
-    })
-    .await;
-    seen
 }
 
 /// 64 streams for the 10 MB file with an initial window of 0; waits for the server to reset
@@ -562,7 +408,7 @@ async fn vanish(https: SocketAddr, http: SocketAddr, cfg: Arc<rustls::ClientConf
         if let Ok(mut s) = TcpStream::connect(target).await {
             match round % 3 {
                 0 => {
-                    let mut conn = rustls::ClientConnection::new(cfg.clone(), server_name())
+                    let mut conn = rustls::ClientConnection::new(cfg.clone(), localhost())
                         .expect("client connection");
                     let mut ch = Vec::new();
                     while conn.wants_write() {
@@ -846,7 +692,7 @@ async fn soak_hostile_clients_alongside_normal_load() {
     eprintln!("\n{}", table(&rows));
     eprintln!("hostile clients in phase B: {}", hostile.report());
     {
-        let lines = s.stderr_lines.lock().unwrap();
+        let lines = s.stderr_lines();
         eprintln!("qweb wrote {} stderr lines under load", lines.len());
         for l in lines.iter().take(10) {
             eprintln!("  {l}");
@@ -856,7 +702,7 @@ async fn soak_hostile_clients_alongside_normal_load() {
     assert!(alive, "qweb exited during the soak");
     if classes.contains(&"flood") {
         // floods are logged, at most once per peer address per minute per worker
-        let lines = s.stderr_lines.lock().unwrap();
+        let lines = s.stderr_lines();
         let floods = lines
             .iter()
             .filter(|l| l.contains("control-frame flood"))

@@ -4,13 +4,16 @@
 //! other); one with local keys does not; with the key server killed, full handshakes go on
 //! and tickets issued before keep resuming.
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use qweb_server::{Config, RunningServer, Server};
+use qweb_server::RunningServer;
+use qweb_testkit::metrics;
+use qweb_testkit::openssl::{SClient, TlsVersion};
+use qweb_testkit::process::{Qweb, KEYSERVER_READY};
+use qweb_testkit::start_text;
 
 const BIN: &str = env!("CARGO_BIN_EXE_qweb");
 
@@ -30,8 +33,8 @@ fn setup() -> tempfile::TempDir {
     dir
 }
 
-/// A `qweb keyserver` child process on `<dir>/ks.sock`.
-struct Keyserver(Child);
+/// A `qweb keyserver` child process on `<dir>/ks.sock` (killed when dropped).
+struct Keyserver(Qweb);
 
 impl Keyserver {
     fn start(dir: &Path, rotation: &str) -> Keyserver {
@@ -40,39 +43,15 @@ impl Keyserver {
         );
         let file = dir.join("ks.toml");
         std::fs::write(&file, cfg).unwrap();
-        let mut child = Command::new(BIN)
-            .args(["keyserver", "--config"])
+        let mut cmd = Command::new(BIN);
+        cmd.args(["keyserver", "--config"])
             .arg(&file)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut reader = BufReader::new(child.stderr.take().unwrap());
-        let mut lines = Vec::new();
-        loop {
-            let mut l = String::new();
-            if reader.read_line(&mut l).unwrap() == 0 {
-                panic!("keyserver exited: {lines:?}");
-            }
-            let ready = l.contains("qweb keyserver: ready");
-            lines.push(l);
-            if ready {
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in reader.lines() {});
-        Keyserver(child)
+            .stdout(Stdio::null());
+        Keyserver(Qweb::spawn(cmd, KEYSERVER_READY))
     }
 
     fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Keyserver {
-    fn drop(&mut self) {
-        self.kill();
+        self.0.kill();
     }
 }
 
@@ -95,79 +74,32 @@ fn serve(dir: &Path, name: &str, fleet: bool) -> (RunningServer, SocketAddr) {
          session_cache = 0\n{keys}\
          [[route]]\nprefix = \"/\"\nroot = \"{d}/site\"\n"
     );
-    let file = dir.join(format!("{name}.toml"));
-    std::fs::write(&file, &text).unwrap();
-    let config = Config::from_file(&file).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    let server = Server::start(config).unwrap();
-    let addr = server.local_addrs()[0];
-    (server, addr)
+    start_text(dir, name, &text)
 }
 
 /// One `openssl s_client` connection (TLS 1.2 or 1.3) that sends a request and reads the
 /// whole answer; true when the session was resumed.
 fn s_client(addr: SocketAddr, tls13: bool, sess: &Path, save: bool) -> bool {
-    let mut child = Command::new("openssl")
-        .args(["s_client", "-connect", &addr.to_string()])
-        .args(["-servername", "localhost", "-ign_eof"])
-        .arg(if tls13 { "-tls1_3" } else { "-tls1_2" })
-        .arg(if save { "-sess_out" } else { "-sess_in" })
-        .arg(sess)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("openssl is installed");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            panic!("s_client did not finish");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    assert!(out.contains("hello"), "no answer:\n{out}");
-    let v = if tls13 { "TLSv1.3" } else { "TLSv1.2" };
-    if out.contains(&format!("Reused, {v}")) {
-        true
-    } else if out.contains(&format!("New, {v}")) {
-        false
+    let v = if tls13 {
+        TlsVersion::V13
     } else {
-        panic!("which handshake?\n{out}")
-    }
-}
-
-fn metrics(server: &RunningServer) -> String {
-    let mut s = std::net::TcpStream::connect(server.admin_addr().unwrap()).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
+        TlsVersion::V12
+    };
+    SClient::new(addr, v)
+        .sess(sess, save)
+        .run()
+        .answered("hello")
+        .resumed()
 }
 
 fn fetches(server: &RunningServer, result: &str) -> u64 {
-    let m = metrics(server);
-    m.lines()
-        .find(|l| {
-            l.starts_with("qweb_tls_ticket_key_fetches_total{")
-                && l.contains(&format!("result=\"{result}\""))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+    let m = metrics::of(server);
+    let v = m
+        .matching("qweb_tls_ticket_key_fetches_total", &[("result", result)])
+        .next()
         .unwrap_or_else(|| panic!("no fetch counter in\n{m}"))
+        .value;
+    v as u64
 }
 
 #[test]
@@ -215,7 +147,7 @@ fn a_ticket_from_node_a_resumes_on_node_b_through_the_key_server() {
         );
     }
     assert!(t0.elapsed() < Duration::from_secs(20));
-    assert!(fetches(&a, "ok") >= 2, "{}", metrics(&a));
+    assert!(fetches(&a, "ok") >= 2, "{}", metrics::of(&a));
     assert_eq!(fetches(&a, "failed"), 0);
     a.shutdown();
     b.shutdown();
@@ -241,7 +173,7 @@ fn with_the_key_server_down_handshakes_go_on_and_old_tickets_resume() {
     while fetches(&a, "failed") == 0 && started.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert!(fetches(&a, "failed") >= 1, "{}", metrics(&a));
+    assert!(fetches(&a, "failed") >= 1, "{}", metrics::of(&a));
     for tls13 in [false, true] {
         // full handshakes still work
         let g = d.join(format!("{tls13}-down.sess"));

@@ -2,50 +2,22 @@
 //! with the listening sockets inherited; the old process drains and exits; clients (HTTP/1.1
 //! and h2, keep-alive and a new handshake per request, handshakes paused on a 200 ms engine)
 //! see no failed request and no refused connection.
-
 #![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+
+use qweb_testkit::free_port;
+use qweb_testkit::process::{serve_command, Qweb, BANNER_END};
+use qweb_testkit::tls::{proto_builder, tls_client_config, Proto};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_qweb");
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn client(ca: &Path, h2: bool, fresh: bool) -> reqwest::Client {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let mut roots = rustls::RootCertStore::empty();
-    for c in qweb_tls::load_certs(ca).unwrap() {
-        roots.add(c).unwrap();
-    }
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![if h2 {
-        b"h2".to_vec()
-    } else {
-        b"http/1.1".to_vec()
-    }];
-    let b = reqwest::Client::builder()
-        .use_preconfigured_tls(cfg)
-        .timeout(Duration::from_secs(20));
-    let b = if h2 {
-        b.http2_prior_knowledge()
-    } else {
-        b.http1_only()
-    };
+    let proto = if h2 { Proto::H2 } else { Proto::H1 };
+    let b = proto_builder(tls_client_config(ca, proto), proto);
     let b = if fresh {
         b.pool_max_idle_per_host(0)
     } else {
@@ -84,47 +56,10 @@ async fn sigusr2_hands_the_sockets_to_a_new_process_without_losing_a_request() {
         ),
     )
     .unwrap();
-    let mut old = Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(&file)
-        .env_remove("RUST_LOG")
-        .env_remove("NOTIFY_SOCKET")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
     // the new process inherits this stderr: one reader sees both
-    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
-    let (sink, stderr) = (lines.clone(), old.stderr.take().unwrap());
-    std::thread::spawn(move || {
-        for l in BufReader::new(stderr).lines().map_while(Result::ok) {
-            sink.lock().unwrap().push(l);
-        }
-    });
-    let wait_line = |needle: &str, n: usize| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if lines
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|l| l.contains(needle))
-                .count()
-                >= n
-            {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {needle:?}: {:#?}",
-                lines.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
-    wait_line("worker(s)", 1);
+    let mut old = Qweb::serve(BIN, &file);
     let pid_file = d.join("state/qweb.pid");
-    assert_eq!(read_pid(&pid_file), Some(old.id() as i32));
+    assert_eq!(read_pid(&pid_file), Some(old.pid() as i32));
     let ca = d.join("state/selfsigned.crt");
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -183,13 +118,11 @@ async fn sigusr2_hands_the_sockets_to_a_new_process_without_losing_a_request() {
     let before = ok.load(Relaxed);
 
     // SIGUSR2: the new process serves, the old one drains and exits 0
-    // SAFETY: kill(2) with our child's pid and a valid signal number.
-    let rc = unsafe { libc::kill(old.id() as libc::pid_t, libc::SIGUSR2) };
-    assert_eq!(rc, 0);
-    wait_line("upgrade: process", 1);
+    old.signal(libc::SIGUSR2);
+    old.wait_for("upgrade: process", 1);
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {
-        if let Some(s) = old.try_wait().unwrap() {
+        if let Some(s) = old.child().try_wait().unwrap() {
             break s;
         }
         assert!(Instant::now() < deadline, "the old process did not exit");
@@ -197,7 +130,7 @@ async fn sigusr2_hands_the_sockets_to_a_new_process_without_losing_a_request() {
     };
     assert!(status.success(), "{status:?}");
     let new_pid = read_pid(&pid_file).expect("the new process's pid file");
-    assert_ne!(new_pid, old.id() as i32);
+    assert_ne!(new_pid, old.pid() as i32);
     assert!(pid_alive(new_pid));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     stop.store(true, Relaxed);
@@ -239,30 +172,13 @@ fn bogus_inherited_fds_are_ignored() {
         ),
     )
     .unwrap();
-    let mut child = Command::new(BIN)
-        .args(["serve", "--config"])
-        .arg(&file)
-        .env_remove("RUST_LOG")
-        .env(
-            "QWEB_UPGRADE_FDS",
-            format!("127.0.0.1:{port}=0,1,2,999;nonsense;1.2.3.4:5=x,7"),
-        )
-        .env("QWEB_UPGRADE_READY_FD", "998")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut reader = BufReader::new(child.stderr.take().unwrap());
-    let mut lines = Vec::new();
-    loop {
-        let mut l = String::new();
-        assert!(reader.read_line(&mut l).unwrap() > 0, "exited: {lines:?}");
-        let done = l.contains("worker(s)");
-        lines.push(l);
-        if done {
-            break;
-        }
-    }
+    let mut cmd = serve_command(BIN, &file);
+    cmd.env(
+        "QWEB_UPGRADE_FDS",
+        format!("127.0.0.1:{port}=0,1,2,999;nonsense;1.2.3.4:5=x,7"),
+    )
+    .env("QWEB_UPGRADE_READY_FD", "998");
+    let mut child = Qweb::spawn(cmd, BANNER_END);
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     std::io::Write::write_all(
         &mut s,
@@ -276,11 +192,9 @@ fn bogus_inherited_fds_are_ignored() {
         "{out}"
     );
     // stderr (fd 2) is still ours: the stop is logged there
-    // SAFETY: kill(2) with our child's pid and a valid signal number.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-    let mut rest = String::new();
-    let _ = std::io::Read::read_to_string(&mut reader, &mut rest);
-    assert!(child.wait().unwrap().success());
+    child.signal(libc::SIGTERM);
+    let rest = child.wait_closed(Duration::from_secs(30))[child.banner.len()..].join("\n");
+    assert!(child.wait_exit(Duration::from_secs(30)).success());
     assert!(
         rest.contains("stopped") || rest.contains("shutting down"),
         "{rest}"
@@ -309,38 +223,10 @@ fn a_failed_upgrade_keeps_the_old_process_serving() {
     // started through a link that is removed before the upgrade: argv[0] names nothing
     let link = d.join("qweb-link");
     std::os::unix::fs::symlink(BIN, &link).unwrap();
-    let mut child = Command::new(&link)
-        .args(["serve", "--config"])
-        .arg(&file)
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
-    let (sink, stderr) = (lines.clone(), child.stderr.take().unwrap());
-    std::thread::spawn(move || {
-        for l in BufReader::new(stderr).lines().map_while(Result::ok) {
-            sink.lock().unwrap().push(l);
-        }
-    });
-    let wait_line = |needle: &str| {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !lines.lock().unwrap().iter().any(|l| l.contains(needle)) {
-            assert!(
-                Instant::now() < deadline,
-                "no {needle:?}: {:#?}",
-                lines.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
-    wait_line("worker(s)");
+    let mut child = Qweb::spawn(serve_command(&link, &file), BANNER_END);
     std::fs::remove_file(&link).unwrap();
-    // SAFETY: kill(2) with our child's pid and a valid signal number.
-    let rc = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGUSR2) };
-    assert_eq!(rc, 0);
-    wait_line("upgrade failed, this process serves on");
+    child.signal(libc::SIGUSR2);
+    child.wait_for("upgrade failed, this process serves on", 1);
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     std::io::Write::write_all(
         &mut s,
@@ -351,9 +237,7 @@ fn a_failed_upgrade_keeps_the_old_process_serving() {
     std::io::Read::read_to_string(&mut s, &mut out).unwrap();
     assert!(out.ends_with("home"), "{out}");
     assert!(
-        child.try_wait().unwrap().is_none(),
+        child.child().try_wait().unwrap().is_none(),
         "the old process exited"
     );
-    let _ = child.kill();
-    let _ = child.wait();
 }

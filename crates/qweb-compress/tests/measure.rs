@@ -12,41 +12,7 @@ use http_body_util::{BodyExt, Full};
 use qweb_compress::{Codec, CompressBody, CompressMetrics, EncodeParams};
 use qweb_offload::Mode;
 use qweb_offload::{BatchConfig, Engine, Offloader, PoolConfig, PoolEngine};
-
-fn text(n: usize) -> Vec<u8> {
-    let words = [
-        "alpha",
-        "bravo",
-        "charlie",
-        "delta",
-        "echo",
-        "foxtrot",
-        "golf",
-        "hotel",
-        "india",
-        "<li class=\"x\">",
-        "</li>",
-        "offload",
-        "engine",
-        "stream",
-        "chunk",
-        "worker",
-    ];
-    let mut out = Vec::with_capacity(n + 32);
-    let mut x: u64 = 0x2545f4914f6cdd1d;
-    while out.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(words[(x % words.len() as u64) as usize].as_bytes());
-        out.push(match x % 9 {
-            0 => b'\n',
-            _ => b' ',
-        });
-    }
-    out.truncate(n);
-    out
-}
+use qweb_testkit::corpus::text;
 
 #[test]
 #[ignore]

@@ -135,25 +135,16 @@ fn many_ops_in_flight_verify_and_unknown_keys_fail() {
 
     // key server metrics
     let admin = ks.admin_addr.unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let text = rt.block_on(async {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(admin).await.unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await
-            .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.unwrap();
-        out
-    });
-    assert!(text.contains("qweb_keyserver_requests_total 202"), "{text}");
-    assert!(text.contains("qweb_keyserver_errors_total 2"), "{text}");
-    assert!(
-        text.contains("qweb_offload_op_latency_seconds_count{engine=\"keyserver\"} 200"),
-        "{text}"
+    let m = qweb_testkit::metrics::scrape_blocking(admin);
+    assert_eq!(m.value("qweb_keyserver_requests_total", &[]), 202.0, "{m}");
+    assert_eq!(m.value("qweb_keyserver_errors_total", &[]), 2.0, "{m}");
+    assert_eq!(
+        m.value(
+            "qweb_offload_op_latency_seconds_count",
+            &[("engine", "keyserver")]
+        ),
+        200.0,
+        "{m}"
     );
     drop(engine);
     drop(Arc::new(ks));

@@ -2,7 +2,7 @@
 //! and a real upstream. Every encoded body is decoded with an independent decoder (flate2's
 //! GzDecoder, the brotli decompressor, zstd's decoder) and compared byte for byte.
 
-mod common;
+use qweb_testkit as common;
 
 use std::io::Read;
 use std::time::Duration;
@@ -181,42 +181,25 @@ async fn many_chunks_of_a_large_body_in_pipelined_mode_on_a_pool() {
             }
         }
     }
-    let m = metrics(&t).await;
+    let m = t.metrics().await;
     // 1 MiB in 4 KiB chunks: 256 chunks per response, 12 responses
     assert!(
-        metric(&m, "qweb_compression_chunks_total") >= 12 * 256,
+        m.value("qweb_compression_chunks_total", &[]) as i64 >= 12 * 256,
         "{m}"
     );
-    assert_eq!(metric(&m, "qweb_compression_chunks_in_flight"), 0);
-    assert_eq!(metric(&m, "qweb_compression_fallbacks_total"), 0);
+    assert_eq!(m.value("qweb_compression_chunks_in_flight", &[]) as i64, 0);
+    assert_eq!(m.value("qweb_compression_fallbacks_total", &[]) as i64, 0);
     for coding in CODECS {
-        let name = format!("qweb_compression_bytes_in_total{{codec=\"{coding}\"}}");
-        assert_eq!(metric(&m, &name), 4 * (1 << 20), "{name}");
-        let name = format!("qweb_compression_bytes_out_total{{codec=\"{coding}\"}}");
-        assert!(metric(&m, &name) > 0, "{name}");
+        let codec = [("codec", coding)];
+        let name = "qweb_compression_bytes_in_total";
+        assert_eq!(m.value(name, &codec), (4 << 20) as f64, "{name} {coding}");
+        let name = "qweb_compression_bytes_out_total";
+        assert!(m.value(name, &codec) > 0.0, "{name} {coding}");
     }
     // the chunks ran on the pool engine
-    assert!(metric(&m, "qweb_offload_ops_submitted_total{engine=\"zpool\"}") >= 12 * 256);
-}
-
-async fn metrics(t: &common::TestServer) -> String {
-    common::plain_client()
-        .get(format!("http://{}/metrics", t.admin.expect("admin")))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
-fn metric(text: &str, name: &str) -> i64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-        .trim()
-        .parse()
-        .unwrap()
+    assert!(
+        m.value("qweb_offload_ops_submitted_total", &[("engine", "zpool")]) >= (12 * 256) as f64
+    );
 }
 
 #[tokio::test]
@@ -470,11 +453,14 @@ async fn variant_cache_hits_invalidates_and_evicts() {
     );
     assert_eq!(g2.body, g1.body);
     assert_eq!(g2.h("etag"), g1.h("etag"));
-    let m = metrics(&t).await;
-    assert_eq!(metric(&m, "qweb_compression_cache_misses_total"), 1);
-    assert_eq!(metric(&m, "qweb_compression_cache_hits_total"), 1);
+    let m = t.metrics().await;
     assert_eq!(
-        metric(&m, "qweb_compression_cache_bytes"),
+        m.value("qweb_compression_cache_misses_total", &[]) as i64,
+        1
+    );
+    assert_eq!(m.value("qweb_compression_cache_hits_total", &[]) as i64, 1);
+    assert_eq!(
+        m.value("qweb_compression_cache_bytes", &[]) as i64,
         g1.body.len() as i64
     );
     // another codec is another variant
@@ -491,13 +477,18 @@ async fn variant_cache_hits_invalidates_and_evicts() {
     let g3 = get(&c, &format!("{base}/page.html"), &ae).await;
     assert!(decode("gzip", &g3.body) == upstream::text(99_999));
     assert_ne!(g3.h("etag"), g1.h("etag"));
-    let m = metrics(&t).await;
-    assert_eq!(metric(&m, "qweb_compression_cache_invalidations_total"), 1);
-    assert_eq!(metric(&m, "qweb_compression_cache_hits_total"), 1);
+    let m = t.metrics().await;
+    assert_eq!(
+        m.value("qweb_compression_cache_invalidations_total", &[]) as i64,
+        1
+    );
+    assert_eq!(m.value("qweb_compression_cache_hits_total", &[]) as i64, 1);
     let g4 = get(&c, &format!("{base}/page.html"), &ae).await;
     assert_eq!(g4.body, g3.body);
     assert_eq!(
-        metric(&metrics(&t).await, "qweb_compression_cache_hits_total"),
+        t.metrics()
+            .await
+            .value("qweb_compression_cache_hits_total", &[]) as i64,
         2
     );
     // eviction: three ~30 KiB variants do not fit in 64 KiB with the others
@@ -505,20 +496,20 @@ async fn variant_cache_hits_invalidates_and_evicts() {
         let g = get(&c, &format!("{base}/r{i}.txt"), &ae).await;
         assert!(decode("gzip", &g.body) == upstream::random(30_000, i));
     }
-    let m = metrics(&t).await;
+    let m = t.metrics().await;
     assert!(
-        metric(&m, "qweb_compression_cache_evictions_total") >= 2,
+        m.value("qweb_compression_cache_evictions_total", &[]) as i64 >= 2,
         "{m}"
     );
-    assert!(metric(&m, "qweb_compression_cache_bytes") <= 64 * 1024);
+    assert!((m.value("qweb_compression_cache_bytes", &[]) as i64) <= 64 * 1024);
     // the oldest was evicted: a miss again, then a hit
-    let misses = metric(&m, "qweb_compression_cache_misses_total");
+    let misses = m.value("qweb_compression_cache_misses_total", &[]) as i64;
     let g = get(&c, &format!("{base}/page.html"), &ae).await;
     assert!(g.h("content-length").is_none());
     assert!(decode("gzip", &g.body) == upstream::text(99_999));
-    let m = metrics(&t).await;
+    let m = t.metrics().await;
     assert_eq!(
-        metric(&m, "qweb_compression_cache_misses_total"),
+        m.value("qweb_compression_cache_misses_total", &[]) as i64,
         misses + 1
     );
     let r2 = get(&c, &format!("{base}/r2.txt"), &ae).await;

@@ -2,15 +2,16 @@
 //! HTTP/2 streams that never grant flow-control window) are cut by `send_timeout`, and HTTP/2
 //! control-frame floods get GOAWAY ENHANCE_YOUR_CALM. Real sockets, real TLS, raw HTTP/2
 //! frames written by hand (a client that misbehaves on purpose).
-
 #![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
 
-mod common;
+use qweb_testkit as common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use common::h2frames::{frame, get, hello, read_frames};
+use common::tls::TlsStream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 /// The tests here count the process's file descriptors: one at a time.
@@ -194,95 +195,12 @@ async fn stalled_proxied_response_releases_its_upstream_connection() {
 
 // ---- raw HTTP/2 ----
 
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len();
-    let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
-}
-
-/// HEADERS for `GET path` (HPACK without Huffman or indexing), END_STREAM | END_HEADERS.
-fn get(stream: u32, path: &str) -> Vec<u8> {
-    let mut block = vec![0x82, 0x87]; // :method GET, :scheme https
-    block.push(0x04); // :path, literal without indexing
-    block.push(path.len() as u8);
-    block.extend_from_slice(path.as_bytes());
-    block.push(0x01); // :authority
-    block.push(9);
-    block.extend_from_slice(b"localhost");
-    frame(0x1, 0x5, stream, &block)
-}
-
-type Tls = tokio_rustls::client::TlsStream<TcpStream>;
-
 /// A TLS connection with ALPN h2, the preface and our SETTINGS already sent.
-async fn h2_raw(t: &common::TestServer, settings: &[(u16, u32)]) -> Tls {
-    let cfg = common::tls_client_config(&t.cert(), common::Proto::H2);
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-    let tcp = TcpStream::connect(t.addrs[0]).await.unwrap();
-    let mut tls = connector
-        .connect(
-            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
-            tcp,
-        )
-        .await
-        .unwrap();
-    let mut payload = Vec::new();
-    for (id, v) in settings {
-        payload.extend_from_slice(&id.to_be_bytes());
-        payload.extend_from_slice(&v.to_be_bytes());
-    }
-    let mut hello = PREFACE.to_vec();
-    hello.extend(frame(0x4, 0, 0, &payload));
-    tls.write_all(&hello).await.unwrap();
+async fn h2_raw(t: &common::TestServer, settings: &[(u16, u32)]) -> TlsStream {
+    let cfg = Arc::new(common::tls_client_config(&t.cert(), common::Proto::H2));
+    let mut tls = common::tls::connect(t.addrs[0], &cfg).await.unwrap();
+    tls.write_all(&hello(settings)).await.unwrap();
     tls
-}
-
-/// What a raw client saw from the server.
-#[derive(Debug, Default)]
-struct Seen {
-    goaway: Option<u32>,
-    resets: usize,
-    headers: usize,
-    data_bytes: usize,
-    eof: bool,
-}
-
-/// Reads frames until EOF (or `until` passed); records GOAWAY codes, resets, responses.
-async fn read_frames<R: AsyncRead + Unpin>(r: &mut R, until: Duration) -> Seen {
-    let mut seen = Seen::default();
-    let _ = tokio::time::timeout(until, async {
-        loop {
-            let mut head = [0u8; 9];
-            if r.read_exact(&mut head).await.is_err() {
-                seen.eof = true;
-                return;
-            }
-            let len =
-                (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
-            let mut payload = vec![0u8; len];
-            if r.read_exact(&mut payload).await.is_err() {
-                seen.eof = true;
-                return;
-            }
-            match head[3] {
-                0x0 => seen.data_bytes += len,
-                0x1 => seen.headers += 1,
-                0x3 => seen.resets += 1,
-                0x7 if len >= 8 => {
-                    seen.goaway = Some(u32::from_be_bytes([
-                        payload[4], payload[5], payload[6], payload[7],
-                    ]));
-                }
-                _ => {}
-            }
-        }
-    })
-    .await;
-    seen
 }
 
 /// 8 HTTP/2 clients open 128 streams each for a 10 MB file and never grant flow-control

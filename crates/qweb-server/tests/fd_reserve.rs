@@ -5,7 +5,7 @@
 //! One test in its own binary: it lowers the limit of the whole process.
 #![allow(unsafe_code)] // setrlimit and sysconf on the test process; each block has its SAFETY note
 
-mod common;
+use qweb_testkit as common;
 
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};

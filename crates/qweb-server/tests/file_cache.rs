@@ -4,7 +4,9 @@
 //! really skip the disk (the counters say so). One test function: the cache's counters on
 //! `/metrics` are process-wide, so the scenarios run in sequence.
 
-mod common;
+use qweb_testkit as common;
+
+use common::metrics::scrape;
 
 use std::path::Path;
 use std::time::Duration;
@@ -16,20 +18,6 @@ async fn get(c: &reqwest::Client, url: &str) -> (u16, String) {
     let r = c.get(url).send().await.expect("request");
     let s = r.status().as_u16();
     (s, r.text().await.expect("body"))
-}
-
-async fn metric(c: &reqwest::Client, admin: std::net::SocketAddr, name: &str) -> i64 {
-    let text = c
-        .get(format!("http://{admin}/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics body");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{name} not in /metrics:\n{text}"))
 }
 
 fn write(root: &Path, rel: &str, body: impl AsRef<[u8]>) {
@@ -58,9 +46,9 @@ async fn cached_files_follow_the_disk_within_valid_and_stay_bounded() {
     // a hit answers without the disk: the counters move, and the file's removal is not seen
     // before `valid`
     assert_eq!(get(&c, &url).await, (200, "version-1".into()));
-    let hits = metric(&c, admin, "qweb_file_cache_hits_total").await;
+    let hits = scrape(admin).await.value("qweb_file_cache_hits_total", &[]) as i64;
     assert_eq!(get(&c, &url).await, (200, "version-1".into()));
-    assert!(metric(&c, admin, "qweb_file_cache_hits_total").await > hits);
+    assert!((scrape(admin).await.value("qweb_file_cache_hits_total", &[]) as i64) > hits);
 
     // replaced by rename (same size): seen after `valid`
     write(&site, "a.tmp", "version-2");
@@ -123,11 +111,13 @@ async fn cached_files_follow_the_disk_within_valid_and_stay_bounded() {
         let (st, body) = get(&c, &format!("{base}/many/{i}.txt")).await;
         assert_eq!((st, body), (200, format!("file {i}")));
     }
-    let entries = metric(&c, admin, "qweb_file_cache_entries").await;
-    let bytes = metric(&c, admin, "qweb_file_cache_bytes").await;
+    let entries = scrape(admin).await.value("qweb_file_cache_entries", &[]) as i64;
+    let bytes = scrape(admin).await.value("qweb_file_cache_bytes", &[]) as i64;
     assert!((1..=8).contains(&entries), "{entries} entries held");
     assert!(bytes <= 64 << 10, "{bytes} bytes held");
-    let invalidations = metric(&c, admin, "qweb_file_cache_invalidations_total").await;
+    let invalidations = scrape(admin)
+        .await
+        .value("qweb_file_cache_invalidations_total", &[]) as i64;
     assert!(invalidations >= 4, "{invalidations} invalidations");
 }
 

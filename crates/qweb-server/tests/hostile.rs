@@ -5,9 +5,8 @@
 //! findings that need a scenario: traversal against a real python upstream that resolves dot
 //! segments, late upstream bytes and the pool, and the per-phase timeouts.
 
-mod common;
+use qweb_testkit as common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -56,13 +55,7 @@ enum Transport {
 async fn connect(ts: &TestServer, t: Transport) -> Box<dyn Io> {
     match t {
         Transport::Plain => Box::new(TcpStream::connect(ts.addrs[1]).await.unwrap()),
-        Transport::Tls => {
-            let cfg = common::tls_client_config(&ts.cert(), Proto::H1);
-            let c = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-            let tcp = TcpStream::connect(ts.addrs[0]).await.unwrap();
-            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-            Box::new(c.connect(name, tcp).await.unwrap())
-        }
+        Transport::Tls => Box::new(ts.tls(Proto::H1).await),
     }
 }
 
@@ -342,11 +335,7 @@ async fn h2_request(
     req: http::Request<()>,
     body: Option<&'static [u8]>,
 ) -> Result<(u16, Vec<u8>), String> {
-    let cfg = common::tls_client_config(&ts.cert(), Proto::H2);
-    let c = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-    let tcp = TcpStream::connect(ts.addrs[0]).await.unwrap();
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let tls = c.connect(name, tcp).await.unwrap();
+    let tls = ts.tls(Proto::H2).await;
     let (client, conn) = h2::client::handshake(tls)
         .await
         .map_err(|e| e.to_string())?;

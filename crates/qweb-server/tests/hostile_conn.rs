@@ -3,7 +3,7 @@
 //! such a connection for an idle keep-alive one (held for `keepalive_timeout`): the send
 //! timeout runs while the kernel still holds bytes the client has not taken (`SIOCOUTQ`).
 
-mod common;
+use qweb_testkit as common;
 
 use std::time::{Duration, Instant};
 

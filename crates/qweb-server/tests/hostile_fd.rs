@@ -4,7 +4,7 @@
 //! stream ends) when their client takes more. Real TLS, the `h2` crate's client with a
 //! stream window of 0.
 
-mod common;
+use qweb_testkit as common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! over several fields on their way to an HTTP/1.1 upstream, and directory listings of
 //! symlinks that lead out of the root or names with control bytes.
 
-mod common;
+use qweb_testkit as common;
 
 use std::sync::Arc;
 use std::time::Duration;

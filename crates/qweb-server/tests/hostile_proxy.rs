@@ -1,7 +1,7 @@
 //! Hostile round 3, proxy side: an upstream certificate pinned as its own CA (made by the real
 //! `openssl req -x509`), hostile upstreams and clients around the proxy's edges.
 
-mod common;
+use qweb_testkit as common;
 
 use std::convert::Infallible;
 use std::io::Write;

@@ -2,7 +2,7 @@
 //! `src/idle.rs`): nothing of an exchange may be lost, replayed or reordered across a park, and
 //! every timeout still fires. Real sockets, real TLS (tokio-rustls), raw HTTP/1.1 bytes.
 
-mod common;
+use qweb_testkit as common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,13 +16,9 @@ const LIMITS: &str = "[limits]\nkeepalive_timeout = \"1500ms\"\nheader_read_time
 /// 10 ms idle once it has served more).
 const IDLE: Duration = Duration::from_millis(150);
 
-async fn tls(t: &common::TestServer) -> tokio_rustls::client::TlsStream<TcpStream> {
-    common::install_provider();
-    let config = common::tls_client_config(&t.cert(), common::Proto::H1);
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = TcpStream::connect(t.addrs[0]).await.unwrap();
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    connector.connect(name, tcp).await.unwrap()
+async fn tls(t: &common::TestServer) -> common::tls::TlsStream {
+    let config = Arc::new(common::tls_client_config(&t.cert(), common::Proto::H1));
+    common::tls::connect(t.addrs[0], &config).await.unwrap()
 }
 
 /// Reads until `n` complete responses (heads ending the `Content-Length` bodies) arrived, or
@@ -223,18 +219,9 @@ async fn parked_connections_of_clients_that_leave_are_freed() {
     site(&t);
     let admin = t.admin.unwrap();
     let open = || async move {
-        let m = common::plain_client()
-            .get(format!("http://{admin}/metrics"))
-            .send()
+        common::metrics::scrape(admin)
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        m.lines()
-            .filter(|l| l.starts_with("qweb_connections_open"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
+            .sum("qweb_connections_open", &[])
     };
     let mut clients = Vec::new();
     for _ in 0..6 {

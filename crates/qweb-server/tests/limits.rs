@@ -1,6 +1,6 @@
 //! Limits that protect the server: header size, timeouts, connection cap, malformed input.
 
-mod common;
+use qweb_testkit as common;
 
 use std::time::{Duration, Instant};
 
@@ -110,16 +110,7 @@ async fn idle_h2_connection_gets_goaway() {
     let t = common::start_with(LIMITS, |_| {});
     std::fs::write(t.site().join("a"), "a").unwrap();
     // A raw h2 connection through TLS: after the request, the server closes it when idle.
-    let cfg = common::tls_client_config(&t.cert(), common::Proto::H2);
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg));
-    let tcp = TcpStream::connect(t.addrs[0]).await.unwrap();
-    let tls = connector
-        .connect(
-            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
-            tcp,
-        )
-        .await
-        .unwrap();
+    let tls = t.tls(common::Proto::H2).await;
     let (mut send, conn) = hyper::client::conn::http2::handshake(
         hyper_util::rt::TokioExecutor::new(),
         hyper_util::rt::TokioIo::new(tls),
@@ -246,10 +237,6 @@ async fn idle_admin_connections_are_bounded() {
         "{:?}",
         start.elapsed()
     );
-    let r = common::plain_client()
-        .get(format!("http://{admin}/metrics"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    // answers (with a strict-parsing scrape) after the rest
+    common::metrics::scrape(admin).await;
 }

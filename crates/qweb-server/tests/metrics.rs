@@ -2,70 +2,13 @@
 //! key server on a real Unix socket) and compression, checked by a strict OpenMetrics parser
 //! (python's `prometheus_client.openmetrics.parser`, from the `python3-prometheus-client`
 //! package that `.ci/run` installs).
-
 #![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
 
-mod common;
+use qweb_testkit as common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::Proto;
-
-/// The strict parser: every family once, every sample in its family, labels and histograms
-/// valid, `# EOF` at the end. Prints one `family<TAB>type` line per family, then one
-/// `sample<TAB>name<TAB>labels as JSON<TAB>value` line per sample.
-const CHECK: &str = r#"
-import json, sys
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
-text = sys.stdin.read()
-seen = set()
-for f in text_string_to_metric_families(text):
-    if f.name in seen:
-        sys.exit("family %s twice" % f.name)
-    seen.add(f.name)
-    print("family\t%s\t%s" % (f.name, f.type))
-    for s in f.samples:
-        print("sample\t%s\t%s\t%r" % (s.name, json.dumps(s.labels, sort_keys=True), s.value))
-"#;
-
-/// The python interpreter that has the Debian package's modules.
-fn python() -> &'static str {
-    if std::path::Path::new("/usr/bin/python3").exists() {
-        "/usr/bin/python3"
-    } else {
-        "python3"
-    }
-}
-
-/// Runs the strict parser on `text`; panics with its message when it refuses the text.
-fn strict_parse(text: &str) -> String {
-    let mut child = Command::new(python())
-        .args(["-c", CHECK])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("python3 (apt-get install python3-prometheus-client)");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !stderr.contains("No module named"),
-        "the OpenMetrics parser is missing: apt-get install python3-prometheus-client\n{stderr}"
-    );
-    assert!(
-        out.status.success(),
-        "the strict parser refused /metrics: {stderr}\n---\n{text}"
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 fn write_key_and_cert(dir: &std::path::Path, name: &str) {
     let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
@@ -75,17 +18,6 @@ fn write_key_and_cert(dir: &std::path::Path, name: &str) {
         .unwrap();
     std::fs::write(dir.join(format!("{name}.crt")), cert.pem()).unwrap();
     std::fs::write(dir.join(format!("{name}.key")), kp.serialize_pem()).unwrap();
-}
-
-async fn scrape(admin: std::net::SocketAddr) -> (String, String) {
-    let r = common::plain_client()
-        .get(format!("http://{admin}/metrics"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let ct = r.headers()["content-type"].to_str().unwrap().to_owned();
-    (ct, r.text().await.unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,9 +83,10 @@ async fn metrics_with_pool_keyserver_and_compression_parse_strictly() {
         .unwrap();
     assert_eq!(r.status(), 200);
 
-    let (ct, text) = scrape(admin).await;
+    let m = common::metrics::scrape(admin).await;
+    let (ct, text) = (&m.content_type, &m.text);
     assert!(ct.starts_with("application/openmetrics-text"), "{ct}");
-    let parsed = strict_parse(&text);
+    let parsed = common::metrics::python_strict_parse(text);
     let has = |needle: &str| {
         assert!(
             // with a value (two tabs), the line ends with it: `1` is not `10`

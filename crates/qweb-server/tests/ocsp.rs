@@ -10,7 +10,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use qweb_server::{Config, RunningServer, Server};
+use qweb_server::RunningServer;
+use qweb_testkit::metrics;
+use qweb_testkit::openssl::{SClient, TlsVersion};
+use qweb_testkit::start_text;
 
 fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
@@ -155,48 +158,19 @@ fn serve_cert(dir: &Path, name: &str, ocsp: &str) -> (RunningServer, SocketAddr)
          certificates = [{{ cert = \"{name}.crt\", key = \"{name}.key\", ocsp = \"{ocsp}\" }}]\n\
          [[route]]\nprefix = \"/\"\nroot = \"site\"\n"
     );
-    let file = dir.join(format!("{name}-{}.toml", ocsp.replace('.', "-")));
-    std::fs::write(&file, &text).unwrap();
-    let config = Config::from_file(&file).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    let server = Server::start(config).unwrap();
-    let addr = server.local_addrs()[0];
-    (server, addr)
+    start_text(dir, &format!("{name}-{}", ocsp.replace('.', "-")), &text)
 }
 
 /// `openssl s_client -status`: the OCSP part of its output.
 fn status(addr: SocketAddr, tls13: bool) -> String {
-    let mut child = Command::new("openssl")
-        .args(["s_client", "-status", "-connect", &addr.to_string()])
-        .args(["-servername", "localhost", "-ign_eof"])
-        .arg(if tls13 { "-tls1_3" } else { "-tls1_2" })
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            panic!("s_client did not finish");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    assert!(out.contains("hello"), "no answer:\n{out}");
-    out
+    let v = if tls13 {
+        TlsVersion::V13
+    } else {
+        TlsVersion::V12
+    };
+    let run = SClient::new(addr, v).arg("-status").run();
+    run.answered("hello");
+    run.stdout
 }
 
 fn stapled(out: &str) -> bool {
@@ -211,15 +185,6 @@ fn stapled(out: &str) -> bool {
     true
 }
 
-fn metrics(server: &RunningServer) -> String {
-    let mut s = std::net::TcpStream::connect(server.admin_addr().unwrap()).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
-
 #[test]
 fn a_good_response_file_is_stapled_on_tls12_and_tls13() {
     let dir = pki();
@@ -227,14 +192,14 @@ fn a_good_response_file_is_stapled_on_tls12_and_tls13() {
     for tls13 in [false, true] {
         assert!(stapled(&status(addr, tls13)), "tls13={tls13}");
     }
-    let m = metrics(&server);
+    let m = metrics::of(&server);
     assert!(
-        m.contains("qweb_tls_ocsp_staple_age_seconds{"),
+        m.text.contains("qweb_tls_ocsp_staple_age_seconds{"),
         "no staple age:\n{m}"
     );
     assert!(
-        m.lines()
-            .any(|l| l.starts_with("qweb_tls_ocsp_failures_total{") && l.ends_with("} 0")),
+        m.matching("qweb_tls_ocsp_failures_total", &[])
+            .any(|s| !s.labels.is_empty() && s.value == 0.0),
         "{m}"
     );
     server.shutdown();
@@ -252,10 +217,10 @@ fn expired_and_foreign_responses_are_never_stapled_and_a_new_file_is_picked_up()
             "expired stapled, tls13={tls13}"
         );
     }
-    let m = metrics(&server);
-    assert!(!m.contains("qweb_tls_ocsp_staple_age_seconds{"), "{m}");
+    let m = metrics::of(&server);
+    assert!(!m.text.contains("qweb_tls_ocsp_staple_age_seconds{"), "{m}");
     assert!(
-        m.contains("cert=\"localhost\"} 1"),
+        m.text.contains("cert=\"localhost\"} 1"),
         "one failure counted:\n{m}"
     );
     // a response for another certificate (same issuer) is refused too
@@ -337,12 +302,13 @@ fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
 }
 
 fn failures(server: &RunningServer) -> u64 {
-    let m = metrics(server);
-    m.lines()
-        .find(|l| l.starts_with("qweb_tls_ocsp_failures_total{"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+    let m = metrics::of(server);
+    let v = m
+        .matching("qweb_tls_ocsp_failures_total", &[])
+        .next()
         .unwrap_or_else(|| panic!("{m}"))
+        .value;
+    v as u64
 }
 
 /// `ocsp = "fetch"` against `openssl ocsp` run as a local responder: stapled on both

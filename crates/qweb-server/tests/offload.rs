@@ -1,13 +1,14 @@
 //! TLS private-key offload through the real server: modes x engines x key types x TLS
 //! versions x HTTP versions, many handshakes in flight from one worker, faults, /metrics.
 
-mod common;
+use qweb_testkit as common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::metrics::Metrics;
 use common::Proto;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -72,66 +73,32 @@ fn client_config(
     version: &'static rustls::SupportedProtocolVersion,
     proto: Proto,
 ) -> rustls::ClientConfig {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in qweb_tls::load_certs(ca).unwrap() {
-        roots.add(c).unwrap();
-    }
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
-        .with_protocol_versions(&[version])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.alpn_protocols = match proto {
-        Proto::H1 => vec![b"http/1.1".to_vec()],
-        Proto::H2 => vec![b"h2".to_vec()],
-    };
-    cfg.resumption = rustls::client::Resumption::disabled();
-    cfg
+    common::tls::ClientTls::trusting(ca)
+        .versions(&[version])
+        .proto(proto)
+        .no_resumption()
+        .build()
 }
 
 /// One full handshake (no resumption).
 async fn handshake(
     addr: SocketAddr,
     cfg: Arc<rustls::ClientConfig>,
-) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
-    let tcp = tokio::net::TcpStream::connect(addr).await?;
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    tokio_rustls::TlsConnector::from(cfg)
-        .connect(name, tcp)
-        .await
-}
-
-async fn scrape(t: &common::TestServer) -> String {
-    let addr = t.admin.expect("admin listener");
-    common::plain_client()
-        .get(format!("http://{addr}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+) -> std::io::Result<common::tls::TlsStream> {
+    common::tls::connect(addr, &cfg).await
 }
 
 /// Scrapes until `name` (summed) reaches `want` (the server counts a TLS 1.3 handshake when
 /// the client's Finished arrives, a moment after the client is done), or 10 s pass.
-async fn scrape_until(t: &common::TestServer, name: &str, want: f64) -> String {
+async fn scrape_until(t: &common::TestServer, name: &str, want: f64) -> Metrics {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let m = scrape(t).await;
-        if metric(&m, name, "") >= want || Instant::now() > deadline {
+        let m = t.metrics().await;
+        if m.sum(name, &[]) >= want || Instant::now() > deadline {
             return m;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// The value of a metric line `name{labels} value`, summed over workers.
-fn metric(text: &str, name: &str, label: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{') && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 const POOL: &str = "[offload.engines.pool]\nkind = \"pool\"\nthreads = 2\n";
@@ -150,16 +117,10 @@ async fn every_mode_engine_key_and_version_serves_requests() {
             let mut handshakes = 0.0;
             for version in [&rustls::version::TLS12, &rustls::version::TLS13] {
                 for proto in common::BOTH {
-                    let c = reqwest::Client::builder()
-                        .use_preconfigured_tls(client_config(&ca, version, proto))
-                        .pool_max_idle_per_host(0);
-                    let c = match proto {
-                        Proto::H1 => c.http1_only(),
-                        Proto::H2 => c.http2_prior_knowledge(),
-                    }
-                    .build()
-                    .unwrap();
-                    common::install_provider();
+                    let c = common::tls::proto_builder(client_config(&ca, version, proto), proto)
+                        .pool_max_idle_per_host(0)
+                        .build()
+                        .unwrap();
                     let r = c
                         .get(format!("https://localhost:{}/", t.addrs[0].port()))
                         .send()
@@ -173,21 +134,13 @@ async fn every_mode_engine_key_and_version_serves_requests() {
                 }
             }
             let m = scrape_until(&t, "qweb_tls_handshakes_total", handshakes).await;
-            assert_eq!(
-                metric(&m, "qweb_tls_handshakes_total", ""),
-                handshakes,
-                "{m}"
-            );
+            assert_eq!(m.sum("qweb_tls_handshakes_total", &[]), handshakes, "{m}");
             // The offload path was really taken: one signature per full handshake went to
             // the engine (none in mode none).
-            let submitted = metric(
-                &m,
-                "qweb_offload_ops_submitted_total",
-                &format!("engine=\"{engine}\""),
-            );
+            let submitted = m.sum("qweb_offload_ops_submitted_total", &[("engine", engine)]);
             let expected = if offload.is_empty() { 0.0 } else { handshakes };
             assert_eq!(submitted, expected, "{kt:?} {offload:?}\n{m}");
-            assert_eq!(metric(&m, "qweb_offload_ops_fallback_total", ""), 0.0);
+            assert_eq!(m.sum("qweb_offload_ops_fallback_total", &[]), 0.0);
         }
     }
 }
@@ -221,8 +174,8 @@ async fn async_mode_keeps_many_handshakes_in_flight_on_one_worker() {
         }
         let elapsed = start.elapsed();
         let m = scrape_until(&t, "qweb_tls_handshakes_total", N as f64).await;
-        let peak = metric(&m, "qweb_offload_in_flight_peak", "engine=\"slow\"");
-        assert_eq!(metric(&m, "qweb_tls_handshakes_total", ""), N as f64);
+        let peak = m.sum("qweb_offload_in_flight_peak", &[("engine", "slow")]);
+        assert_eq!(m.sum("qweb_tls_handshakes_total", &[]), N as f64);
         match mode {
             "async" => assert!(peak >= (N / 2) as f64, "async peak in flight {peak}\n{m}"),
             _ => {
@@ -255,12 +208,12 @@ async fn failing_engine_falls_back_to_software_or_fails_cleanly() {
         handshake(t.addrs[0], cfg.clone()).await.unwrap();
         let m = scrape_until(&t, "qweb_tls_handshakes_total", 1.0).await;
         assert_eq!(
-            metric(&m, "qweb_offload_ops_fallback_total", "engine=\"bad\""),
+            m.sum("qweb_offload_ops_fallback_total", &[("engine", "bad")]),
             1.0,
             "{m}"
         );
         assert_eq!(
-            metric(&m, "qweb_offload_ops_failed_total", "engine=\"bad\""),
+            m.sum("qweb_offload_ops_failed_total", &[("engine", "bad")]),
             1.0,
             "{m}"
         );
@@ -277,11 +230,7 @@ async fn failing_engine_falls_back_to_software_or_fails_cleanly() {
         let r = handshake(t.addrs[0], cfg.clone()).await;
         assert!(r.is_err(), "{mode}: handshake should fail");
         let m = scrape_until(&t, "qweb_tls_handshakes_failed_total", 1.0).await;
-        assert_eq!(
-            metric(&m, "qweb_tls_handshakes_failed_total", ""),
-            1.0,
-            "{m}"
-        );
+        assert_eq!(m.sum("qweb_tls_handshakes_failed_total", &[]), 1.0, "{m}");
         let r = common::plain_client()
             .get(format!("{}/", t.http()))
             .send()
@@ -311,7 +260,7 @@ async fn engine_that_never_answers_times_out() {
         assert!(start.elapsed() >= Duration::from_millis(150));
         let m = scrape_until(&t, "qweb_tls_handshakes_total", 1.0).await;
         assert_eq!(
-            metric(&m, "qweb_offload_ops_fallback_total", "engine=\"stuck\""),
+            m.sum("qweb_offload_ops_fallback_total", &[("engine", "stuck")]),
             1.0,
             "{m}"
         );
@@ -340,14 +289,14 @@ async fn saturated_engine_falls_back_at_once() {
     }
     let m = scrape_until(&t, "qweb_tls_handshakes_total", 16.0).await;
     assert!(
-        metric(&m, "qweb_offload_ops_saturated_total", "engine=\"tiny\"") >= 1.0,
+        m.sum("qweb_offload_ops_saturated_total", &[("engine", "tiny")]) >= 1.0,
         "{m}"
     );
     assert!(
-        metric(&m, "qweb_offload_ops_fallback_total", "engine=\"tiny\"") >= 1.0,
+        m.sum("qweb_offload_ops_fallback_total", &[("engine", "tiny")]) >= 1.0,
         "{m}"
     );
-    assert_eq!(metric(&m, "qweb_tls_handshakes_total", ""), 16.0);
+    assert_eq!(m.sum("qweb_tls_handshakes_total", &[]), 16.0);
 }
 
 /// A client that disconnects while its handshake job is paused: the job is freed at once
@@ -371,8 +320,8 @@ async fn disconnect_while_paused_frees_the_job() {
         .collect();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let m = scrape(&t).await;
-        if metric(&m, "qweb_jobs_paused", "") == 5.0 {
+        let m = t.metrics().await;
+        if m.sum("qweb_jobs_paused", &[]) == 5.0 {
             break;
         }
         assert!(Instant::now() < deadline, "jobs never paused:\n{m}");
@@ -383,13 +332,9 @@ async fn disconnect_while_paused_frees_the_job() {
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let m = scrape(&t).await;
-        if metric(&m, "qweb_jobs_paused", "") == 0.0 {
-            assert_eq!(
-                metric(&m, "qweb_tls_handshakes_failed_total", ""),
-                5.0,
-                "{m}"
-            );
+        let m = t.metrics().await;
+        if m.sum("qweb_jobs_paused", &[]) == 0.0 {
+            assert_eq!(m.sum("qweb_tls_handshakes_failed_total", &[]), 5.0, "{m}");
             break;
         }
         assert!(
@@ -411,17 +356,10 @@ async fn disconnect_while_paused_frees_the_job() {
 async fn metrics_endpoint_speaks_prometheus() {
     let (t, _) = start(KeyType::Ecdsa, POOL, "engine = \"pool\"", 2);
     let addr = t.admin.unwrap();
-    let r = common::plain_client()
-        .get(format!("http://{addr}/metrics"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    assert!(r.headers()["content-type"]
-        .to_str()
-        .unwrap()
+    let m = common::metrics::scrape(addr).await;
+    assert!(m
+        .content_type
         .starts_with("application/openmetrics-text; version=1.0.0"));
-    let m = r.text().await.unwrap();
     for family in [
         "# TYPE qweb_tls_handshakes counter",
         "# TYPE qweb_jobs_paused gauge",
@@ -431,7 +369,7 @@ async fn metrics_endpoint_speaks_prometheus() {
         "qweb_offload_op_latency_seconds_bucket{le=\"+Inf\",engine=\"inline\"}",
         "qweb_connections_open{worker=\"1\"}",
     ] {
-        assert!(m.contains(family), "missing {family}:\n{m}");
+        assert!(m.text.contains(family), "missing {family}:\n{m}");
     }
     let r = common::plain_client()
         .get(format!("http://{addr}/other"))

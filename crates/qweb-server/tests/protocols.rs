@@ -1,6 +1,6 @@
 //! HTTP/1.1 and HTTP/2 over real TLS (ALPN), plain HTTP/1.1, TLS versions, keep-alive.
 
-mod common;
+use qweb_testkit as common;
 
 use common::{client, Proto, BOTH};
 
@@ -46,23 +46,13 @@ async fn keep_alive_reuses_one_connection() {
 
 #[tokio::test]
 async fn tls12_and_tls13_both_work() {
-    use std::sync::Arc;
     let t = common::start();
     std::fs::write(t.site().join("index.html"), "v").unwrap();
     for version in [&rustls::version::TLS12, &rustls::version::TLS13] {
-        let mut roots = rustls::RootCertStore::empty();
-        for c in qweb_tls::load_certs(&t.cert()).unwrap() {
-            roots.add(c).unwrap();
-        }
-        let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
-            .with_protocol_versions(&[version])
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-        let tcp = tokio::net::TcpStream::connect(t.addrs[0]).await.unwrap();
-        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-        let mut tls = connector.connect(name, tcp).await.unwrap();
+        let cfg = common::tls::ClientTls::trusting(&t.cert())
+            .versions(&[version])
+            .arc();
+        let mut tls = common::tls::connect(t.addrs[0], &cfg).await.unwrap();
         let (_, conn) = tls.get_ref();
         assert_eq!(conn.protocol_version(), Some(version.version));
         use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -1,6 +1,6 @@
 //! Reverse proxy against real upstream HTTP servers.
 
-mod common;
+use qweb_testkit as common;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Balancing policies, weights and health (passive and active) against real upstreams; the
 //! distributions are asserted by count.
 
-mod common;
+use qweb_testkit as common;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -279,9 +279,11 @@ async fn active_health_checks_take_out_and_bring_back_and_all_down_is_502_at_onc
     );
     let c = common::plain_client();
     let url = format!("{}/", t.http());
-    let metrics_url = format!("http://{}/metrics", t.admin.expect("admin"));
-    let up_line =
-        |up: SocketAddr, v: u8| format!("qweb_upstream_up{{route=\"/\",upstream=\"{up}\"}} {v}");
+    let admin = t.admin.expect("admin");
+    let up = |m: &common::metrics::Metrics, up: SocketAddr| {
+        let up = up.to_string();
+        m.value("qweb_upstream_up", &[("route", "/"), ("upstream", &up)])
+    };
     let mut got = Vec::new();
     for _ in 0..4 {
         got.push(get(&c, url.clone(), None).await.1);
@@ -307,9 +309,9 @@ async fn active_health_checks_take_out_and_bring_back_and_all_down_is_502_at_onc
         assert_eq!(get(&c, url.clone(), None).await.1, "b");
     }
     assert_eq!(a.requests.load(Ordering::SeqCst), before);
-    let m = get(&c, metrics_url.clone(), None).await.1;
-    assert!(m.contains(&up_line(a.addr, 0)), "{m}");
-    assert!(m.contains(&up_line(b.addr, 1)), "{m}");
+    let m = common::metrics::scrape(admin).await;
+    assert_eq!(up(&m, a.addr), 0.0, "{m}");
+    assert_eq!(up(&m, b.addr), 1.0, "{m}");
 
     // a passes again: back within 1.5 s
     a.health.store(200, Ordering::SeqCst);

@@ -2,7 +2,7 @@
 //! responses that are never held back (event streams, `X-Accel-Buffering: no`), against real
 //! upstreams and clients.
 
-mod common;
+use qweb_testkit as common;
 
 use std::convert::Infallible;
 use std::io::Write;

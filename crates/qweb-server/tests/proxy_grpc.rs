@@ -4,19 +4,18 @@
 // tonic's API returns its own (large) `Status` in results
 #![allow(clippy::result_large_err)]
 
-mod common;
+use qweb_testkit as common;
 
 use std::convert::Infallible;
 use std::future::{ready, Ready};
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
 use http::uri::PathAndQuery;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tonic::body::BoxBody;
 use tonic::codec::ProstCodec;
 use tonic::{Code, Status};
@@ -118,13 +117,7 @@ impl tonic::codegen::Service<http::Request<BoxBody>> for Channel {
 }
 
 async fn channel(t: &common::TestServer) -> tonic::client::Grpc<Channel> {
-    common::install_provider();
-    let cfg = common::tls_client_config(&t.cert(), common::Proto::H2);
-    let tcp = TcpStream::connect(t.addrs[0]).await.unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-        .connect("localhost".try_into().unwrap(), tcp)
-        .await
-        .unwrap();
+    let tls = t.tls(common::Proto::H2).await;
     let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .handshake(TokioIo::new(tls))
         .await

@@ -2,7 +2,7 @@
 //! gRPC-shaped exchange (`application/grpc`, `TE: trailers`, `grpc-status` trailers), unary
 //! and a bidirectional stream where each message is echoed before the next is sent.
 
-mod common;
+use qweb_testkit as common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -17,7 +17,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Body, Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 /// The request body echoed frame by frame, then `grpc-status: 0` trailers.
 struct Echo {
@@ -151,13 +151,7 @@ type Sender = hyper::client::conn::http2::SendRequest<
 
 /// An HTTP/2 client connection to qweb's TLS listener.
 async fn h2_client(t: &common::TestServer) -> Sender {
-    common::install_provider();
-    let cfg = common::tls_client_config(&t.cert(), common::Proto::H2);
-    let tcp = TcpStream::connect(t.addrs[0]).await.unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-        .connect("localhost".try_into().unwrap(), tcp)
-        .await
-        .unwrap();
+    let tls = t.tls(common::Proto::H2).await;
     let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .handshake(TokioIo::new(tls))
         .await

@@ -1,7 +1,7 @@
 //! `https://` upstreams: real TLS upstream servers (tokio-rustls + hyper) with their own CA, a
 //! bad certificate, a wrong name, and one that asks for a client certificate.
 
-mod common;
+use qweb_testkit as common;
 
 use std::convert::Infallible;
 use std::io::Write;

@@ -1,7 +1,7 @@
 //! The proxy's HTTP/1.1 `Upgrade` pass-through, against a real WebSocket echo server and
 //! client (tokio-tungstenite), and raw upstreams that misbehave.
 
-mod common;
+use qweb_testkit as common;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -102,13 +102,7 @@ async fn websocket_echo_through_the_proxy_over_plain_and_tls() {
     ws.close(None).await.unwrap();
 
     // over TLS (HTTP/1.1 by ALPN)
-    common::install_provider();
-    let cfg = common::tls_client_config(&t.cert(), common::Proto::H1);
-    let tcp = TcpStream::connect(t.addrs[0]).await.unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-        .connect("localhost".try_into().unwrap(), tcp)
-        .await
-        .unwrap();
+    let tls = t.tls(common::Proto::H1).await;
     let (mut ws, _) = tokio_tungstenite::client_async(format!("wss://{}/chat", t.addrs[0]), tls)
         .await
         .expect("websocket over TLS through qweb");
@@ -341,13 +335,7 @@ async fn client_that_never_reads_does_not_hold_the_tunnel() {
 async fn h2_connection(
     t: &common::TestServer,
 ) -> hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>> {
-    common::install_provider();
-    let cfg = common::tls_client_config(&t.cert(), common::Proto::H2);
-    let tcp = TcpStream::connect(t.addrs[0]).await.unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-        .connect("localhost".try_into().unwrap(), tcp)
-        .await
-        .unwrap();
+    let tls = t.tls(common::Proto::H2).await;
     let (sender, conn) =
         hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
             .handshake(hyper_util::rt::TokioIo::new(tls))

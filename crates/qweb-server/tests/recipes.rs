@@ -1,7 +1,7 @@
 //! The README's "Recipes": each config block is read from README.md, given test addresses,
 //! folders and certificates, loaded, started, and exercised over real TLS with SNI.
 
-mod common;
+use qweb_testkit as common;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -101,28 +101,20 @@ fn start(text: &str, upstream: Option<SocketAddr>) -> Recipe {
     }
 }
 
-/// A client trusting both test certificates, resolving the example names to `addr`.
 /// A client TLS configuration that trusts the recipes' certificates (HTTP/1.1).
 fn tls_config(r: &Recipe) -> rustls::ClientConfig {
-    common::install_provider();
-    let mut roots = rustls::RootCertStore::empty();
-    for f in ["example.com.crt", "example.org.crt"] {
-        for c in qweb_tls::load_certs(&r.dir.path().join("etc").join(f)).unwrap() {
-            roots.add(c).unwrap();
-        }
-    }
-    rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth()
+    let etc = r.dir.path().join("etc");
+    common::tls::ClientTls::trusting_all(&[
+        etc.join("example.com.crt"),
+        etc.join("example.org.crt"),
+    ])
+    .build()
 }
 
+/// A client trusting both test certificates, resolving the example names to `addr`.
 fn client(r: &Recipe, addr: SocketAddr) -> reqwest::Client {
-    let tls = tls_config(r);
-    let mut b = reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .redirect(reqwest::redirect::Policy::none());
+    let mut b =
+        common::tls::https_builder(tls_config(r)).redirect(reqwest::redirect::Policy::none());
     for n in [
         "example.com",
         "www.example.com",

@@ -3,7 +3,7 @@
 //! goes on up to `upgrade_drain_timeout`), and when a tunnel is ended (that deadline, or a
 //! shutdown) both sides get a close frame 1001 (going away), not a bare TCP close (1006).
 
-mod common;
+use qweb_testkit as common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

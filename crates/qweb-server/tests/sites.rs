@@ -3,7 +3,7 @@
 //! top-level routes as the default site; 421 Misdirected Request when the Host names a site
 //! the SNI's certificate is not for, on HTTP/1.1 and HTTP/2.
 
-mod common;
+use qweb_testkit as common;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -80,37 +80,18 @@ root = "{dir}/c"
 
 /// A rustls client trusting certificates A and B.
 fn tls_config(dir: &Path, proto: Proto) -> rustls::ClientConfig {
-    common::install_provider();
-    let mut roots = rustls::RootCertStore::empty();
-    for f in ["a.crt", "b.crt"] {
-        for c in qweb_tls::load_certs(&dir.join(f)).unwrap() {
-            roots.add(c).unwrap();
-        }
-    }
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.alpn_protocols = match proto {
-        Proto::H1 => vec![b"http/1.1".to_vec()],
-        Proto::H2 => vec![b"h2".to_vec()],
-    };
-    cfg
+    common::tls::ClientTls::trusting_all(&[dir.join("a.crt"), dir.join("b.crt")])
+        .proto(proto)
+        .build()
 }
 
 /// reqwest resolving the test names to the TLS listener (SNI = the URL's host).
 fn client(s: &TestServer, proto: Proto) -> reqwest::Client {
-    let mut b = reqwest::Client::builder()
-        .use_preconfigured_tls(tls_config(s.dir.path(), proto))
+    let mut b = common::tls::proto_builder(tls_config(s.dir.path(), proto), proto)
         .redirect(reqwest::redirect::Policy::none());
     for n in ["a.test", "b.test", "c.test", "x.w.test"] {
         b = b.resolve(n, s.addrs[0]);
     }
-    let b = match proto {
-        Proto::H1 => b.http1_only(),
-        Proto::H2 => b.http2_prior_knowledge(),
-    };
     b.build().unwrap()
 }
 

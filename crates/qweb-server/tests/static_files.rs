@@ -1,10 +1,9 @@
 //! Static files over real HTTPS (HTTP/1.1 and HTTP/2) and plain HTTP: GET and HEAD,
 //! Content-Type, index files and directory redirects, errors, conditional requests, byte
 //! ranges, large files, path traversal, symlinks and FIFOs.
-
 #![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
 
-mod common;
+use qweb_testkit as common;
 
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

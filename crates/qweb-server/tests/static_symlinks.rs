@@ -1,10 +1,9 @@
 //! Static files are opened beneath the document root, atomically: a directory swapped for a
 //! symlink to the outside while requests run never serves an outside file. Also the
 //! `symlinks` modes of a static route (`inside_root`, `refuse`, `follow`).
-
 #![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
 
-mod common;
+use qweb_testkit as common;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -3,17 +3,16 @@
 //! and SEC1 keys, a chain with an intermediate, and SNI selection between several
 //! certificates with the first as the default.
 
-mod common;
+use qweb_testkit as common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::tls::ClientTls;
 use common::{Proto, TestServer, BOTH};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::ClientConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 // ---------------------------------------------------------------------------------------------
@@ -234,67 +233,8 @@ fn start_tls(certs: &[(PathBuf, PathBuf)]) -> TestServer {
     t
 }
 
-/// Accepts any certificate chain (so that the test can see which certificate the server
-/// presents for names it does not cover) but still checks the handshake signatures, so the
-/// server must hold the private key of the certificate it presented.
-#[derive(Debug)]
-struct AcceptAnyChain(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AcceptAnyChain {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
-fn versions(
-    v: Option<&'static rustls::SupportedProtocolVersion>,
-) -> Vec<&'static rustls::SupportedProtocolVersion> {
-    match v {
-        Some(v) => vec![v],
-        None => vec![&rustls::version::TLS13, &rustls::version::TLS12],
-    }
-}
-
-/// A client that trusts exactly `roots` (full WebPKI verification, including the name).
+/// A client that trusts exactly `roots` (full WebPKI verification, including the name);
+/// TLS 1.2 and 1.3 unless `version` pins one.
 fn strict_client(
     roots: &[CertificateDer<'static>],
     version: Option<&'static rustls::SupportedProtocolVersion>,
@@ -303,26 +243,18 @@ fn strict_client(
     for r in roots {
         store.add(r.clone()).unwrap();
     }
-    let mut cfg = ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
-        .with_protocol_versions(&versions(version))
-        .unwrap()
-        .with_root_certificates(store)
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Arc::new(cfg)
+    let b = ClientTls::with_roots(store).proto(Proto::H1);
+    match version {
+        Some(v) => b.versions(&[v]),
+        None => b,
+    }
+    .arc()
 }
 
-/// A client that accepts whatever certificate the server presents.
+/// A client that accepts whatever certificate the server presents (but checks the handshake
+/// signatures: the server must hold the key of the certificate it presented).
 fn lenient_client() -> Arc<ClientConfig> {
-    let provider = Arc::new(qweb_tls::provider());
-    let mut cfg = ClientConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(&versions(None))
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnyChain(provider)))
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Arc::new(cfg)
+    ClientTls::accept_any().proto(Proto::H1).arc()
 }
 
 /// What one HTTPS exchange showed.
@@ -491,18 +423,11 @@ async fn chain_with_intermediate_verifies_against_the_root_only() {
     );
 
     // over reqwest too, with HTTP/1.1 and HTTP/2 chosen by ALPN
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     for proto in BOTH {
-        let b = reqwest::Client::builder()
-            .use_preconfigured_tls(common::tls_client_config(&root_pem, proto))
+        let c = common::tls::proto_builder(common::tls_client_config(&root_pem, proto), proto)
             .resolve("chain.test", t.addrs[0])
-            .timeout(Duration::from_secs(20));
-        let c = match proto {
-            Proto::H1 => b.http1_only(),
-            Proto::H2 => b.http2_prior_knowledge(),
-        }
-        .build()
-        .unwrap();
+            .build()
+            .unwrap();
         let port = t.addrs[0].port();
         let r = c
             .get(format!("https://chain.test:{port}/"))

@@ -3,13 +3,14 @@
 //! false`, key rotation, and two servers (separate `Server`s, each its own ticketer, as two
 //! processes would be) sharing a key file, or not.
 
-use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use qweb_server::{Config, RunningServer, Server};
+use qweb_server::RunningServer;
+use qweb_testkit::metrics;
+use qweb_testkit::openssl::{SClient, TlsVersion as Tls};
+use qweb_testkit::start_text;
 
 /// A folder with a certificate for localhost, shared by the servers of a test.
 fn pki() -> tempfile::TempDir {
@@ -36,91 +37,17 @@ fn serve(dir: &Path, name: &str, tls: &str) -> (RunningServer, SocketAddr) {
          certificates = [{{ cert = \"{d}/site.crt\", key = \"{d}/site.key\" }}]\n{tls}\n\
          [[route]]\nprefix = \"/\"\nroot = \"{d}/site\"\n"
     );
-    let file = dir.join(format!("{name}.toml"));
-    std::fs::write(&file, &text).unwrap();
-    let config = Config::from_file(&file).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    let server = Server::start(config).unwrap();
-    let addr = server.local_addrs()[0];
-    (server, addr)
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Tls {
-    V12,
-    V13,
+    start_text(dir, name, &text)
 }
 
 /// One `openssl s_client` connection that sends a request and reads the whole answer
-/// (TLS 1.3 tickets come after the handshake). `Some(true)` when the session was resumed.
+/// (TLS 1.3 tickets come after the handshake). True when the session was resumed.
 fn s_client(addr: SocketAddr, v: Tls, sess: &Path, save: bool) -> bool {
-    let mut cmd = Command::new("openssl");
-    cmd.args(["s_client", "-connect", &addr.to_string()])
-        .args(["-servername", "localhost", "-ign_eof"])
-        .arg(match v {
-            Tls::V12 => "-tls1_2",
-            Tls::V13 => "-tls1_3",
-        })
-        .arg(if save { "-sess_out" } else { "-sess_in" })
-        .arg(sess)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("openssl is installed");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let started = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        if started.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            panic!("s_client did not finish");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    let mut err = String::new();
-    let _ = child.stderr.take().unwrap().read_to_string(&mut err);
-    assert!(out.contains("hello"), "no answer:\n{out}\n{err}");
-    let want = match v {
-        Tls::V12 => "TLSv1.2",
-        Tls::V13 => "TLSv1.3",
-    };
-    if out.contains(&format!("Reused, {want}")) {
-        true
-    } else if out.contains(&format!("New, {want}")) {
-        false
-    } else {
-        panic!("which handshake?\n{out}")
-    }
-}
-
-/// GET /metrics from the admin listener.
-fn metrics(server: &RunningServer) -> String {
-    let mut s = std::net::TcpStream::connect(server.admin_addr().unwrap()).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
-
-fn metric(text: &str, line_start: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(line_start))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {line_start} in\n{text}"))
+    SClient::new(addr, v)
+        .sess(sess, save)
+        .run()
+        .answered("hello")
+        .resumed()
 }
 
 fn sess(dir: &Path, name: &str) -> PathBuf {
@@ -141,30 +68,25 @@ fn tls12_tickets_and_tls13_resume_and_are_counted() {
         assert!(s_client(addr, v, &f, false), "{v:?}: the ticket resumes");
         assert!(s_client(addr, v, &f, false), "{v:?}: and again");
     }
-    let m = metrics(&server);
-    let l = format!("qweb_tls_session_handshakes_total{{listener=\"{addr}\",");
-    assert_eq!(
-        metric(&m, &format!("{l}version=\"1.2\",kind=\"full\"}}")),
-        1,
-        "{m}"
+    let m = metrics::of(&server);
+    let listener = addr.to_string();
+    let handshakes = |version: &str, kind: &str| {
+        let labels = [
+            ("listener", listener.as_str()),
+            ("version", version),
+            ("kind", kind),
+        ];
+        m.value("qweb_tls_session_handshakes_total", &labels) as u64
+    };
+    assert_eq!(handshakes("1.2", "full"), 1, "{m}");
+    assert_eq!(handshakes("1.2", "resumed"), 2);
+    assert_eq!(handshakes("1.3", "full"), 1);
+    assert_eq!(handshakes("1.3", "resumed"), 2);
+    let age = m.value(
+        "qweb_tls_ticket_key_age_seconds",
+        &[("listener", listener.as_str())],
     );
-    assert_eq!(
-        metric(&m, &format!("{l}version=\"1.2\",kind=\"resumed\"}}")),
-        2
-    );
-    assert_eq!(
-        metric(&m, &format!("{l}version=\"1.3\",kind=\"full\"}}")),
-        1
-    );
-    assert_eq!(
-        metric(&m, &format!("{l}version=\"1.3\",kind=\"resumed\"}}")),
-        2
-    );
-    let age = metric(
-        &m,
-        &format!("qweb_tls_ticket_key_age_seconds{{listener=\"{addr}\"}}"),
-    );
-    assert!(age < 60, "{age}");
+    assert!(age < 60.0, "{age}");
     server.shutdown();
 }
 
@@ -183,10 +105,10 @@ fn resumption_off_means_every_handshake_is_full() {
             );
         }
     }
-    let m = metrics(&server);
-    assert!(!m.contains("kind=\"resumed\"} 1"), "{m}");
+    let m = metrics::of(&server);
+    assert!(!m.text.contains("kind=\"resumed\"} 1"), "{m}");
     assert!(
-        !m.contains("qweb_tls_ticket_key_age_seconds{"),
+        !m.text.contains("qweb_tls_ticket_key_age_seconds{"),
         "no ticketer: {m}"
     );
     server.shutdown();

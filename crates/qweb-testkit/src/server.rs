@@ -1,14 +1,20 @@
-//! Test harness: a real qweb server on ephemeral ports, real HTTP clients over real TLS, and a
-//! real upstream HTTP server.
-#![allow(dead_code)]
-
-pub mod recorder;
-pub mod upstream;
-pub mod ws;
+//! qweb in this process: [`start_with`] a generated config (an HTTPS listener with a
+//! self-signed certificate, a plain one, a document root) for qweb-server's tests, or
+//! [`start_text`] a config of the test's own.
+//!
+//! ```no_run
+//! use qweb_testkit::server::{start_text, start_with};
+//! let t = start_with("[compression]\n", |dir| {
+//!     std::fs::write(dir.join("site/a.txt"), "hello").unwrap();
+//! });
+//! let url = format!("{}/a.txt", t.https()); // and t.http(), t.cert(), t.admin
+//! let dir = tempfile::tempdir().unwrap();
+//! let (server, addr) = start_text(dir.path(), "a", "workers = 1\n[[listener]]\naddress = \"127.0.0.1:0\"\n");
+//! server.shutdown();
+//! ```
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use qweb_server::{Config, RunningServer, Server};
 
@@ -38,6 +44,19 @@ impl TestServer {
     /// The self-signed certificate's path.
     pub fn cert(&self) -> PathBuf {
         self.dir.path().join("state/selfsigned.crt")
+    }
+    /// A TLS connection to the first (TLS) listener, trusting [`TestServer::cert`], ALPN for
+    /// `proto`, SNI `localhost`.
+    pub async fn tls(&self, proto: crate::Proto) -> crate::tls::TlsStream {
+        let cfg = std::sync::Arc::new(crate::tls_client_config(&self.cert(), proto));
+        crate::tls::connect(self.addrs[0], &cfg)
+            .await
+            .unwrap_or_else(|e| panic!("TLS connect to {}: {e}", self.addrs[0]))
+    }
+    /// A strict scrape of the admin listener's `/metrics` ([`crate::metrics::scrape`]); panics
+    /// when the config has no `[admin]`.
+    pub async fn metrics(&self) -> crate::metrics::Metrics {
+        crate::metrics::scrape(self.admin.expect("an [admin] listener")).await
     }
     /// Shuts down and waits. Call it from `spawn_blocking` when clients on the test's
     /// runtime still hold connections (an HTTP/2 GOAWAY needs the client to answer).
@@ -102,65 +121,6 @@ pub fn start() -> TestServer {
     start_with("", |_| {})
 }
 
-/// HTTP protocol a client speaks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Proto {
-    H1,
-    H2,
-}
-
-pub const BOTH: [Proto; 2] = [Proto::H1, Proto::H2];
-
-/// A rustls client config that trusts exactly the certificate in `ca_pem`, with ALPN for
-/// `proto`.
-pub fn tls_client_config(ca_pem: &Path, proto: Proto) -> rustls::ClientConfig {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in qweb_tls::load_certs(ca_pem).expect("ca") {
-        roots.add(c).expect("add root");
-    }
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    cfg.alpn_protocols = match proto {
-        Proto::H1 => vec![b"http/1.1".to_vec()],
-        Proto::H2 => vec![b"h2".to_vec()],
-    };
-    cfg
-}
-
-/// A reqwest client (hyper underneath) for `proto` that verifies qweb's certificate against
-/// `ca_pem`. Redirects are not followed.
-pub fn client(ca_pem: &Path, proto: Proto) -> reqwest::Client {
-    install_provider();
-    let b = reqwest::Client::builder()
-        .use_preconfigured_tls(tls_client_config(ca_pem, proto))
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(std::time::Duration::from_secs(20));
-    let b = match proto {
-        Proto::H1 => b.http1_only(),
-        Proto::H2 => b.http2_prior_knowledge(),
-    };
-    b.build().expect("client")
-}
-
-/// reqwest asks for a process-wide default rustls provider, even for plain HTTP.
-pub fn install_provider() {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-}
-
-/// A plain-HTTP/1.1 client.
-pub fn plain_client() -> reqwest::Client {
-    install_provider();
-    reqwest::Client::builder()
-        .http1_only()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(std::time::Duration::from_secs(20))
-        .build()
-        .expect("client")
-}
-
 /// Sends raw bytes on a plain TCP connection and returns everything the server sent until it
 /// closed the connection (or `timeout` passed).
 pub async fn raw_exchange(
@@ -174,4 +134,23 @@ pub async fn raw_exchange(
     let mut out = Vec::new();
     let _ = tokio::time::timeout(timeout, s.read_to_end(&mut out)).await;
     out
+}
+
+/// Starts qweb from the config file `path`; panics with the file's text when it does not
+/// load or start.
+pub fn start_file(path: &Path) -> RunningServer {
+    let config = Config::from_file(path).unwrap_or_else(|e| {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        panic!("config: {e}\n{text}")
+    });
+    Server::start(config).unwrap_or_else(|e| panic!("start: {e}"))
+}
+
+/// Writes `text` to `<dir>/<name>.toml` and starts qweb from it; returns the server and its
+/// first listener's address.
+pub fn start_text(dir: &Path, name: &str, text: &str) -> (RunningServer, SocketAddr) {
+    let file = crate::process::write_file(dir, &format!("{name}.toml"), text);
+    let server = start_file(&file);
+    let addr = server.local_addrs()[0];
+    (server, addr)
 }

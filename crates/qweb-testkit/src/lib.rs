@@ -1,0 +1,50 @@
+//! qweb's test kit: the harness every integration test of the workspace shares, written once.
+//! A dev-dependency only (`publish = false`); no non-test code depends on it.
+//!
+//! | need | helper |
+//! |---|---|
+//! | qweb in this process from a generated or given config | [`server::start_with`], [`server::start_text`], [`server::start_file`] |
+//! | the `qweb` binary in a child process, banner waited for, killed on drop | [`process::Qweb`] |
+//! | a port fixed before start (prefer `127.0.0.1:0` everywhere else) | [`free_port`] |
+//! | rustls client configs for the test CA, reqwest clients, raw TLS connect | [`tls`] |
+//! | the accept-any certificate verifier | [`tls::AcceptAnyCert`] |
+//! | a strict `/metrics` scrape with lookup by name and labels | [`metrics`] |
+//! | `openssl s_client` runs that say whether the session resumed | [`openssl::SClient`] |
+//! | hand-built HTTP/2 frames for hostile clients | [`h2frames`] |
+//! | upstreams: hyper ([`upstream`]), raw recording ([`recorder`]), WebSocket echo ([`ws`]) | |
+//! | deterministic bodies | [`corpus`] |
+//!
+//! The crate root re-exports what qweb-server's tests used from their old `tests/common`
+//! module, so `use qweb_testkit as common;` keeps `common::start_with(..)`,
+//! `common::client(..)`, `common::upstream::start(..)` working. See README.md for one
+//! example per helper.
+#![allow(missing_docs)] // test-only crate; README.md documents each helper with an example
+
+pub mod corpus;
+pub mod h2frames;
+pub mod metrics;
+pub mod openssl;
+pub mod process;
+pub mod recorder;
+pub mod server;
+pub mod tls;
+pub mod upstream;
+pub mod ws;
+
+pub use server::{raw_exchange, start, start_file, start_text, start_with, TestServer};
+pub use tls::{client, install_provider, plain_client, tls_client_config, Proto, BOTH};
+
+/// A TCP port on 127.0.0.1 that was free a moment ago: for the few tests that must put a
+/// fixed port in a config before the server starts (a reload keeping its listener, a second
+/// instance on the same address). Everything else binds `127.0.0.1:0` and asks the server.
+///
+/// ```
+/// let port = qweb_testkit::free_port();
+/// assert_ne!(port, 0);
+/// ```
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port()
+}

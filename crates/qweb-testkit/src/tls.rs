@@ -1,0 +1,299 @@
+//! TLS and HTTP clients for the test CA: a rustls [`ClientConfig`] builder ([`ClientTls`]),
+//! reqwest clients (hyper underneath) for HTTPS and plain HTTP, a raw TLS connect, and the
+//! one accept-any certificate verifier of the tests.
+//!
+//! ```no_run
+//! use qweb_testkit::tls::{client, ClientTls, Proto};
+//! # async fn f(ca: &std::path::Path, addr: std::net::SocketAddr) {
+//! // reqwest over h2, trusting exactly `ca`
+//! let c = client(ca, Proto::H2);
+//! // a raw TLS 1.3 stream without resumption
+//! let cfg = ClientTls::trusting(ca)
+//!     .versions(&[&rustls::version::TLS13])
+//!     .proto(Proto::H1)
+//!     .no_resumption()
+//!     .arc();
+//! let tls = qweb_testkit::tls::connect(addr, &cfg).await.unwrap();
+//! # }
+//! ```
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+
+/// The HTTP protocol a client speaks (its ALPN, and reqwest's mode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    /// HTTP/1.1 (`http/1.1`).
+    H1,
+    /// HTTP/2 (`h2`, prior knowledge).
+    H2,
+}
+
+/// Both protocols, for tests that run once per protocol.
+pub const BOTH: [Proto; 2] = [Proto::H1, Proto::H2];
+
+impl Proto {
+    /// The ALPN id.
+    pub fn alpn(self) -> Vec<u8> {
+        match self {
+            Proto::H1 => b"http/1.1".to_vec(),
+            Proto::H2 => b"h2".to_vec(),
+        }
+    }
+}
+
+/// reqwest asks for a process-wide default rustls provider, even for plain HTTP.
+pub fn install_provider() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+}
+
+/// A builder of a rustls client config on qweb's crypto provider.
+pub struct ClientTls {
+    roots: RootCertStore,
+    accept_any: bool,
+    versions: Option<Vec<&'static rustls::SupportedProtocolVersion>>,
+    alpn: Vec<Vec<u8>>,
+    resumption: bool,
+    client_auth: Option<(
+        Vec<CertificateDer<'static>>,
+        rustls::pki_types::PrivateKeyDer<'static>,
+    )>,
+}
+
+impl ClientTls {
+    /// Trusts exactly the certificates in the PEM file `ca`.
+    pub fn trusting(ca: &Path) -> Self {
+        Self::trusting_all(&[ca])
+    }
+
+    /// Trusts the certificates of every PEM file in `cas`.
+    pub fn trusting_all<P: AsRef<Path>>(cas: &[P]) -> Self {
+        let mut roots = RootCertStore::empty();
+        for ca in cas {
+            let ca = ca.as_ref();
+            for c in qweb_tls::load_certs(ca).unwrap_or_else(|e| panic!("CA {}: {e}", ca.display()))
+            {
+                roots.add(c).expect("add root");
+            }
+        }
+        Self::with_roots(roots)
+    }
+
+    /// Trusts `roots`.
+    pub fn with_roots(roots: RootCertStore) -> Self {
+        ClientTls {
+            roots,
+            accept_any: false,
+            versions: None,
+            alpn: Vec::new(),
+            resumption: true,
+            client_auth: None,
+        }
+    }
+
+    /// Accepts any certificate chain ([`AcceptAnyCert`]): for tests that look at what the
+    /// server sent, not at whether it verifies.
+    pub fn accept_any() -> Self {
+        ClientTls {
+            accept_any: true,
+            ..Self::with_roots(RootCertStore::empty())
+        }
+    }
+
+    /// Only these protocol versions (default: rustls's safe defaults, TLS 1.2 and 1.3).
+    pub fn versions(mut self, v: &[&'static rustls::SupportedProtocolVersion]) -> Self {
+        self.versions = Some(v.to_vec());
+        self
+    }
+
+    /// ALPN for `proto`.
+    pub fn proto(self, proto: Proto) -> Self {
+        self.alpn(&[&proto.alpn()])
+    }
+
+    /// These ALPN ids (default: none).
+    pub fn alpn(mut self, ids: &[&[u8]]) -> Self {
+        self.alpn = ids.iter().map(|a| a.to_vec()).collect();
+        self
+    }
+
+    /// No session resumption: every connection a full handshake.
+    pub fn no_resumption(mut self) -> Self {
+        self.resumption = false;
+        self
+    }
+
+    /// Presents the certificate chain in the PEM file `cert` with the key in `key` when the
+    /// server asks for one (mutual TLS).
+    pub fn client_cert(mut self, cert: &Path, key: &Path) -> Self {
+        let chain = qweb_tls::load_certs(cert)
+            .unwrap_or_else(|e| panic!("client cert {}: {e}", cert.display()));
+        let key = qweb_tls::load_private_key(key)
+            .unwrap_or_else(|e| panic!("client key {}: {e}", key.display()));
+        self.client_auth = Some((chain, key));
+        self
+    }
+
+    /// The config.
+    pub fn build(self) -> ClientConfig {
+        let b = ClientConfig::builder_with_provider(Arc::new(qweb_tls::provider()));
+        let b = match &self.versions {
+            Some(v) => b.with_protocol_versions(v),
+            None => b.with_safe_default_protocol_versions(),
+        }
+        .expect("versions");
+        let b = if self.accept_any {
+            b.dangerous()
+                .with_custom_certificate_verifier(Arc::new(AcceptAnyCert))
+        } else {
+            b.with_root_certificates(self.roots)
+        };
+        let mut cfg = match self.client_auth {
+            Some((chain, key)) => b
+                .with_client_auth_cert(chain, key)
+                .expect("client certificate and key"),
+            None => b.with_no_client_auth(),
+        };
+        cfg.alpn_protocols = self.alpn;
+        if !self.resumption {
+            cfg.resumption = rustls::client::Resumption::disabled();
+        }
+        cfg
+    }
+
+    /// The config in an `Arc`, as tokio-rustls and hyper take it.
+    pub fn arc(self) -> Arc<ClientConfig> {
+        Arc::new(self.build())
+    }
+}
+
+/// A rustls client config that trusts exactly the certificate(s) in `ca_pem`, with ALPN for
+/// `proto`.
+pub fn tls_client_config(ca_pem: &Path, proto: Proto) -> ClientConfig {
+    ClientTls::trusting(ca_pem).proto(proto).build()
+}
+
+/// A reqwest builder with `tls` and a 20 s timeout (and the process-wide provider installed);
+/// redirects are followed (reqwest's default). Add `http1_only`, `pool_max_idle_per_host(0)`
+/// and the rest as a test needs.
+pub fn https_builder(tls: ClientConfig) -> reqwest::ClientBuilder {
+    install_provider();
+    reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .timeout(Duration::from_secs(20))
+}
+
+/// [`https_builder`] in `proto`'s mode (HTTP/1.1 only, or h2 with prior knowledge).
+pub fn proto_builder(tls: ClientConfig, proto: Proto) -> reqwest::ClientBuilder {
+    let b = https_builder(tls);
+    match proto {
+        Proto::H1 => b.http1_only(),
+        Proto::H2 => b.http2_prior_knowledge(),
+    }
+}
+
+/// A reqwest client (hyper underneath) for `proto` that verifies qweb's certificate against
+/// `ca_pem`. Redirects are not followed.
+pub fn client(ca_pem: &Path, proto: Proto) -> reqwest::Client {
+    proto_builder(tls_client_config(ca_pem, proto), proto)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client")
+}
+
+/// A plain-HTTP/1.1 client. Redirects are not followed.
+pub fn plain_client() -> reqwest::Client {
+    install_provider();
+    reqwest::Client::builder()
+        .http1_only()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(20))
+        .build()
+        .expect("client")
+}
+
+/// A TLS client stream over TCP.
+pub type TlsStream = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+
+/// The name the test certificates carry.
+pub fn localhost() -> ServerName<'static> {
+    ServerName::try_from("localhost").expect("server name")
+}
+
+/// TCP connect to `addr`, then a TLS handshake for `localhost` with `cfg`.
+pub async fn connect(addr: SocketAddr, cfg: &Arc<ClientConfig>) -> std::io::Result<TlsStream> {
+    connect_as(addr, cfg, localhost()).await
+}
+
+/// [`connect`] with another server name (SNI).
+pub async fn connect_as(
+    addr: SocketAddr,
+    cfg: &Arc<ClientConfig>,
+    name: ServerName<'static>,
+) -> std::io::Result<TlsStream> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    tokio_rustls::TlsConnector::from(cfg.clone())
+        .connect(name, tcp)
+        .await
+}
+
+/// A certificate verifier that accepts any chain (so that a test can see which certificate
+/// the server presents, even for names it does not cover) but still checks the handshake
+/// signatures, so the server must hold the private key of the certificate it presented.
+/// Test code only; the benchmark client has its own (crates/qweb-bench/src/tls.rs), since it
+/// is not test code.
+#[derive(Debug)]
+pub struct AcceptAnyCert;
+
+impl ServerCertVerifier for AcceptAnyCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &qweb_tls::provider().signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &qweb_tls::provider().signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        qweb_tls::provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
