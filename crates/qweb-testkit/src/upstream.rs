@@ -4,7 +4,7 @@
 //! - `/echo...`: 200, body = the request body; headers `x-up-method`, `x-up-uri`, and
 //!   `x-up-h-<name>` for each request header received.
 //! - `/slow/<ms>`: waits, then 200 "slow".
-//! - `/stream/<n>/<ms>`: n chunks "chunk<i>\n", one every ms, no Content-Length.
+//! - `/stream/<n>/<ms>`: n chunks `"chunk<i>\n"`, one every ms, no Content-Length.
 //! - `/big/<bytes>`: that many bytes of a repeating pattern.
 //! - `/hop`: a response carrying hop-by-hop headers.
 //! - `/gate`: sends "first\n", then waits until the test calls `gate.notify_one()`, then
