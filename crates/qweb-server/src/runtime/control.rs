@@ -68,7 +68,7 @@ pub fn exposed(path: &Path, secret: bool) -> Option<String> {
 /// What in `config` other users can tamper with or read (logged as warnings at start): the
 /// state folder (pid file, self-signed key, welcome site) when others may write it, and
 /// private keys and ticket key files that others may read or write.
-pub fn exposed_files(config: &crate::Config) -> Vec<String> {
+pub fn exposed_files(config: &crate::config::Config) -> Vec<String> {
     use crate::config::{TicketKeys, TlsConfig};
     let mut out = Vec::new();
     let mut check = |p: &Path, secret: bool| {
