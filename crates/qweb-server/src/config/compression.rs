@@ -130,37 +130,7 @@ impl Validator<'_> {
         let r = raw.get_ref();
         cfg.enabled = r.enabled.unwrap_or(true);
         if let Some(list) = &r.codecs {
-            let mut codecs = Vec::new();
-            for (i, c) in list.get_ref().iter().enumerate() {
-                let codec = match c.get_ref().as_str() {
-                    "gzip" => Codec::Gzip,
-                    "br" => Codec::Brotli,
-                    "zstd" => Codec::Zstd,
-                    other => {
-                        return Err(self.err(
-                            Some(c.span()),
-                            format!("compression.codecs[{i}]"),
-                            format!("unknown codec `{other}` (use \"zstd\", \"br\" or \"gzip\")"),
-                        ))
-                    }
-                };
-                if codecs.contains(&codec) {
-                    return Err(self.err(
-                        Some(c.span()),
-                        format!("compression.codecs[{i}]"),
-                        format!("`{}` is listed twice", codec.token()),
-                    ));
-                }
-                codecs.push(codec);
-            }
-            if codecs.is_empty() && cfg.enabled {
-                return Err(self.err(
-                    Some(list.span()),
-                    "compression.codecs",
-                    "at least one codec is needed (or `enabled = false`)",
-                ));
-            }
-            cfg.codecs = codecs;
+            cfg.codecs = self.codecs(list, cfg.enabled)?;
         }
         if let Some(l) = &r.levels {
             for (name, codec, v, range) in [
@@ -189,29 +159,7 @@ impl Validator<'_> {
             cfg.min_size = s.0;
         }
         if let Some(list) = &r.types {
-            let mut types = Vec::new();
-            for (i, t) in list.get_ref().iter().enumerate() {
-                let v = t.get_ref().trim().to_ascii_lowercase();
-                let ok = match v.split_once('/') {
-                    Some((a, b)) => {
-                        !a.is_empty()
-                            && !b.is_empty()
-                            && a != "*"
-                            && !b.contains('/')
-                            && !v.contains(|c: char| c.is_whitespace() || c == ';')
-                    }
-                    None => false,
-                };
-                if !ok {
-                    return Err(self.err(
-                        Some(t.span()),
-                        format!("compression.types[{i}]"),
-                        format!("`{v}` is not a media type (use e.g. \"text/html\" or \"text/*\")"),
-                    ));
-                }
-                types.push(v);
-            }
-            cfg.types = types;
+            cfg.types = self.media_types(list)?;
         }
         if let Some(m) = &r.mode {
             cfg.mode = match m.get_ref().as_str() {
@@ -289,6 +237,75 @@ impl Validator<'_> {
             }
         }
         Ok(cfg)
+    }
+
+    /// `compression.codecs`: known, each once, at least one unless compression is off.
+    fn codecs(
+        &self,
+        list: &Spanned<Vec<Spanned<String>>>,
+        enabled: bool,
+    ) -> Result<Vec<Codec>, ConfigError> {
+        let mut codecs = Vec::new();
+        for (i, c) in list.get_ref().iter().enumerate() {
+            let codec = match c.get_ref().as_str() {
+                "gzip" => Codec::Gzip,
+                "br" => Codec::Brotli,
+                "zstd" => Codec::Zstd,
+                other => {
+                    return Err(self.err(
+                        Some(c.span()),
+                        format!("compression.codecs[{i}]"),
+                        format!("unknown codec `{other}` (use \"zstd\", \"br\" or \"gzip\")"),
+                    ))
+                }
+            };
+            if codecs.contains(&codec) {
+                return Err(self.err(
+                    Some(c.span()),
+                    format!("compression.codecs[{i}]"),
+                    format!("`{}` is listed twice", codec.token()),
+                ));
+            }
+            codecs.push(codec);
+        }
+        if codecs.is_empty() && enabled {
+            return Err(self.err(
+                Some(list.span()),
+                "compression.codecs",
+                "at least one codec is needed (or `enabled = false`)",
+            ));
+        }
+        Ok(codecs)
+    }
+
+    /// `compression.types`: media types (`type/subtype`, `type/*`), lower case.
+    fn media_types(
+        &self,
+        list: &Spanned<Vec<Spanned<String>>>,
+    ) -> Result<Vec<String>, ConfigError> {
+        let mut types = Vec::new();
+        for (i, t) in list.get_ref().iter().enumerate() {
+            let v = t.get_ref().trim().to_ascii_lowercase();
+            let ok = match v.split_once('/') {
+                Some((a, b)) => {
+                    !a.is_empty()
+                        && !b.is_empty()
+                        && a != "*"
+                        && !b.contains('/')
+                        && !v.contains(|c: char| c.is_whitespace() || c == ';')
+                }
+                None => false,
+            };
+            if !ok {
+                return Err(self.err(
+                    Some(t.span()),
+                    format!("compression.types[{i}]"),
+                    format!("`{v}` is not a media type (use e.g. \"text/html\" or \"text/*\")"),
+                ));
+            }
+            types.push(v);
+        }
+        Ok(types)
     }
 }
 

@@ -277,26 +277,7 @@ pub(crate) fn finish(neg: Option<Negotiated>, mut resp: Response<Body>) -> Respo
     if status != StatusCode::OK && status != StatusCode::PARTIAL_CONTENT {
         return resp;
     }
-    let h = resp.headers();
-    if h.get(header::CONTENT_ENCODING)
-        .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"))
-    {
-        return resp; // already encoded (proxied): passed through
-    }
-    let compressible = h
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|t| cfg.compressible(t));
-    if !compressible {
-        return resp;
-    }
-    let no_transform = h.get_all(header::CACHE_CONTROL).iter().any(|v| {
-        v.to_str().is_ok_and(|s| {
-            s.split(',')
-                .any(|d| d.trim().eq_ignore_ascii_case("no-transform"))
-        })
-    });
-    if no_transform {
+    if !may_encode(resp.headers(), cfg) {
         return resp;
     }
     add_vary(resp.headers_mut());
@@ -407,6 +388,26 @@ pub(crate) fn finish(neg: Option<Negotiated>, mut resp: Response<Body>) -> Respo
             None => boxed(body),
         }
     })
+}
+
+/// Whether a response with headers `h` may be encoded: not already encoded (a proxied
+/// encoding passes through), of a compressible type, and without `Cache-Control:
+/// no-transform`.
+fn may_encode(h: &HeaderMap, cfg: &CompressionConfig) -> bool {
+    let encoded = h
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+    let compressible = h
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| cfg.compressible(t));
+    let no_transform = h.get_all(header::CACHE_CONTROL).iter().any(|v| {
+        v.to_str().is_ok_and(|s| {
+            s.split(',')
+                .any(|d| d.trim().eq_ignore_ascii_case("no-transform"))
+        })
+    });
+    !encoded && compressible && !no_transform
 }
 
 /// `path` + `.gz`/`.br`/`.zst`, when it is a regular file at least as new as the original
