@@ -42,9 +42,19 @@ pub enum HttpVersion {
 }
 
 /// Accepts any server certificate: this is a benchmark client talking to servers it started
-/// itself with certificates it generated. Handshake signatures are verified for real.
+/// itself with certificates it generated (and the test kit's clients use it to see which
+/// certificate a server presents). Handshake signatures are verified for real, so the server
+/// must hold the private key of the certificate it presented. The one accept-any verifier of
+/// the workspace.
 #[derive(Debug)]
-struct AcceptAnyCert(Arc<CryptoProvider>);
+pub struct AcceptAnyCert(Arc<CryptoProvider>);
+
+impl AcceptAnyCert {
+    /// Verifies handshake signatures with `provider`'s algorithms.
+    pub fn new(provider: Arc<CryptoProvider>) -> Self {
+        AcceptAnyCert(provider)
+    }
+}
 
 impl ServerCertVerifier for AcceptAnyCert {
     fn verify_server_cert(

@@ -22,9 +22,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::{ClientConfig, RootCertStore};
 
 /// The HTTP protocol a client speaks (its ALPN, and reqwest's mode).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,7 +149,9 @@ impl ClientTls {
         .expect("versions");
         let b = if self.accept_any {
             b.dangerous()
-                .with_custom_certificate_verifier(Arc::new(AcceptAnyCert))
+                .with_custom_certificate_verifier(Arc::new(AcceptAnyCert::new(Arc::new(
+                    qweb_tls::provider(),
+                ))))
         } else {
             b.with_root_certificates(self.roots)
         };
@@ -243,57 +244,6 @@ pub async fn connect_as(
         .await
 }
 
-/// A certificate verifier that accepts any chain (so that a test can see which certificate
-/// the server presents, even for names it does not cover) but still checks the handshake
-/// signatures, so the server must hold the private key of the certificate it presented.
-/// Test code only; the benchmark client has its own (crates/qweb-bench/src/tls.rs), since it
-/// is not test code.
-#[derive(Debug)]
-pub struct AcceptAnyCert;
-
-impl ServerCertVerifier for AcceptAnyCert {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &qweb_tls::provider().signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &qweb_tls::provider().signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        qweb_tls::provider()
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
+/// The workspace's one accept-any verifier (any chain; handshake signatures still checked):
+/// the benchmark client's.
+pub use qweb_bench::tls::AcceptAnyCert;
