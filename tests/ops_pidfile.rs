@@ -4,11 +4,11 @@
 //! state folder others can write and a private key others can read.
 #![allow(unsafe_code)] // kill(2) on test processes; each block has its SAFETY note
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
+
+use qweb_testkit::process::Qweb;
 
 const BIN: &str = env!("CARGO_BIN_EXE_qweb");
 
@@ -41,72 +41,6 @@ fn cli(args: &[&str], config: &Path) -> Output {
 fn alive(pid: i32) -> bool {
     // SAFETY: kill(2) with signal 0 only checks that the process exists.
     unsafe { libc::kill(pid, 0) == 0 }
-}
-
-/// A `qweb serve` and every line it (and a process it upgrades to) writes on stderr.
-struct Qweb {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Qweb {
-    fn start(config: &Path) -> Qweb {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--config"])
-            .arg(config)
-            .env_remove("RUST_LOG")
-            .env_remove("NOTIFY_SOCKET")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let reader = BufReader::new(child.stderr.take().unwrap());
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        std::thread::spawn(move || {
-            for l in reader.lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(l);
-            }
-        });
-        let q = Qweb { child, lines };
-        q.wait_for("worker(s)", 1);
-        q
-    }
-
-    /// Waits until `needle` was printed `n` times.
-    fn wait_for(&self, needle: &str, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if self
-                .lines
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|l| l.contains(needle))
-                .count()
-                >= n
-            {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {needle:?} #{n} in {:#?}",
-                self.lines.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn text(&self) -> String {
-        self.lines.lock().unwrap().join("\n")
-    }
-}
-
-impl Drop for Qweb {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// After a crash the pid file names a pid that another program now has: `qweb reload` and
@@ -147,8 +81,8 @@ fn reload_and_upgrade_reach_the_qweb_that_holds_the_pid_file() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "");
     let pid_path = dir.path().join("state/qweb.pid");
-    let q = Qweb::start(&config);
-    let first = q.child.id() as i32;
+    let q = Qweb::serve(BIN, &config);
+    let first = q.pid() as i32;
     let out = cli(&["reload"], &config);
     assert!(
         out.status.success(),
@@ -173,7 +107,11 @@ fn reload_and_upgrade_reach_the_qweb_that_holds_the_pid_file() {
             Some(p) if p != first => break p,
             _ => {}
         }
-        assert!(Instant::now() < deadline, "no new pid: {}", q.text());
+        assert!(
+            Instant::now() < deadline,
+            "no new pid: {}",
+            q.lines().join("\n")
+        );
         std::thread::sleep(Duration::from_millis(20));
     };
     let out = cli(&["reload"], &config);
@@ -189,7 +127,7 @@ fn reload_and_upgrade_reach_the_qweb_that_holds_the_pid_file() {
         assert!(
             Instant::now() < deadline,
             "{second} did not stop: {}",
-            q.text()
+            q.lines().join("\n")
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -211,16 +149,20 @@ fn start_warns_about_a_state_folder_others_write_and_a_key_others_read() {
         dir.path(),
         "[[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\nself_signed = true\n",
     );
-    drop(Qweb::start(&config));
+    drop(Qweb::serve(BIN, &config));
     let key = state.join("selfsigned.key");
     assert!(key.exists());
-    let q = Qweb::start(&config);
-    assert!(!q.text().contains("can be"), "{}", q.text());
+    let q = Qweb::serve(BIN, &config);
+    assert!(
+        !q.lines().join("\n").contains("can be"),
+        "{}",
+        q.lines().join("\n")
+    );
     drop(q);
     std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).unwrap();
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let q = Qweb::start(&config);
-    let text = q.text();
+    let q = Qweb::serve(BIN, &config);
+    let text = q.lines().join("\n");
     assert!(
         text.contains(&format!(
             "{} (mode 0777) can be written by other users",

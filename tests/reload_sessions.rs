@@ -2,23 +2,14 @@
 //! s_client -sess_out`, then `kill -HUP`, then `-sess_in`): a reload that leaves the
 //! listener's resumption settings alone keeps its ticket keys (TLS 1.3 tickets) and its TLS
 //! 1.2 session cache (session ids); one that changes them starts afresh.
-#![allow(unsafe_code)] // kill(2) on the test's own child; the block has its SAFETY note
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+
+use qweb_testkit::free_port;
+use qweb_testkit::openssl::{SClient, TlsVersion, GET_ROOT};
+use qweb_testkit::process::Qweb;
 
 const BIN: &str = env!("CARGO_BIN_EXE_qweb");
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn pki(dir: &Path) {
     let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
@@ -48,120 +39,28 @@ fn write_config(dir: &Path, port: u16, session: &str) -> PathBuf {
     file
 }
 
-struct Qweb {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Qweb {
-    fn start(config: &Path) -> Qweb {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--config"])
-            .arg(config)
-            .env_remove("RUST_LOG")
-            .env_remove("NOTIFY_SOCKET")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let reader = BufReader::new(child.stderr.take().unwrap());
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        std::thread::spawn(move || {
-            for l in reader.lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(l);
-            }
-        });
-        let q = Qweb { child, lines };
-        q.wait_for("worker(s)", 1);
-        q
-    }
-
-    fn wait_for(&self, needle: &str, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while self
-            .lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| l.contains(needle))
-            .count()
-            < n
-        {
-            assert!(
-                Instant::now() < deadline,
-                "no {needle:?} #{n} in {:#?}",
-                self.lines.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// `kill -HUP`, then waits for the reload's `n`th confirmation.
-    fn reload(&self, n: usize) {
-        // SAFETY: kill(2) with the pid of our own child and a valid signal number.
-        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGHUP) };
-        assert_eq!(rc, 0);
-        self.wait_for("configuration reloaded", n);
-    }
-}
-
-impl Drop for Qweb {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `kill -HUP`, then waits for the reload's `n`th confirmation.
+fn reload(q: &Qweb, n: usize) {
+    q.signal(libc::SIGHUP);
+    q.wait_for("configuration reloaded", n);
 }
 
 /// One `openssl s_client` connection (a request, the whole answer: TLS 1.3 tickets come
 /// after the handshake); true when the session was resumed. `args`: the version and
 /// `-no_ticket` (TLS 1.2 session ids).
-fn s_client(port: u16, args: &[&str], sess: &Path, save: bool) -> bool {
-    let mut child = Command::new("openssl")
-        .args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
-        .args(["-servername", "localhost", "-ign_eof"])
-        .args(args)
-        .arg(if save { "-sess_out" } else { "-sess_in" })
-        .arg(sess)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("openssl is installed");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            panic!("s_client did not finish");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+fn s_client(port: u16, (version, no_ticket): (TlsVersion, bool), sess: &Path, save: bool) -> bool {
+    let mut c = SClient::new(([127, 0, 0, 1], port).into(), version).sess(sess, save);
+    if no_ticket {
+        c = c.arg("-no_ticket");
     }
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    assert!(out.contains("hello"), "no answer:\n{out}");
-    if out.contains("Reused, TLSv1.") {
-        true
-    } else if out.contains("New, TLSv1.") {
-        false
-    } else {
-        panic!("which handshake?\n{out}")
-    }
+    let run = c.request(GET_ROOT).run();
+    run.answered("hello");
+    run.resumed()
 }
 
-const TLS13: &[&str] = &["-tls1_3"];
+const TLS13: (TlsVersion, bool) = (TlsVersion::V13, false);
 /// TLS 1.2 with no ticket: resumes only from the server's session cache.
-const TLS12_ID: &[&str] = &["-tls1_2", "-no_ticket"];
+const TLS12_ID: (TlsVersion, bool) = (TlsVersion::V12, true);
 
 #[test]
 fn a_reload_keeps_ticket_keys_and_the_session_cache() {
@@ -169,7 +68,7 @@ fn a_reload_keeps_ticket_keys_and_the_session_cache() {
     pki(dir.path());
     let port = free_port();
     let config = write_config(dir.path(), port, "");
-    let q = Qweb::start(&config);
+    let q = Qweb::serve(BIN, &config);
     let t13 = dir.path().join("t13.sess");
     let id12 = dir.path().join("id12.sess");
     assert!(!s_client(port, TLS13, &t13, true), "first: full");
@@ -178,7 +77,7 @@ fn a_reload_keeps_ticket_keys_and_the_session_cache() {
     assert!(s_client(port, TLS13, &t13, false), "1.3 ticket, no reload");
     assert!(s_client(port, TLS12_ID, &id12, false), "1.2 id, no reload");
 
-    q.reload(1);
+    reload(&q, 1);
     assert!(
         s_client(port, TLS13, &t13, false),
         "1.3 ticket after a reload"
@@ -187,13 +86,13 @@ fn a_reload_keeps_ticket_keys_and_the_session_cache() {
         s_client(port, TLS12_ID, &id12, false),
         "1.2 id after a reload"
     );
-    q.reload(2);
+    reload(&q, 2);
     assert!(s_client(port, TLS13, &t13, false), "1.3 ticket after two");
     assert!(s_client(port, TLS12_ID, &id12, false), "1.2 id after two");
 
     // other resumption settings: new keys, a new cache
     write_config(dir.path(), port, "session_cache = 500");
-    q.reload(3);
+    reload(&q, 3);
     assert!(
         !s_client(port, TLS13, &t13, false),
         "1.3 ticket, settings changed"

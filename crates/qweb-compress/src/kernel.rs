@@ -1,6 +1,6 @@
 //! The software chunk compressors: what an engine runs for one [`CompressOp`].
 //!
-//! Each function compresses one chunk into a piece that [`crate::stream::StreamEncoder::join`] joins with
+//! Each function compresses one chunk into a piece that `StreamEncoder::join` (in the `stream` module) joins with
 //! the others into ONE valid stream of the codec:
 //!
 //! - **gzip**: raw deflate, primed with the last 32 KiB of the preceding input

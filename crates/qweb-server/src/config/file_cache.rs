@@ -1,5 +1,5 @@
 //! `[file_cache]`: the per-worker open-file cache of static routes (see
-//! `crate::files::cache`).
+//! the static files' `cache` module).
 
 use std::time::Duration;
 
@@ -26,7 +26,7 @@ pub struct FileCacheConfig {
     /// Open files a worker keeps between the frames of its streamed responses (larger files,
     /// sidecars), least recently read closed first; a response whose file was closed opens
     /// it again (and checks it is the same file) when the client takes more. Bounds the fds
-    /// that HTTP/2 streams whose client reads nothing can hold (see `crate::files::body`).
+    /// that HTTP/2 streams whose client reads nothing can hold (see `FileBody` in the static files handler).
     pub held_fds: usize,
 }
 

@@ -340,7 +340,7 @@ fn etag(meta: &Metadata, mtime: SystemTime) -> String {
 
 fn content_type(path: &Path) -> HeaderValue {
     // No charset parameter (as nginx): the page's own `<meta charset>` decides, unless the
-    // route or site sets `charset` (see `crate::pipeline::headers_rules::charset`).
+    // route or site sets `charset` (see `headers_rules::charset` in the pipeline).
     let mime = mime_guess::from_path(path).first_or_octet_stream();
     HeaderValue::from_str(mime.as_ref())
         .unwrap_or(HeaderValue::from_static("application/octet-stream"))

@@ -1,5 +1,5 @@
 //! The response body type and its constructors (the wrapper that counts bytes and logs the
-//! request is `crate::session::logged`).
+//! request is `session::logged`, a layer above).
 
 use std::pin::Pin;
 

@@ -11,7 +11,7 @@ use crate::observe::metrics::{RouteMetrics, WorkerMetrics};
 use crate::pipeline::routes::Route;
 
 /// Worker-wide state of one configuration generation, shared by its connections through
-/// `Rc`. The runtime builds it (`crate::runtime::worker`) and counts its connections.
+/// `Rc`. The runtime builds it (its `worker` module) and counts its connections.
 pub(crate) struct WorkerCtx {
     pub limits: Limits,
     pub routes: Vec<Route>,

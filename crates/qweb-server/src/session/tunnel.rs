@@ -2,7 +2,7 @@
 //! `101 Switching Protocols`, or a `CONNECT` answered 2xx), until the connection driver has
 //! taken hyper apart and can hand the raw transport over.
 //!
-//! The driver (`crate::conn`) knows nothing of what is at the other end: it calls
+//! The connection driver knows nothing of what is at the other end: it calls
 //! [`Tunnel::run`] with the client's transport; the proxy implements it.
 
 use std::cell::RefCell;
