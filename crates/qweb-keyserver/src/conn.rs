@@ -1,5 +1,5 @@
 //! One client connection of the key server: requests in, answers out as they complete,
-//! within per-connection bounds (see [`ConnLimits`]).
+//! within per-connection bounds (see [`ConnLimits`](crate::state::ConnLimits)).
 //!
 //! - **Answers waiting** (`max_answers`): every request read takes one answer slot, freed
 //!   once its answer is written to the socket. With all slots taken the connection is not
@@ -29,30 +29,8 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::protocol::{ErrorCode, Frame};
-use crate::server::{stopped, State};
-
-/// Per-connection bounds of the key server.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnLimits {
-    /// Requests read from one connection whose answers are not written yet; at the bound
-    /// the connection is not read until answers drain. Default 256.
-    pub max_answers: usize,
-    /// Requests of one connection in the signing queue or being signed; more wait for
-    /// their turn (fair share of the pool). Default 16.
-    pub max_signing: usize,
-    /// A frame begun must be complete, and answers must be written, within this. Default 10 s.
-    pub frame_timeout: Duration,
-}
-
-impl Default for ConnLimits {
-    fn default() -> Self {
-        ConnLimits {
-            max_answers: 256,
-            max_signing: 16,
-            frame_timeout: Duration::from_secs(10),
-        }
-    }
-}
+use crate::shutdown::stopped;
+use crate::state::State;
 
 /// An answer on its way to the socket, holding its connection's answer slot.
 struct Answer {

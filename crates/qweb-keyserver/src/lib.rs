@@ -4,6 +4,7 @@
 //! - [`server`]: `qweb keyserver`: loads keys, listens on a Unix socket (0600, peer uid
 //!   checked) and/or TCP with mutual TLS, answers requests out of order as they complete,
 //!   signing on a pool of threads.
+//! - `state` and `shutdown`: what the server's connections share, and its stop signal.
 //! - [`conn`]: one client connection of the key server, within per-connection bounds
 //!   (answers waiting, fair share of the signing pool, stall timeout).
 //! - [`accept`]: accept loops that back off and log rarely when accept fails (EMFILE).
@@ -20,4 +21,6 @@ pub mod conn;
 mod metrics;
 pub mod protocol;
 pub mod server;
+mod shutdown;
+mod state;
 pub mod tickets;

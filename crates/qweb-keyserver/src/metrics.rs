@@ -12,7 +12,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use qweb_offload::Engine;
 
-use crate::server::State;
+use crate::state::State;
 
 /// Reads the key server's state at each scrape.
 struct StateCollector(Arc<State>);

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +14,9 @@ use tokio::sync::watch;
 
 use crate::accept::AcceptErrors;
 use crate::conn::serve_conn;
-pub use crate::conn::ConnLimits;
+use crate::shutdown::stopped;
+use crate::state::State;
+pub use crate::state::{ConnLimits, ServerMetrics};
 
 /// Why the key server cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -229,33 +231,6 @@ pub fn load_keys(paths: &[PathBuf]) -> Result<HashMap<KeyId, Arc<LocalKey>>, Key
     Ok(keys)
 }
 
-/// Counters of the key server.
-#[derive(Debug, Default)]
-pub struct ServerMetrics {
-    /// Requests received.
-    pub requests: AtomicU64,
-    /// Error answers sent.
-    pub errors: AtomicU64,
-    /// Connections refused or dropped for a protocol error or a bad peer.
-    pub rejected_connections: AtomicU64,
-    /// Connections closed because a frame or an answer stalled past `frame_timeout`.
-    pub timed_out_connections: AtomicU64,
-    /// Failed accepts (e.g. out of file descriptors), all listeners.
-    pub accept_errors: AtomicU64,
-    /// Connections open.
-    pub connections: AtomicI64,
-}
-
-/// What every connection of the key server shares.
-pub(crate) struct State {
-    pub(crate) keys: HashMap<KeyId, Arc<LocalKey>>,
-    pub(crate) pool: PoolEngine,
-    pub(crate) metrics: ServerMetrics,
-    pub(crate) limits: ConnLimits,
-    /// The fleet's session ticket keys.
-    pub(crate) tickets: crate::tickets::TicketKeyRing,
-}
-
 /// A running key server (for tests and for `qweb keyserver`).
 pub struct RunningKeyserver {
     /// The TLS listener's bound address.
@@ -317,11 +292,6 @@ where
             }
         }
     }
-}
-
-/// Resolves once shutdown was requested (the watch guard is not held across awaits).
-pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
-    let _ = rx.wait_for(|s| *s).await;
 }
 
 /// Starts the key server on background threads.

@@ -212,7 +212,7 @@ pub fn spawn_refresher(
                 loop {
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
-                        _ = crate::server::stopped(&mut shutdown) => return,
+                        _ = crate::shutdown::stopped(&mut shutdown) => return,
                     }
                     let got = fetch_any(&cfg).await;
                     let rotation = got.as_ref().map(|k| k.rotation).ok();

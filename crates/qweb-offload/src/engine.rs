@@ -7,8 +7,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Registry;
+
 use crate::completion::Completer;
-use crate::metrics::EngineMetrics;
+use crate::metrics::{encode_engines, EngineMetrics};
 use crate::op::{Op, OpError};
 
 /// An op on its way to an engine, with where its result goes.
@@ -341,6 +345,63 @@ impl Drop for PoolEngine {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+    }
+}
+
+/// The engines `/metrics` reports: the whole set is replaced when a reload changes it, so a
+/// scrape always sees the engines in use now.
+#[derive(Clone, Default)]
+pub struct EngineSet(Arc<Mutex<Vec<Arc<dyn Engine>>>>);
+
+impl std::fmt::Debug for EngineSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<String> = self
+            .snapshot()
+            .iter()
+            .map(|e| e.name().to_owned())
+            .collect();
+        f.debug_tuple("EngineSet").field(&names).finish()
+    }
+}
+
+impl EngineSet {
+    /// A set of these engines.
+    pub fn new(engines: Vec<Arc<dyn Engine>>) -> Self {
+        EngineSet(Arc::new(Mutex::new(engines)))
+    }
+
+    /// Replaces the engines reported.
+    pub fn set(&self, engines: Vec<Arc<dyn Engine>>) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = engines;
+    }
+
+    /// The engines reported now.
+    pub fn snapshot(&self) -> Vec<Arc<dyn Engine>> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Registers the engine families (`qweb_offload_*`, `qweb_keyserver_up`) in `registry`:
+    /// each family once, one sample per engine of the set at scrape time.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register_collector(Box::new(self.clone()));
+    }
+}
+
+impl Collector for EngineSet {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let engines = self.snapshot();
+        let named: Vec<(&str, &EngineMetrics)> =
+            engines.iter().map(|e| (e.name(), e.metrics())).collect();
+        let mut up = Vec::new();
+        for e in &engines {
+            for (server, is_up) in e.servers_up() {
+                up.push((e.name(), server, is_up));
+            }
+        }
+        encode_engines(&mut encoder, &named, &up)
     }
 }
 

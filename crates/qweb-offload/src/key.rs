@@ -6,7 +6,36 @@ use aws_lc_rs::rand::SystemRandom;
 use aws_lc_rs::rsa::KeyPair as RsaKeyPair;
 use aws_lc_rs::signature::{self, EcdsaKeyPair, EcdsaSigningAlgorithm};
 
-use crate::op::SignScheme;
+/// A signature scheme, named as TLS names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SignScheme {
+    /// RSASSA-PKCS1-v1_5 with SHA-256.
+    RsaPkcs1Sha256,
+    /// RSASSA-PKCS1-v1_5 with SHA-384.
+    RsaPkcs1Sha384,
+    /// RSASSA-PKCS1-v1_5 with SHA-512.
+    RsaPkcs1Sha512,
+    /// RSASSA-PSS with SHA-256 (MGF1 SHA-256, salt = hash length).
+    RsaPssSha256,
+    /// RSASSA-PSS with SHA-384.
+    RsaPssSha384,
+    /// RSASSA-PSS with SHA-512.
+    RsaPssSha512,
+    /// ECDSA on P-256 with SHA-256 (DER signature).
+    EcdsaP256Sha256,
+    /// ECDSA on P-384 with SHA-384 (DER signature).
+    EcdsaP384Sha384,
+}
+
+impl SignScheme {
+    /// Is this an RSA scheme?
+    pub fn is_rsa(self) -> bool {
+        !matches!(
+            self,
+            SignScheme::EcdsaP256Sha256 | SignScheme::EcdsaP384Sha384
+        )
+    }
+}
 
 /// Why a key could not be loaded or used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -29,9 +29,11 @@ mod op;
 pub mod policy;
 
 pub use completion::{channel, Completer, Completion, Delivery};
-pub use engine::{run_blocking, Engine, InlineEngine, PoolConfig, PoolEngine, Submission};
+pub use engine::{
+    run_blocking, Engine, EngineSet, InlineEngine, PoolConfig, PoolEngine, Submission,
+};
 pub use key::{KeyError, KeyKind, LocalKey};
-pub use metrics::{EngineMetrics, EngineSet};
+pub use metrics::EngineMetrics;
 pub use offloader::{BatchConfig, Offloader, Timed};
 pub use op::{KeyId, KeyRef, Op, OpError, OpOutput, OpResult, SignOp, SignScheme};
 pub use policy::{Fallback, Mode, Policy};

@@ -15,18 +15,14 @@
 //! up by its waiter stays in flight until the engine is done with it.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
-use prometheus_client::registry::Registry;
 
 use crate::completion::{Completer, Delivery};
-use crate::engine::Engine;
 use crate::op::{OpError, OpResult};
 
 /// Upper bounds (seconds) of the latency histogram buckets.
@@ -121,63 +117,6 @@ impl EngineMetrics {
     }
 }
 
-/// The engines `/metrics` reports: the whole set is replaced when a reload changes it, so a
-/// scrape always sees the engines in use now.
-#[derive(Clone, Default)]
-pub struct EngineSet(Arc<Mutex<Vec<Arc<dyn Engine>>>>);
-
-impl std::fmt::Debug for EngineSet {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<String> = self
-            .snapshot()
-            .iter()
-            .map(|e| e.name().to_owned())
-            .collect();
-        f.debug_tuple("EngineSet").field(&names).finish()
-    }
-}
-
-impl EngineSet {
-    /// A set of these engines.
-    pub fn new(engines: Vec<Arc<dyn Engine>>) -> Self {
-        EngineSet(Arc::new(Mutex::new(engines)))
-    }
-
-    /// Replaces the engines reported.
-    pub fn set(&self, engines: Vec<Arc<dyn Engine>>) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = engines;
-    }
-
-    /// The engines reported now.
-    pub fn snapshot(&self) -> Vec<Arc<dyn Engine>> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Registers the engine families (`qweb_offload_*`, `qweb_keyserver_up`) in `registry`:
-    /// each family once, one sample per engine of the set at scrape time.
-    pub fn register(&self, registry: &mut Registry) {
-        registry.register_collector(Box::new(self.clone()));
-    }
-}
-
-impl Collector for EngineSet {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
-        let engines = self.snapshot();
-        let named: Vec<(&str, &EngineMetrics)> =
-            engines.iter().map(|e| (e.name(), e.metrics())).collect();
-        let mut up = Vec::new();
-        for e in &engines {
-            for (server, is_up) in e.servers_up() {
-                up.push((e.name(), server, is_up));
-            }
-        }
-        encode_engines(&mut encoder, &named, &up)
-    }
-}
-
 type CounterOf = fn(&EngineMetrics) -> &AtomicU64;
 type GaugeOf = fn(&EngineMetrics) -> &AtomicI64;
 
@@ -247,7 +186,7 @@ const GAUGES: [(&str, &str, GaugeOf); 3] = [
 /// Encodes the engine families for `engines` (name, metrics): each family once, one sample
 /// per engine (label `engine`), and `qweb_keyserver_up{engine, server}` for `servers_up`
 /// (engine, server, up). For collectors that own their engines differently (the key server's
-/// own signing pool); [`EngineSet`] uses it.
+/// own signing pool); [`EngineSet`](crate::EngineSet) uses it.
 pub fn encode_engines(
     encoder: &mut DescriptorEncoder,
     engines: &[(&str, &EngineMetrics)],
@@ -318,7 +257,11 @@ impl EngineMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::InlineEngine;
+    use std::sync::Arc;
+
+    use prometheus_client::registry::Registry;
+
+    use crate::engine::{Engine, EngineSet, InlineEngine};
 
     struct Remote(InlineEngine);
     impl Engine for Remote {

@@ -48,6 +48,8 @@ pub use runtime::{control, fd_limit, notify, upgrade};
 mod layers {
     use std::path::Path;
 
+    use qweb_testkit::modgraph::{imports, rust_files, top_module};
+
     /// Bottom first; modules on one line are peers and may not import each other.
     const LAYERS: &[&[&str]] = &[
         &["config"],
@@ -64,51 +66,11 @@ mod layers {
         LAYERS.iter().position(|l| l.contains(&module))
     }
 
-    /// `crate::name` paths in `src`, comments left out.
-    fn imports(src: &str) -> Vec<String> {
-        let mut out = Vec::new();
-        for line in src.lines() {
-            let code = line.split("//").next().unwrap_or("");
-            let mut rest = code;
-            while let Some(i) = rest.find("crate::") {
-                rest = &rest[i + "crate::".len()..];
-                if rest.starts_with('{') {
-                    out.push("{".to_owned());
-                }
-                let name: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                out.push(name);
-            }
-        }
-        out
-    }
-
-    fn files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
-        for e in std::fs::read_dir(dir).expect("src is readable") {
-            let p = e.expect("dir entry").path();
-            if p.is_dir() {
-                files(&p, out);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
-            }
-        }
-    }
-
     fn violations(root: &Path) -> Vec<String> {
-        let mut all = Vec::new();
-        files(root, &mut all);
         let mut bad = Vec::new();
-        for path in all {
+        for path in rust_files(root) {
             let rel = path.strip_prefix(root).expect("beneath src");
-            let top = rel
-                .components()
-                .next()
-                .and_then(|c| c.as_os_str().to_str())
-                .unwrap_or("")
-                .trim_end_matches(".rs")
-                .to_owned();
+            let top = top_module(root, &path);
             if top == "lib" {
                 continue;
             }

@@ -13,6 +13,7 @@
 //! | hand-built HTTP/2 frames for hostile clients | [`h2frames`] |
 //! | upstreams: hyper ([`upstream`]), raw recording ([`recorder`]), WebSocket echo ([`ws`]) | |
 //! | deterministic bodies | [`corpus`] |
+//! | the import graph of a crate's modules (layers, cycles) | [`modgraph`] |
 //!
 //! The crate root re-exports what qweb-server's tests used from their old `tests/common`
 //! module, so `use qweb_testkit as common;` keeps `common::start_with(..)`,
@@ -23,6 +24,7 @@
 pub mod corpus;
 pub mod h2frames;
 pub mod metrics;
+pub mod modgraph;
 pub mod openssl;
 pub mod process;
 pub mod recorder;

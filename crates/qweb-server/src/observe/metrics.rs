@@ -17,7 +17,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use qweb_offload::metrics::EngineSet;
+use qweb_offload::EngineSet;
 use qweb_tls::handshake::HandshakeGauges;
 
 /// The content type of [`Metrics::render`]'s text.

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use qweb_offload::metrics::EngineSet;
+use qweb_offload::EngineSet;
 use qweb_offload::{Engine, InlineEngine, Mode, PoolConfig, PoolEngine};
 use tokio::sync::{mpsc, watch};
 
