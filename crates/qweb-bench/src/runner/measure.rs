@@ -27,173 +27,39 @@ impl Runner {
             .collect();
         let name = format!("{seq:02}-{slug}");
         let res = (|| -> Result<ServerProc> {
-            let port = procs::free_port()?;
-            let plain = procs::free_port()?;
             #[allow(unsafe_code)]
             // SAFETY: geteuid has no preconditions.
             let root = unsafe { libc::geteuid() } == 0;
-            let log = self.out.join("logs").join(format!("{name}.log"));
+            let at = Slot {
+                label,
+                port: procs::free_port()?,
+                plain: procs::free_port()?,
+                log: self.out.join("logs").join(format!("{name}.log")),
+                name,
+                root,
+            };
             let mut p = match kind {
                 ServerKind::Qweb {
                     offload,
                     compression,
                     resumption,
                     ticket_keyserver,
-                } => {
-                    let admin = procs::free_port()?;
-                    let key = match offload {
-                        Offload::Keyserver { .. } => None,
-                        _ => Some(cert.key.clone()),
-                    };
-                    let spec = QwebSpec {
-                        workers: self.workers,
-                        port,
-                        admin_port: admin,
-                        cert: cert.cert.clone(),
-                        key,
-                        root: self.files.www.clone(),
-                        offload: offload.clone(),
-                        compression: compression.clone(),
-                        keepalive_secs: 300,
-                        max_connections_per_worker: 20_000,
-                        plain_port: Some(plain),
-                        resumption: *resumption,
-                        ticket_keyserver: ticket_keyserver.clone(),
-                    };
-                    let cfg = write_conf(
-                        &self.out.join("configs"),
-                        &format!("{name}.toml"),
-                        &configs::qweb_toml(&spec),
-                    )?;
-                    ServerProc::start(
-                        label,
-                        &self.qweb,
-                        &[
-                            "serve".into(),
-                            "--config".into(),
-                            cfg.to_string_lossy().into(),
-                        ],
-                        port,
-                        Some(admin),
-                        log,
-                    )?
-                }
+                } => self.launch_qweb(
+                    &at,
+                    cert,
+                    offload,
+                    compression,
+                    *resumption,
+                    ticket_keyserver,
+                )?,
                 ServerKind::Nginx {
                     gzip_level,
                     resumption,
-                } => {
-                    let Some(nginx) = &self.nginx else {
-                        return Err(Error::Other(format!(
-                            "skipped: nginx not available ({})",
-                            self.nginx_missing
-                        )));
-                    };
-                    let prefix = self.out.join("nginx").join(&name);
-                    std::fs::create_dir_all(prefix.join("tmp"))
-                        .map_err(|e| Error::path("create", &prefix, e))?;
-                    let spec = NginxSpec {
-                        workers: self.workers,
-                        port,
-                        cert: cert.cert.clone(),
-                        key: cert.key.clone(),
-                        root: self.files.www.clone(),
-                        prefix: prefix.clone(),
-                        gzip_level: *gzip_level,
-                        http2: nginx_conf::Http2Syntax::for_version(nginx.version),
-                        keepalive_secs: 300,
-                        // One fd per client connection (no upstreams), within our limit.
-                        worker_connections: (self.fd_limit.saturating_sub(1100) as usize)
-                            .clamp(1024, 20_000),
-                        user_root: root,
-                        plain_port: Some(plain),
-                        resumption: *resumption,
-                    };
-                    let conf = write_conf(&prefix, "nginx.conf", &nginx_conf::nginx_conf(&spec))?;
-                    ServerProc::start(
-                        label,
-                        &nginx.bin,
-                        &[
-                            "-p".into(),
-                            prefix.to_string_lossy().into(),
-                            "-c".into(),
-                            conf.to_string_lossy().into(),
-                            "-e".into(),
-                            prefix.join("error.log").to_string_lossy().into(),
-                        ],
-                        port,
-                        None,
-                        log,
-                    )?
-                }
-                ServerKind::H2o { resumption } => {
-                    let info = self.h2o.as_ref().map_err(|why| {
-                        Error::Other(format!("skipped: h2o not available ({why})"))
-                    })?;
-                    let prefix = self.out.join("h2o").join(&name);
-                    let spec = H2oSpec {
-                        workers: self.workers,
-                        port,
-                        plain_port: Some(plain),
-                        cert: cert.cert.clone(),
-                        key: cert.key.clone(),
-                        root: self.files.www.clone(),
-                        prefix: prefix.clone(),
-                        max_connections: (self.fd_limit.saturating_sub(1100) as usize)
-                            .clamp(1024, 40_000),
-                        keepalive_secs: 300,
-                        resumption: *resumption,
-                        user_root: root,
-                    };
-                    let conf = write_conf(&prefix, "h2o.conf", &h2o_conf(&spec))?;
-                    ServerProc::start(
-                        label,
-                        &info.bin,
-                        &["-c".into(), conf.to_string_lossy().into()],
-                        port,
-                        None,
-                        log,
-                    )?
-                }
-                ServerKind::Caddy => {
-                    let info = self.caddy.as_ref().map_err(|why| {
-                        Error::Other(format!("skipped: caddy not available ({why})"))
-                    })?;
-                    let prefix = self.out.join("caddy").join(&name);
-                    let spec = CaddySpec {
-                        port,
-                        plain_port: Some(plain),
-                        cert: cert.cert.clone(),
-                        key: cert.key.clone(),
-                        root: self.files.www.clone(),
-                        prefix: prefix.clone(),
-                        keepalive_secs: 300,
-                        tickets: false,
-                    };
-                    let conf = write_conf(&prefix, "caddy.json", &caddy_json(&spec))?;
-                    // Caddy's own state (autosave, locks) goes to its prefix, not $HOME; its
-                    // parallelism is GOMAXPROCS = workers.
-                    let home = prefix.to_string_lossy().into_owned();
-                    ServerProc::start_with_env(
-                        label,
-                        &info.bin,
-                        &[
-                            "run".into(),
-                            "--config".into(),
-                            conf.to_string_lossy().into(),
-                        ],
-                        &[
-                            ("GOMAXPROCS", self.workers.to_string()),
-                            ("HOME", home.clone()),
-                            ("XDG_DATA_HOME", home.clone()),
-                            ("XDG_CONFIG_HOME", home),
-                        ],
-                        port,
-                        None,
-                        log,
-                    )?
-                }
+                } => self.launch_nginx(&at, cert, *gzip_level, *resumption)?,
+                ServerKind::H2o { resumption } => self.launch_h2o(&at, cert, *resumption)?,
+                ServerKind::Caddy => self.launch_caddy(&at, cert)?,
             };
-            p.plain_port = Some(plain);
+            p.plain_port = Some(at.plain);
             Ok(p)
         })();
         let p = match res {
@@ -207,7 +73,12 @@ impl Runner {
                 return None;
             }
         };
-        // It must answer a request before it is measured.
+        self.answers(label, p)
+    }
+
+    /// `p` if it answers a request correctly (it must before it is measured), else `None`
+    /// with the failure recorded.
+    fn answers(&mut self, label: &str, p: ServerProc) -> Option<ServerProc> {
         let mut probe = self.base_spec(p.port, "1k.bin", Mode::Keepalive);
         probe.connections = 1;
         probe.count = Some(2);
@@ -227,6 +98,174 @@ impl Runner {
                 None
             }
         }
+    }
+
+    fn launch_qweb(
+        &self,
+        at: &Slot<'_>,
+        cert: &CertFiles,
+        offload: &Offload,
+        compression: &Option<String>,
+        resumption: bool,
+        ticket_keyserver: &Option<String>,
+    ) -> Result<ServerProc> {
+        let admin = procs::free_port()?;
+        let key = match offload {
+            Offload::Keyserver { .. } => None,
+            _ => Some(cert.key.clone()),
+        };
+        let spec = QwebSpec {
+            workers: self.workers,
+            port: at.port,
+            admin_port: admin,
+            cert: cert.cert.clone(),
+            key,
+            root: self.files.www.clone(),
+            offload: offload.clone(),
+            compression: compression.clone(),
+            keepalive_secs: 300,
+            max_connections_per_worker: 20_000,
+            plain_port: Some(at.plain),
+            resumption,
+            ticket_keyserver: ticket_keyserver.clone(),
+        };
+        let cfg = write_conf(
+            &self.out.join("configs"),
+            &format!("{}.toml", at.name),
+            &configs::qweb_toml(&spec),
+        )?;
+        ServerProc::start(
+            at.label,
+            &self.qweb,
+            &[
+                "serve".into(),
+                "--config".into(),
+                cfg.to_string_lossy().into(),
+            ],
+            at.port,
+            Some(admin),
+            at.log.clone(),
+        )
+    }
+
+    fn launch_nginx(
+        &self,
+        at: &Slot<'_>,
+        cert: &CertFiles,
+        gzip_level: Option<u32>,
+        resumption: bool,
+    ) -> Result<ServerProc> {
+        let Some(nginx) = &self.nginx else {
+            return Err(Error::Other(format!(
+                "skipped: nginx not available ({})",
+                self.nginx_missing
+            )));
+        };
+        let prefix = self.out.join("nginx").join(&at.name);
+        std::fs::create_dir_all(prefix.join("tmp"))
+            .map_err(|e| Error::path("create", &prefix, e))?;
+        let spec = NginxSpec {
+            workers: self.workers,
+            port: at.port,
+            cert: cert.cert.clone(),
+            key: cert.key.clone(),
+            root: self.files.www.clone(),
+            prefix: prefix.clone(),
+            gzip_level,
+            http2: nginx_conf::Http2Syntax::for_version(nginx.version),
+            keepalive_secs: 300,
+            // One fd per client connection (no upstreams), within our limit.
+            worker_connections: (self.fd_limit.saturating_sub(1100) as usize).clamp(1024, 20_000),
+            user_root: at.root,
+            plain_port: Some(at.plain),
+            resumption,
+        };
+        let conf = write_conf(&prefix, "nginx.conf", &nginx_conf::nginx_conf(&spec))?;
+        ServerProc::start(
+            at.label,
+            &nginx.bin,
+            &[
+                "-p".into(),
+                prefix.to_string_lossy().into(),
+                "-c".into(),
+                conf.to_string_lossy().into(),
+                "-e".into(),
+                prefix.join("error.log").to_string_lossy().into(),
+            ],
+            at.port,
+            None,
+            at.log.clone(),
+        )
+    }
+
+    fn launch_h2o(&self, at: &Slot<'_>, cert: &CertFiles, resumption: bool) -> Result<ServerProc> {
+        let info = self
+            .h2o
+            .as_ref()
+            .map_err(|why| Error::Other(format!("skipped: h2o not available ({why})")))?;
+        let prefix = self.out.join("h2o").join(&at.name);
+        let spec = H2oSpec {
+            workers: self.workers,
+            port: at.port,
+            plain_port: Some(at.plain),
+            cert: cert.cert.clone(),
+            key: cert.key.clone(),
+            root: self.files.www.clone(),
+            prefix: prefix.clone(),
+            max_connections: (self.fd_limit.saturating_sub(1100) as usize).clamp(1024, 40_000),
+            keepalive_secs: 300,
+            resumption,
+            user_root: at.root,
+        };
+        let conf = write_conf(&prefix, "h2o.conf", &h2o_conf(&spec))?;
+        ServerProc::start(
+            at.label,
+            &info.bin,
+            &["-c".into(), conf.to_string_lossy().into()],
+            at.port,
+            None,
+            at.log.clone(),
+        )
+    }
+
+    fn launch_caddy(&self, at: &Slot<'_>, cert: &CertFiles) -> Result<ServerProc> {
+        let info = self
+            .caddy
+            .as_ref()
+            .map_err(|why| Error::Other(format!("skipped: caddy not available ({why})")))?;
+        let prefix = self.out.join("caddy").join(&at.name);
+        let spec = CaddySpec {
+            port: at.port,
+            plain_port: Some(at.plain),
+            cert: cert.cert.clone(),
+            key: cert.key.clone(),
+            root: self.files.www.clone(),
+            prefix: prefix.clone(),
+            keepalive_secs: 300,
+            tickets: false,
+        };
+        let conf = write_conf(&prefix, "caddy.json", &caddy_json(&spec))?;
+        // Caddy's own state (autosave, locks) goes to its prefix, not $HOME; its
+        // parallelism is GOMAXPROCS = workers.
+        let home = prefix.to_string_lossy().into_owned();
+        ServerProc::start_with_env(
+            at.label,
+            &info.bin,
+            &[
+                "run".into(),
+                "--config".into(),
+                conf.to_string_lossy().into(),
+            ],
+            &[
+                ("GOMAXPROCS", self.workers.to_string()),
+                ("HOME", home.clone()),
+                ("XDG_DATA_HOME", home.clone()),
+                ("XDG_CONFIG_HOME", home),
+            ],
+            at.port,
+            None,
+            at.log.clone(),
+        )
     }
 
     /// Runs `spec` against `server` once, with the checks: client errors, and for qweb the
@@ -430,4 +469,15 @@ fn write_conf(dir: &Path, file: &str, text: &str) -> Result<PathBuf> {
     let path = dir.join(file);
     std::fs::write(&path, text).map_err(|e| Error::path("write", &path, e))?;
     Ok(path)
+}
+
+/// Where one server of a run is started: its label and file name, ports and log.
+struct Slot<'a> {
+    label: &'a str,
+    name: String,
+    port: u16,
+    plain: u16,
+    log: PathBuf,
+    /// Running as root (nginx and h2o then need a `user` line).
+    root: bool,
 }

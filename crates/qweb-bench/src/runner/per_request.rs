@@ -21,6 +21,13 @@ enum Load {
     H2(&'static str, usize, usize),
 }
 
+/// The runs (with server and client CPU %) and problems of one (load, server) cell of G.
+#[derive(Default)]
+struct Cell {
+    runs: Vec<(ClientRun, f64, f64)>,
+    problems: Vec<String>,
+}
+
 impl Load {
     fn title(self) -> String {
         match self {
@@ -151,44 +158,7 @@ impl Runner {
             Load::H2("100k.bin", 8, 10),
             Load::WrkTls("1m.bin", 8),
         ];
-        let secs = self.profile.wrk_secs;
-        let h2n = self.profile.h2_requests;
-        // Warm-up: one short run per server and load (checked like any other).
-        let mut rows: Vec<(usize, usize)> = Vec::new();
-        for li in 0..loads.len() {
-            for si in 0..kinds.len() {
-                rows.push((li, si));
-            }
-        }
-        let mut per_row: Vec<Vec<(ClientRun, f64, f64)>> = vec![vec![]; rows.len()];
-        let mut problems: Vec<Vec<String>> = vec![vec![]; rows.len()];
-        for round in 0..=self.profile.rounds {
-            let warm = round == 0;
-            let order: Vec<usize> = if round % 2 == 1 {
-                (0..rows.len()).collect()
-            } else {
-                (0..rows.len()).rev().collect()
-            };
-            for i in order {
-                let (li, si) = rows[i];
-                let Some(server) = servers[si].as_ref() else {
-                    continue;
-                };
-                let (s, n) = if warm { (1, h2n / 10) } else { (secs, h2n) };
-                match self.run_client(server, loads[li], s, n) {
-                    Ok((run, scpu, ccpu)) => {
-                        problems[i].extend(run.problems.iter().cloned());
-                        if !warm {
-                            per_row[i].push((run, scpu, ccpu));
-                        }
-                    }
-                    Err(Error::Other(m)) if m.starts_with("skipped") => {
-                        problems[i].push(m);
-                    }
-                    Err(e) => problems[i].push(e.to_string()),
-                }
-            }
-        }
+        let cells = self.g_rounds(&servers, &loads);
         drop(servers);
         // One table per load, a row per server, ratios vs h2o and vs nginx.
         let mut tables = Vec::new();
@@ -196,110 +166,12 @@ impl Runner {
         let mut chart: Vec<(String, Vec<f64>)> =
             kinds.iter().map(|(l, _)| (l.clone(), vec![])).collect();
         for (li, load) in loads.iter().enumerate() {
-            let meds: Vec<f64> = (0..kinds.len())
-                .map(|si| {
-                    let i = li * kinds.len() + si;
-                    median(
-                        &per_row[i]
-                            .iter()
-                            .map(|r| r.0.req_per_sec)
-                            .collect::<Vec<_>>(),
-                    )
-                })
-                .collect();
-            let (ngx, h2o) = (meds[1], meds[2]);
-            let mut t = Table::new(
-                format!("G. {} ({} workers)", load.title(), self.workers),
-                &[
-                    "server",
-                    "requests/s",
-                    "MiB/s",
-                    "vs h2o",
-                    "vs nginx",
-                    "server CPU %",
-                    "client CPU %",
-                    "requests checked",
-                    "client TLS",
-                    "problems",
-                ],
-            );
+            let row = &cells[li * kinds.len()..(li + 1) * kinds.len()];
             chart_cats.push(load.title());
-            for (si, (label, _)) in kinds.iter().enumerate() {
-                let i = li * kinds.len() + si;
-                let runs = &per_row[i];
-                let f = |g: fn(&(ClientRun, f64, f64)) -> f64| {
-                    median(&runs.iter().map(g).collect::<Vec<_>>())
-                };
-                chart[si].1.push(meds[si]);
-                let skipped = problems[i].iter().any(|p| p.starts_with("skipped"));
-                let real: Vec<&String> = problems[i]
-                    .iter()
-                    .filter(|p| !p.starts_with("skipped"))
-                    .collect();
-                for p in &real {
-                    self.failures
-                        .push(format!("G {label} {}: {p}", load.title()));
-                }
-                let note = if skipped && runs.is_empty() {
-                    let why = problems[i][0].clone();
-                    self.skipped
-                        .push(format!("G {label} {}: {why}", load.title()));
-                    why
-                } else if runs.is_empty() {
-                    self.why_missing(label)
-                } else if real.is_empty() {
-                    "none".into()
-                } else {
-                    format!("{} (see Problems)", real.len())
-                };
-                t.row(vec![
-                    label.clone(),
-                    num(meds[si]),
-                    num(f(|r| r.0.mib_per_sec)),
-                    ratio(meds[si], h2o),
-                    ratio(meds[si], ngx),
-                    num(f(|r| r.1)),
-                    num(f(|r| r.2)),
-                    runs.iter().map(|r| r.0.requests).sum::<u64>().to_string(),
-                    match load {
-                        Load::WrkPlain(..) => "—".into(),
-                        Load::WrkTls(..) => tls_seen[si].clone().unwrap_or_default(),
-                        Load::H2(..) => runs
-                            .first()
-                            .and_then(|r| r.0.tls.clone())
-                            .unwrap_or_default(),
-                    },
-                    note,
-                ]);
-                let mut m = Measured::missing("G", &format!("{label} {}", load.title()));
-                m.ops_per_sec = meds[si];
-                m.mib_per_sec = f(|r| r.0.mib_per_sec);
-                m.server_cpu_pct = f(|r| r.1);
-                m.client_cpu_pct = f(|r| r.2);
-                m.errors = real.len() as u64;
-                m.commands = runs.iter().map(|r| r.0.command.clone()).collect();
-                self.measured.push(m);
-            }
-            tables.push(t);
+            tables.push(self.g_table(*load, &kinds, row, &tls_seen, &mut chart));
         }
         if let Some(t) = tables.first_mut() {
-            t.notes.push(format!(
-                "Every server: {} workers (qweb worker threads, nginx worker processes, h2o \
-                 `num-threads`, Caddy `GOMAXPROCS`), access logs off, no TLS session resumption \
-                 (qweb `resumption = false`, nginx cache and tickets off, h2o \
-                 `ssl-session-resumption: off`, Caddy `session_tickets.disabled`), the same \
-                 RSA-2048 certificate and files, `keepalive_requests 10000000` in nginx. wrk: \
-                 {} s per round, `-t{}`; its byte count (exact, from a Lua `done` hook) must be \
-                 one body plus a header per request, every status 2xx/3xx, no socket error. \
-                 h2load: `-n {}` requests per round (a count, not a duration), every one 2xx and \
-                 exactly n × size data bytes. Medians over {} interleaved round(s) after one \
-                 warm-up round.",
-                self.workers,
-                self.profile.wrk_secs,
-                crate::cpus(),
-                self.profile.h2_requests,
-                self.profile.rounds
-            ));
+            t.notes.push(self.g_note());
         }
         for t in tables {
             self.section(t, None);
@@ -316,6 +188,152 @@ impl Runner {
         self.sections.push("![G](g-per-request.svg)\n".into());
         self.exp_g_syscalls(&cert);
         Ok(())
+    }
+
+    /// A warm-up round, then `rounds` interleaved rounds (alternating direction) of every
+    /// (load, server) cell; cell `li * servers + si` holds its runs and problems.
+    fn g_rounds(&mut self, servers: &[Option<ServerProc>], loads: &[Load]) -> Vec<Cell> {
+        let secs = self.profile.wrk_secs;
+        let h2n = self.profile.h2_requests;
+        let n = loads.len() * servers.len();
+        let mut cells: Vec<Cell> = (0..n).map(|_| Cell::default()).collect();
+        for round in 0..=self.profile.rounds {
+            // Warm-up: one short run per server and load (checked like any other).
+            let warm = round == 0;
+            let order: Vec<usize> = if round % 2 == 1 {
+                (0..n).collect()
+            } else {
+                (0..n).rev().collect()
+            };
+            for i in order {
+                let (li, si) = (i / servers.len(), i % servers.len());
+                let Some(server) = servers[si].as_ref() else {
+                    continue;
+                };
+                let (s, count) = if warm { (1, h2n / 10) } else { (secs, h2n) };
+                let cell = &mut cells[i];
+                match self.run_client(server, loads[li], s, count) {
+                    Ok((run, scpu, ccpu)) => {
+                        cell.problems.extend(run.problems.iter().cloned());
+                        if !warm {
+                            cell.runs.push((run, scpu, ccpu));
+                        }
+                    }
+                    Err(Error::Other(m)) if m.starts_with("skipped") => cell.problems.push(m),
+                    Err(e) => cell.problems.push(e.to_string()),
+                }
+            }
+        }
+        cells
+    }
+
+    /// G's table for one load: a row per server (medians of its runs, ratios vs h2o and
+    /// nginx), each also recorded as a [`Measured`] and a bar of `chart`.
+    fn g_table(
+        &mut self,
+        load: Load,
+        kinds: &[(String, ServerKind)],
+        cells: &[Cell],
+        tls_seen: &[Option<String>],
+        chart: &mut [(String, Vec<f64>)],
+    ) -> Table {
+        let meds: Vec<f64> = cells
+            .iter()
+            .map(|c| median(&c.runs.iter().map(|r| r.0.req_per_sec).collect::<Vec<_>>()))
+            .collect();
+        let (ngx, h2o) = (meds[1], meds[2]);
+        let mut t = Table::new(
+            format!("G. {} ({} workers)", load.title(), self.workers),
+            &[
+                "server",
+                "requests/s",
+                "MiB/s",
+                "vs h2o",
+                "vs nginx",
+                "server CPU %",
+                "client CPU %",
+                "requests checked",
+                "client TLS",
+                "problems",
+            ],
+        );
+        for (si, (label, _)) in kinds.iter().enumerate() {
+            let Cell { runs, problems } = &cells[si];
+            let f = |g: fn(&(ClientRun, f64, f64)) -> f64| {
+                median(&runs.iter().map(g).collect::<Vec<_>>())
+            };
+            chart[si].1.push(meds[si]);
+            let skipped = problems.iter().any(|p| p.starts_with("skipped"));
+            let real: Vec<&String> = problems
+                .iter()
+                .filter(|p| !p.starts_with("skipped"))
+                .collect();
+            for p in &real {
+                self.failures
+                    .push(format!("G {label} {}: {p}", load.title()));
+            }
+            let note = if skipped && runs.is_empty() {
+                let why = problems[0].clone();
+                self.skipped
+                    .push(format!("G {label} {}: {why}", load.title()));
+                why
+            } else if runs.is_empty() {
+                self.why_missing(label)
+            } else if real.is_empty() {
+                "none".into()
+            } else {
+                format!("{} (see Problems)", real.len())
+            };
+            t.row(vec![
+                label.clone(),
+                num(meds[si]),
+                num(f(|r| r.0.mib_per_sec)),
+                ratio(meds[si], h2o),
+                ratio(meds[si], ngx),
+                num(f(|r| r.1)),
+                num(f(|r| r.2)),
+                runs.iter().map(|r| r.0.requests).sum::<u64>().to_string(),
+                match load {
+                    Load::WrkPlain(..) => "—".into(),
+                    Load::WrkTls(..) => tls_seen[si].clone().unwrap_or_default(),
+                    Load::H2(..) => runs
+                        .first()
+                        .and_then(|r| r.0.tls.clone())
+                        .unwrap_or_default(),
+                },
+                note,
+            ]);
+            let mut m = Measured::missing("G", &format!("{label} {}", load.title()));
+            m.ops_per_sec = meds[si];
+            m.mib_per_sec = f(|r| r.0.mib_per_sec);
+            m.server_cpu_pct = f(|r| r.1);
+            m.client_cpu_pct = f(|r| r.2);
+            m.errors = real.len() as u64;
+            m.commands = runs.iter().map(|r| r.0.command.clone()).collect();
+            self.measured.push(m);
+        }
+        t
+    }
+
+    /// How G was run, under its first table.
+    fn g_note(&self) -> String {
+        format!(
+            "Every server: {} workers (qweb worker threads, nginx worker processes, h2o \
+             `num-threads`, Caddy `GOMAXPROCS`), access logs off, no TLS session resumption \
+             (qweb `resumption = false`, nginx cache and tickets off, h2o \
+             `ssl-session-resumption: off`, Caddy `session_tickets.disabled`), the same \
+             RSA-2048 certificate and files, `keepalive_requests 10000000` in nginx. wrk: \
+             {} s per round, `-t{}`; its byte count (exact, from a Lua `done` hook) must be \
+             one body plus a header per request, every status 2xx/3xx, no socket error. \
+             h2load: `-n {}` requests per round (a count, not a duration), every one 2xx and \
+             exactly n × size data bytes. Medians over {} interleaved round(s) after one \
+             warm-up round.",
+            self.workers,
+            self.profile.wrk_secs,
+            crate::cpus(),
+            self.profile.h2_requests,
+            self.profile.rounds
+        )
     }
 
     /// Syscalls per request of each server (strace -c -f during a wrk run).
