@@ -1,8 +1,13 @@
-//! Memory per idle TLS keep-alive connection, through the real binary (mimalloc and all): 500
-//! HTTP/1.1 connections over TLS 1.3 (ECDSA P-256, as docs/BENCHMARKS.md experiment F), one
-//! request each, then idle: the qweb process's resident memory grows by at most 10 KiB per
-//! connection plus a stated margin; and the idle connections still close at
-//! `keepalive_timeout`.
+//! What a connection that sends nothing more costs in memory, through the real binary
+//! (mimalloc and all):
+//!
+//! - idle TLS keep-alive: 500 HTTP/1.1 connections over TLS 1.3 (ECDSA P-256, as
+//!   docs/BENCHMARKS.md experiment F), one request each, then idle: the qweb process's
+//!   resident memory grows by at most 10 KiB per connection plus a stated margin; and the
+//!   idle connections still close at `keepalive_timeout`;
+//! - an HTTP/2 client that opens 128 streams of a large file, grants every window and never
+//!   reads its socket: what the streams hold waiting is bounded per connection (hostile round
+//!   3, item 1), and every byte still arrives once the client reads.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -25,7 +30,7 @@ const KIB_PER_CONN: u64 = 10;
 /// 512 KiB, about 1 KiB per connection at N = 500, so that 11 KiB per connection fails.
 const MARGIN_KIB: u64 = 512;
 
-fn setup(dir: &Path) -> (std::path::PathBuf, rustls::ClientConfig) {
+fn setup(dir: &Path, proto: Proto) -> (std::path::PathBuf, rustls::ClientConfig) {
     let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
     let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
         .unwrap()
@@ -35,6 +40,7 @@ fn setup(dir: &Path) -> (std::path::PathBuf, rustls::ClientConfig) {
     std::fs::write(dir.join("k.pem"), kp.serialize_pem()).unwrap();
     std::fs::create_dir_all(dir.join("www")).unwrap();
     std::fs::write(dir.join("www/1k.bin"), vec![b'x'; 1024]).unwrap();
+    std::fs::write(dir.join("www/1m.bin"), vec![b'y'; 1 << 20]).unwrap();
     let d = dir.display();
     let config = dir.join("qweb.toml");
     std::fs::write(
@@ -52,7 +58,7 @@ fn setup(dir: &Path) -> (std::path::PathBuf, rustls::ClientConfig) {
     roots.add(cert.der().clone()).unwrap();
     let client = ClientTls::with_roots(roots)
         .versions(&[&rustls::version::TLS13])
-        .proto(Proto::H1)
+        .proto(proto)
         // every connection a full handshake, as in experiment F
         .no_resumption()
         .build();
@@ -99,7 +105,7 @@ async fn open(addr: &str, tls: &tokio_rustls::TlsConnector, n: usize) -> Vec<Con
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_tls_keepalive_connections_cost_at_most_10_kib_each() {
     let dir = tempfile::tempdir().unwrap();
-    let (config, client) = setup(dir.path());
+    let (config, client) = setup(dir.path(), Proto::H1);
     let qweb = Qweb::serve(BIN, &config);
     let addr = qweb.addr("https");
     let pid = qweb.pid();
@@ -144,4 +150,112 @@ async fn idle_tls_keepalive_connections_cost_at_most_10_kib_each() {
         "idle connections closed late: {:?}",
         since.elapsed()
     );
+}
+
+/// Streams per hostile HTTP/2 connection (qweb's default `max_concurrent_streams`).
+const STREAMS: u32 = 128;
+/// Hostile HTTP/2 connections.
+const H2_CONNS: usize = 2;
+/// The bound per such connection: 128 streams x (32 KiB h2 send buffer + a 16 KiB chunk) is
+/// 6 MiB; 10 MiB leaves room for TLS buffers and allocator slack. With hyper's defaults
+/// (400 KiB per stream, 128 KiB chunks) it was about 66 MiB.
+const MIB_PER_H2_CONN: u64 = 10;
+
+/// An HTTP/2 connection whose client grants every window (stream and connection, 2^31-1),
+/// asks for `1m.bin` on 128 streams, and reads nothing; its socket's receive buffer is small,
+/// so what the server sends waits on the server's side.
+async fn greedy_h2(addr: &str, tls: &tokio_rustls::TlsConnector) -> Conn {
+    use qweb_testkit::h2frames::{frame, get, hello, WINDOW_UPDATE};
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let tcp = sock.connect(addr.parse().unwrap()).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut s = tls.connect(name, tcp).await.unwrap();
+    let mut out = hello(&[(0x4, 0x7fff_ffff)]);
+    out.extend(frame(
+        WINDOW_UPDATE,
+        0,
+        0,
+        &(0x7fff_ffff_u32 - 65_535).to_be_bytes(),
+    ));
+    for i in 0..STREAMS {
+        out.extend(get(2 * i + 1, "/1m.bin"));
+    }
+    s.write_all(&out).await.unwrap();
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_streams_of_a_client_that_never_reads_hold_bounded_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, client) = setup(dir.path(), Proto::H2);
+    let qweb = Qweb::serve(BIN, &config);
+    let addr = qweb.addr("https");
+    let pid = qweb.pid();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(client));
+
+    // Warm up (handshake tables, allocator pages): one connection that reads everything.
+    let mut warm = greedy_h2(&addr, &tls).await;
+    let seen = qweb_testkit::h2frames::read_frames(&mut warm, Duration::from_secs(2)).await;
+    assert!(seen.data_bytes > 0, "{seen:?}");
+    drop(warm);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = rss_kib(pid);
+
+    let mut conns = Vec::new();
+    for _ in 0..H2_CONNS {
+        conns.push(greedy_h2(&addr, &tls).await);
+    }
+    // Let every stream fill what it may hold.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = rss_kib(pid);
+    let per_conn_mib = after.saturating_sub(before) as f64 / 1024.0 / H2_CONNS as f64;
+    eprintln!(
+        "RSS {before} KiB -> {after} KiB with {H2_CONNS} connections of {STREAMS} unread \
+         streams: {per_conn_mib:.1} MiB each"
+    );
+    assert!(
+        after <= before + H2_CONNS as u64 * MIB_PER_H2_CONN * 1024,
+        "{per_conn_mib:.1} MiB per connection whose client does not read (RSS {before} -> \
+         {after} KiB), over {MIB_PER_H2_CONN} MiB"
+    );
+
+    // Nothing was thrown away to stay within the bound: once the client reads, every stream
+    // delivers its whole file (the windows were granted at the start).
+    let want = STREAMS as usize * (1 << 20);
+    let reads = conns.into_iter().map(|mut s| async move {
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 1 << 16];
+        let mut pending = Vec::new();
+        // count DATA payload bytes, frame by frame, until all arrived
+        while got < want {
+            let n = tokio::time::timeout(Duration::from_secs(20), s.read(&mut buf))
+                .await
+                .expect("the server keeps sending")
+                .unwrap();
+            assert!(n > 0, "closed after {got} of {want} bytes");
+            pending.extend_from_slice(&buf[..n]);
+            while pending.len() >= 9 {
+                let len = (usize::from(pending[0]) << 16)
+                    | (usize::from(pending[1]) << 8)
+                    | usize::from(pending[2]);
+                if pending.len() < 9 + len {
+                    break;
+                }
+                if pending[3] == qweb_testkit::h2frames::DATA {
+                    got += len;
+                }
+                assert_ne!(
+                    pending[3],
+                    qweb_testkit::h2frames::RST_STREAM,
+                    "a stream was reset"
+                );
+                pending.drain(..9 + len);
+            }
+        }
+        got
+    });
+    for got in futures_util::future::join_all(reads).await {
+        assert_eq!(got, want);
+    }
 }

@@ -58,6 +58,14 @@ fn log_flood<H: Host>(worker: &H, state: &ConnState) {
     }
 }
 
+/// Bytes h2 buffers per stream before it stops asking the response body for more (hyper's
+/// default is 400 KiB). A client that grants large windows but does not read its socket has
+/// every stream's data wait in memory: with this and the body's share of its connection's
+/// read-ahead (`session::READ_AHEAD_BUDGET`, at least 16 KiB a chunk) a stream holds about
+/// 48 KiB, a connection of 128 such streams about 6 MiB (82 MiB with hyper's defaults). A
+/// stream that flows keeps a chunk and this much queued, enough to fill the socket.
+const SEND_BUFFER: usize = 32 * 1024;
+
 /// Serves HTTP/2 on `io` until the connection ends.
 pub(super) async fn serve<T, H: Host>(
     mut io: Box<Tracked<T>>,
@@ -82,6 +90,8 @@ pub(super) async fn serve<T, H: Host>(
         .timer(TokioTimer::new())
         .max_concurrent_streams(limits.max_concurrent_streams)
         .max_header_list_size(limits.max_request_header_size as u32)
+        // what h2 keeps per stream beyond the chunk it was handed (see SEND_BUFFER)
+        .max_send_buf_size(SEND_BUFFER)
         // WebSocket over HTTP/2 (RFC 8441), for proxy routes
         .enable_connect_protocol()
         .serve_connection(io, service);

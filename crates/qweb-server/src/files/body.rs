@@ -38,6 +38,7 @@ use lru::LruCache;
 use super::cache::Identity;
 use super::Root;
 use crate::http::body::BoxError;
+use crate::session::ReadAhead;
 
 /// Largest read per frame.
 pub(crate) const CHUNK: usize = 128 * 1024;
@@ -109,11 +110,19 @@ pub(crate) struct FileBody {
     remaining: u64,
     /// Size of the next read.
     next: usize,
+    /// The response's share of its connection's read-ahead: caps `next`.
+    ahead: ReadAhead,
 }
 
 impl FileBody {
     /// The bytes `offset..offset + remaining` of `file` (opened from `source`).
-    pub(crate) fn new(file: File, source: Reopen, offset: u64, remaining: u64) -> Self {
+    pub(crate) fn new(
+        file: File,
+        source: Reopen,
+        offset: u64,
+        remaining: u64,
+        ahead: ReadAhead,
+    ) -> Self {
         let id = NEXT_ID.with(|n| {
             let id = n.get();
             n.set(id + 1);
@@ -128,6 +137,7 @@ impl FileBody {
             offset,
             remaining,
             next: FIRST_CHUNK,
+            ahead,
         }
     }
 
@@ -197,7 +207,10 @@ impl Body for FileBody {
         if self.remaining == 0 {
             return Poll::Ready(None);
         }
-        let want = (self.remaining.min(self.next as u64)) as usize;
+        // Doubling up to CHUNK, but never past this response's share of its connection's
+        // read-ahead (many streams on one connection: smaller chunks, down to FIRST_CHUNK).
+        let cap = self.ahead.share().clamp(FIRST_CHUNK, CHUNK);
+        let want = (self.remaining.min(self.next.min(cap) as u64)) as usize;
         self.next = (self.next * 2).min(CHUNK);
         let mut buf = BytesMut::zeroed(want);
         if let Err(e) = self.read(&mut buf) {
@@ -235,7 +248,46 @@ mod tests {
             rel: Path::new(name).into(),
             identity,
         };
-        FileBody::new(file, source, 0, len as u64)
+        FileBody::new(file, source, 0, len as u64, ReadAhead::default())
+    }
+
+    /// A body whose chunks are sized by a connection with `streams` requests in flight.
+    fn on_conn(
+        mut body: FileBody,
+        streams: usize,
+    ) -> (FileBody, Vec<crate::session::RequestGuard>) {
+        let conn = std::rc::Rc::new(crate::session::ConnState::new(([127, 0, 0, 1], 1).into()));
+        let guards = (0..streams).map(|_| conn.request_started_guard()).collect();
+        body.ahead = ReadAhead::of(&conn);
+        (body, guards)
+    }
+
+    #[tokio::test]
+    async fn many_streams_on_one_connection_share_its_read_ahead() {
+        let t = tempfile::tempdir().unwrap();
+        let len = 1024 * 1024;
+        // 4 in flight: 256 KiB each, so chunks still grow to CHUNK
+        let (mut body, _g) = on_conn(body_of(t.path(), "a", len), 4);
+        let mut got = Vec::new();
+        for _ in 0..5 {
+            got.push(next(&mut body).await.unwrap().unwrap().len());
+        }
+        assert_eq!(got, [FIRST_CHUNK, 32 * 1024, 64 * 1024, CHUNK, CHUNK]);
+        // 20 in flight: 1 MiB / 20 = 52 428 bytes at most
+        let (mut body, _g) = on_conn(body_of(t.path(), "b", len), 20);
+        let mut got = Vec::new();
+        for _ in 0..5 {
+            got.push(next(&mut body).await.unwrap().unwrap().len());
+        }
+        assert_eq!(got, [FIRST_CHUNK, 32 * 1024, 52_428, 52_428, 52_428]);
+        // 128 in flight: the floor, FIRST_CHUNK
+        let (mut body, guards) = on_conn(body_of(t.path(), "c", len), 128);
+        for _ in 0..4 {
+            assert_eq!(next(&mut body).await.unwrap().unwrap().len(), FIRST_CHUNK);
+        }
+        // the others finished: the whole budget is this body's again
+        drop(guards);
+        assert_eq!(next(&mut body).await.unwrap().unwrap().len(), CHUNK);
     }
 
     async fn next(body: &mut FileBody) -> Option<Result<Bytes, BoxError>> {

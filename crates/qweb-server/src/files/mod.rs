@@ -21,6 +21,7 @@ use http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
 use crate::config::StaticConfig;
 use crate::http::body::{empty, full, Body};
 use crate::http::response;
+use crate::session::ReadAhead;
 pub(crate) use body::FileBody;
 use cache::{FileHead, Identity};
 pub(crate) use conditional::entity_tags;
@@ -64,6 +65,7 @@ impl StaticFiles {
         mount: &str,
         path: &str,
         query: Option<&str>,
+        ahead: &ReadAhead,
     ) -> Response<Body> {
         if method != Method::GET && method != Method::HEAD {
             return response::method_not_allowed("GET, HEAD");
@@ -85,7 +87,7 @@ impl StaticFiles {
         };
         match opened {
             Ok(Opened::File(file, meta, rel)) => {
-                match self.serve_file(method, headers, path, file, &meta, rel) {
+                match self.serve_file(method, headers, path, (file, ahead), &meta, rel) {
                     Ok(r) => r,
                     Err(code) => response::status(code),
                 }
@@ -165,7 +167,7 @@ impl StaticFiles {
         method: &Method,
         headers: &HeaderMap,
         key: &str,
-        mut file: File,
+        (mut file, ahead): (File, &ReadAhead),
         meta: &Metadata,
         rel: PathBuf,
     ) -> Result<Response<Body>, StatusCode> {
@@ -176,7 +178,7 @@ impl StaticFiles {
             let e = cache::insert(self.root.id(), key, head, body);
             return self.respond(method, headers, &e.head, Source::Memory(e.body.clone()));
         }
-        self.respond(method, headers, &head, Source::File(file))
+        self.respond(method, headers, &head, Source::File(file, ahead.clone()))
     }
 
     /// The response for `head` (status by the request's conditions and range), its body
@@ -245,18 +247,18 @@ impl StaticFiles {
                 let (start, end) = (start as usize, (start + count) as usize);
                 full(bytes.slice(start..end.min(bytes.len())))
             }
-            Source::File(mut file) if count <= SMALL => {
+            Source::File(mut file, _) if count <= SMALL => {
                 file.seek(SeekFrom::Start(start))
                     .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
                 full(read_whole(&mut file, count)?)
             }
-            Source::File(file) => {
+            Source::File(file, ahead) => {
                 let source = body::Reopen {
                     root: self.root.clone(),
                     rel: head.rel.clone(),
                     identity: head.identity,
                 };
-                crate::http::body::boxed(FileBody::new(file, source, start, count))
+                crate::http::body::boxed(FileBody::new(file, source, start, count, ahead))
             }
         };
         Ok(with_file(with_headers(status, h, body), info))
@@ -281,8 +283,9 @@ pub(crate) struct StaticFile {
 enum Source {
     /// The whole file, in memory.
     Memory(Bytes),
-    /// The opened file (streamed, or read whole when the part sent is small).
-    File(File),
+    /// The opened file (streamed, or read whole when the part sent is small), and the
+    /// response's share of its connection's read-ahead.
+    File(File, ReadAhead),
 }
 
 /// What a request path led to.

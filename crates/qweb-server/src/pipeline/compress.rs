@@ -40,6 +40,7 @@ use crate::files::body::Reopen;
 use crate::files::cache::Identity;
 use crate::files::FileBody;
 use crate::http::body::{boxed, full, Body};
+use crate::session::ReadAhead;
 
 pub(crate) use crate::files::StaticFile;
 
@@ -254,7 +255,11 @@ fn encode_headers(h: &mut HeaderMap, codec: Codec, len: Option<u64>) {
 }
 
 /// Wraps `resp` according to the negotiation (see the module documentation).
-pub(crate) fn finish(neg: Option<Negotiated>, mut resp: Response<Body>) -> Response<Body> {
+pub(crate) fn finish(
+    neg: Option<Negotiated>,
+    mut resp: Response<Body>,
+    ahead: &ReadAhead,
+) -> Response<Body> {
     let Some(neg) = neg else {
         return resp;
     };
@@ -300,7 +305,7 @@ pub(crate) fn finish(neg: Option<Negotiated>, mut resp: Response<Body>) -> Respo
     if let Some(f) = &file {
         if cfg.precompressed {
             for &c in &neg.ranked {
-                if let Some(sidecar) = open_sidecar(f, c) {
+                if let Some(sidecar) = open_sidecar(f, c, ahead) {
                     let slen = sidecar.size_hint().exact().unwrap_or(0);
                     comp.metrics().sidecar_hits.fetch_add(1, Relaxed);
                     encode_headers(resp.headers_mut(), c, Some(slen));
@@ -415,7 +420,7 @@ fn may_encode(h: &HeaderMap, cfg: &CompressionConfig) -> bool {
 /// route's root like the original (a sidecar symlink is followed only as the route's
 /// `symlinks` allows), and streamed by the static handler's own [`FileBody`] (the same
 /// chunk sizes, the same per-worker bound on held files).
-fn open_sidecar(f: &StaticFile, codec: Codec) -> Option<FileBody> {
+fn open_sidecar(f: &StaticFile, codec: Codec, ahead: &ReadAhead) -> Option<FileBody> {
     let ext = match codec {
         Codec::Gzip => "gz",
         Codec::Brotli => "br",
@@ -435,7 +440,7 @@ fn open_sidecar(f: &StaticFile, codec: Codec) -> Option<FileBody> {
         rel: Path::new(&name).into(),
         identity: Identity::of(&meta),
     };
-    Some(FileBody::new(file, source, 0, meta.len()))
+    Some(FileBody::new(file, source, 0, meta.len(), ahead.clone()))
 }
 
 #[cfg(test)]
@@ -478,8 +483,8 @@ mod tests {
             len: 8,
             mtime: UNIX_EPOCH,
         };
-        let mut body: FileBody = open_sidecar(&f, Codec::Gzip).unwrap();
-        assert!(open_sidecar(&f, Codec::Brotli).is_none());
+        let mut body: FileBody = open_sidecar(&f, Codec::Gzip, &ReadAhead::default()).unwrap();
+        assert!(open_sidecar(&f, Codec::Brotli, &ReadAhead::default()).is_none());
         assert_eq!(body.size_hint().exact(), Some(gz.len() as u64));
         let mut frames = Vec::new();
         while let Some(fr) = body.frame().await {

@@ -7,6 +7,7 @@ use http::{header, HeaderMap, Method, Response};
 use crate::config::ErrorPages;
 use crate::http::body::Body;
 use crate::pipeline::routes::{Handler, Route};
+use crate::session::ReadAhead;
 
 /// Headers of the page that describe the file rather than the error.
 const PAGE_ONLY: [header::HeaderName; 4] = [
@@ -23,6 +24,7 @@ pub(crate) fn apply(
     routes: &[Route],
     method: &Method,
     resp: Response<Body>,
+    ahead: &ReadAhead,
 ) -> Response<Body> {
     let status = resp.status();
     if pages.pages.is_empty()
@@ -51,7 +53,7 @@ pub(crate) fn apply(
     } else {
         Method::GET
     };
-    let served = files.serve(&m, &HeaderMap::new(), mount, sub, None);
+    let served = files.serve(&m, &HeaderMap::new(), mount, sub, None, ahead);
     if served.status() != http::StatusCode::OK {
         tracing::debug!(
             page,

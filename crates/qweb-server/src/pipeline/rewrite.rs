@@ -8,6 +8,7 @@ use crate::files::StaticFiles;
 use crate::http::body::Body;
 use crate::http::path::PathError;
 use crate::http::response;
+use crate::session::ReadAhead;
 
 /// The redirect for `req`: `Location` is `cfg.to` with `{host}` (the request's host without
 /// port, else the SNI name), `{uri}` (`path` and the query), `{path}` and `{query}` filled in.
@@ -97,6 +98,7 @@ pub(crate) fn try_files(
     req: &Request<impl Sized>,
     mount: &str,
     sub: &str,
+    ahead: &ReadAhead,
 ) -> Response<Body> {
     for (k, c) in list.iter().enumerate() {
         let last = k + 1 == list.len();
@@ -111,6 +113,7 @@ pub(crate) fn try_files(
             mount,
             &candidate,
             req.uri().query(),
+            ahead,
         );
         if last || r.status() != StatusCode::NOT_FOUND {
             return r;

@@ -17,7 +17,7 @@ use crate::pipeline::ctx::WorkerCtx;
 use crate::pipeline::routes::{Handler, Route};
 use crate::proxy::{ClientInfo, Target};
 use crate::session::logged::{AccessRecord, Logged};
-use crate::session::ConnState;
+use crate::session::{ConnState, ReadAhead};
 
 /// Per-connection service.
 pub(crate) struct Service {
@@ -84,7 +84,8 @@ impl Service {
             .take()
             .unwrap_or_else(|| self.worker.unmatched.clone());
         // Compression, part 2: encode the response (or only mark it `Vary`).
-        let mut resp = crate::pipeline::compress::finish(negotiated, resp);
+        let mut resp =
+            crate::pipeline::compress::finish(negotiated, resp, &ReadAhead::of(&self.conn));
         resp.headers_mut()
             .entry(header::SERVER)
             .or_insert(HeaderValue::from_static("qweb"));
@@ -165,6 +166,7 @@ impl Service {
         mut req: Request<Incoming>,
         matched: &std::cell::Cell<Option<std::rc::Rc<crate::observe::metrics::RouteMetrics>>>,
     ) -> Response<Body> {
+        let ahead = ReadAhead::of(&self.conn);
         if let Some(status) = head_too_large(&req, self.worker.limits.max_request_header_size) {
             let mut r = response::status(status);
             if req.version() <= Version::HTTP_11 {
@@ -226,7 +228,7 @@ impl Service {
         let pages = self.worker.sites.error_pages(site);
         let Some(route) = route else {
             let r = response::status(StatusCode::NOT_FOUND);
-            let mut r = crate::pipeline::error_pages::apply(pages, routes, req.method(), r);
+            let mut r = crate::pipeline::error_pages::apply(pages, routes, req.method(), r, &ahead);
             crate::pipeline::headers_rules::respond(site_ref, None, &mut r);
             return r;
         };
@@ -242,7 +244,14 @@ impl Service {
             }
             Handler::Static(files) => {
                 let r = if route.rules.try_files.is_empty() {
-                    files.serve(req.method(), req.headers(), mount, sub, req.uri().query())
+                    files.serve(
+                        req.method(),
+                        req.headers(),
+                        mount,
+                        sub,
+                        req.uri().query(),
+                        &ahead,
+                    )
                 } else {
                     crate::pipeline::rewrite::try_files(
                         files,
@@ -250,6 +259,7 @@ impl Service {
                         &req,
                         mount,
                         sub,
+                        &ahead,
                     )
                 };
                 match r.status() {
@@ -285,7 +295,7 @@ impl Service {
                 proxy.forward(req, &target, &self.client).await
             }
         };
-        let mut resp = crate::pipeline::error_pages::apply(pages, routes, &method, resp);
+        let mut resp = crate::pipeline::error_pages::apply(pages, routes, &method, resp, &ahead);
         crate::pipeline::headers_rules::charset(site_ref, route, &mut resp);
         if matches!(route.handler, Handler::Static(_)) {
             crate::pipeline::headers_rules::expires(&route.rules, &mut resp);

@@ -107,6 +107,34 @@ struct Sending {
     stream: Option<Rc<StreamCancel>>,
 }
 
+/// What the responses of one connection may read ahead of their client, together: a streamed
+/// body reads its next chunk only when hyper asks for it (the client granted window, or
+/// HTTP/1's socket took the last one), but an HTTP/2 client that grants large windows and
+/// does not read its socket has each stream's chunk wait in memory. The budget is split among
+/// the requests in flight ([`ReadAhead::share`]); with HTTP/2's send buffer per stream
+/// (`conn::h2`) it bounds what such a connection holds.
+pub(crate) const READ_AHEAD_BUDGET: usize = 1 << 20;
+
+/// A response's share of its connection's [`READ_AHEAD_BUDGET`]. `None` (no connection, as
+/// in unit tests): no share, the reader's own maximum applies.
+#[derive(Clone, Default)]
+pub(crate) struct ReadAhead(Option<Rc<ConnState>>);
+
+impl ReadAhead {
+    /// The share of a response on `conn`.
+    pub(crate) fn of(conn: &Rc<ConnState>) -> Self {
+        ReadAhead(Some(conn.clone()))
+    }
+
+    /// Bytes this response may read ahead now: the budget over the requests in flight.
+    pub(crate) fn share(&self) -> usize {
+        match &self.0 {
+            Some(c) => READ_AHEAD_BUDGET / (c.in_flight().max(1) as usize),
+            None => usize::MAX,
+        }
+    }
+}
+
 /// The state of one connection.
 pub(crate) struct ConnState {
     /// The client's address.
@@ -168,13 +196,13 @@ impl ConnState {
         self.in_flight.get()
     }
 
-    /// A request head was parsed and handed to the service; the request is in flight until
-    /// the guard is dropped (response body finished, or the request abandoned).
     /// Requests started on this connection so far.
     pub(crate) fn requests_started(&self) -> u64 {
         self.started.get()
     }
 
+    /// A request head was parsed and handed to the service; the request is in flight until
+    /// the guard is dropped (response body finished, or the request abandoned).
     pub(crate) fn request_started_guard(self: &Rc<Self>) -> RequestGuard {
         self.head_started.set(None);
         self.in_flight.set(self.in_flight.get() + 1);
