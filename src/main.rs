@@ -83,7 +83,17 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Held pending until `qweb serve` has its handlers (see `Signals`): by their default
+    // action SIGHUP and SIGUSR1/2 would end a process that a reload, a log rotation or an
+    // upgrade signals while it starts.
+    startup_signals(libc::SIG_BLOCK);
     let cli = Cli::parse();
+    if !matches!(
+        cli.command,
+        Command::Serve { .. } | Command::Keyserver { .. }
+    ) {
+        startup_signals(libc::SIG_UNBLOCK);
+    }
     match cli.command {
         Command::CheckConfig { file } => match Config::from_file(&file) {
             Ok(c) => {
@@ -227,6 +237,16 @@ fn subscriber(
 }
 
 fn serve(path: Option<PathBuf>) -> ExitCode {
+    // First of all: until the handlers are installed, SIGHUP and SIGUSR2 (`qweb reload`,
+    // `qweb upgrade`, a service manager) would kill the process by their default action.
+    // A signal that comes while the configuration loads is acted on once serving starts.
+    let signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let config = match &path {
         Some(p) => match Config::from_file(p) {
             Ok(c) => c,
@@ -265,13 +285,6 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
         Ok(_) => {}
         Err(e) => tracing::warn!("cannot raise the open-file limit: {e}"),
     }
-    let signals = match Signals::install() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     let listeners = config.listeners.clone();
     let workers = config.workers;
     let server = match Server::start(config) {
@@ -367,8 +380,28 @@ fn signal_instance(config: Option<PathBuf>, signal: qweb_server::control::Signal
     }
 }
 
+/// Blocks (`SIG_BLOCK`) or unblocks (`SIG_UNBLOCK`) SIGHUP, SIGUSR1 and SIGUSR2 for the
+/// calling thread, and so for the threads it starts afterwards. A signal blocked stays
+/// pending and is delivered when unblocked.
+fn startup_signals(how: libc::c_int) {
+    #[allow(unsafe_code)]
+    // SAFETY: `set` is a local sigset_t initialised by sigemptyset before use; sigaddset gets
+    // valid signal numbers; pthread_sigmask reads `set` and takes a null old-set pointer,
+    // which it allows. None of these calls keeps a pointer past its return.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for sig in [libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2] {
+            libc::sigaddset(&mut set, sig);
+        }
+        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
+    }
+}
+
 /// SIGINT, SIGTERM and SIGHUP handlers, installed before the process says it is ready (so
-/// that a signal sent right after the ready line is never the default, fatal one).
+/// that a signal sent right after the ready line is never the default, fatal one). They are
+/// installed first thing in `qweb serve`, on the main thread, before any other thread starts;
+/// SIGHUP, SIGUSR1 and SIGUSR2, blocked since `main` began, are unblocked once they are.
 struct Signals {
     rt: tokio::runtime::Runtime,
     int: tokio::signal::unix::Signal,
@@ -399,6 +432,8 @@ impl Signals {
         let hup = hup.map_err(|e| format!("cannot install the SIGHUP handler: {e}"))?;
         let usr1 = usr1.map_err(|e| format!("cannot install the SIGUSR1 handler: {e}"))?;
         let usr2 = usr2.map_err(|e| format!("cannot install the SIGUSR2 handler: {e}"))?;
+        // A signal that came meanwhile is delivered now, to the handler.
+        startup_signals(libc::SIG_UNBLOCK);
         Ok(Signals {
             rt,
             int,

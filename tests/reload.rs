@@ -321,15 +321,7 @@ async fn twenty_reloads_under_load_lose_nothing_and_switch_certificates_and_rout
 #[test]
 fn reload_without_a_running_instance_exits_1_and_says_why() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("qweb.toml");
-    std::fs::write(
-        &file,
-        format!(
-            "state_dir = \"{}/state\"\n[[listener]]\naddress = \"127.0.0.1:0\"\n",
-            dir.path().display()
-        ),
-    )
-    .unwrap();
+    let file = one_listener(dir.path());
     let out = Command::new(BIN)
         .args(["reload", "--config"])
         .arg(&file)
@@ -354,6 +346,85 @@ fn reload_without_a_running_instance_exits_1_and_says_why() {
     assert!(err.contains("no qweb holds that pid file"), "{err}");
 }
 
+/// `dir/qweb.toml`: one plain listener on a free port, the state in `dir/state`.
+fn one_listener(dir: &Path) -> PathBuf {
+    let file = dir.join("qweb.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "state_dir = \"{}/state\"\n[[listener]]\naddress = \"127.0.0.1:{}\"\n",
+            dir.display(),
+            free_port()
+        ),
+    )
+    .unwrap();
+    file
+}
+
+/// SIGHUP and SIGUSR1 while qweb starts do not kill it. Before: their default action
+/// (termination) in the first ~20 ms, until the handlers were installed.
+///
+/// - Started with them blocked, as `qweb upgrade` now starts the new binary: it unblocks them
+///   once its handlers exist, so a SIGHUP after the start reloads (before: never, the mask
+///   stayed).
+/// - A plain start, signalled every 2 ms from 10 ms after exec until the banner: `qweb serve`
+///   blocks them from its first line until its handlers are installed, and acts on them
+///   then. (The loader's millisecond or two before `main` is beyond the process's reach;
+///   `qweb upgrade` covers it by the inherited mask.)
+#[test]
+fn signals_while_starting_are_held_not_fatal() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let file = one_listener(dir.path());
+    let answers = |q: &Qweb| {
+        let addr = qweb_testkit::process::listen_addr(&q.lines(), "http");
+        let mut s = std::net::TcpStream::connect(&addr)
+            .unwrap_or_else(|e| panic!("qweb died: {e}\n{}", q.lines().join("\n")));
+        use std::io::{Read, Write};
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut got = String::new();
+        s.read_to_string(&mut got).unwrap();
+        assert!(got.starts_with("HTTP/1.1 "), "{got}");
+    };
+
+    // Started with SIGHUP blocked.
+    let mut cmd = qweb_testkit::process::serve_command(BIN, &file);
+    // SAFETY: runs in the forked child before exec; only async-signal-safe calls on a local set.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGHUP);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    let q = Qweb::spawn_unready(cmd);
+    q.signal(libc::SIGHUP);
+    q.wait_for("configuration reloaded", 1);
+    answers(&q);
+    drop(q);
+
+    // A plain start, signalled while it starts (when it starts slower than 10 ms).
+    for sig in [libc::SIGHUP, libc::SIGUSR1] {
+        let q = Qweb::spawn_unready(qweb_testkit::process::serve_command(BIN, &file));
+        std::thread::sleep(Duration::from_millis(10));
+        let until = Instant::now() + Duration::from_millis(150);
+        let mut sent = 0;
+        while Instant::now() < until && q.count("qweb: listening on") == 0 {
+            q.signal(sig);
+            sent += 1;
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        q.wait_for("qweb: listening on", 1);
+        if sig == libc::SIGHUP && sent > 0 {
+            q.wait_for("configuration reloaded", 1);
+        }
+        answers(&q);
+    }
+}
+
 /// `Type=notify-reload`: READY=1 (with MAINPID) once serving, RELOADING=1 with
 /// MONOTONIC_USEC then READY=1 around a reload, STOPPING=1 on SIGTERM.
 #[test]
@@ -363,16 +434,7 @@ fn sd_notify_ready_reloading_ready_stopping() {
     let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
     sock.set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
-    let file = dir.path().join("qweb.toml");
-    std::fs::write(
-        &file,
-        format!(
-            "state_dir = \"{}/state\"\n[[listener]]\naddress = \"127.0.0.1:{}\"\n",
-            dir.path().display(),
-            free_port()
-        ),
-    )
-    .unwrap();
+    let file = one_listener(dir.path());
     let mut child = Command::new(BIN)
         .args(["serve", "--config"])
         .arg(&file)

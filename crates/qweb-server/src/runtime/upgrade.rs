@@ -12,6 +12,7 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -187,11 +188,29 @@ pub fn start_new_binary(
         }
     }
     fcntl_setfd(theirs.as_fd(), FdFlags::empty()).map_err(io::Error::from)?;
-    let spawned = Command::new(exe)
-        .args(args)
+    let mut cmd = Command::new(exe);
+    cmd.args(args)
         .env(FDS_ENV, &spec)
-        .env(READY_ENV, theirs.as_raw_fd().to_string())
-        .spawn();
+        .env(READY_ENV, theirs.as_raw_fd().to_string());
+    #[allow(unsafe_code)]
+    // SAFETY: the closure runs in the forked child before exec and calls only
+    // sigemptyset/sigaddset on a local set and pthread_sigmask, which are async-signal-safe;
+    // it allocates nothing and touches no lock.
+    unsafe {
+        cmd.pre_exec(|| {
+            // The new binary starts with SIGHUP, SIGUSR1 and SIGUSR2 blocked (a mask survives
+            // exec): one sent before its handlers exist stays pending instead of killing it;
+            // `qweb serve` unblocks them once its handlers are installed.
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for sig in [libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2] {
+                libc::sigaddset(&mut set, sig);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    let spawned = cmd.spawn();
     drop(theirs);
     let mut child = spawned.map_err(|source| UpgradeError::Spawn {
         exe: exe.display().to_string(),
