@@ -43,8 +43,12 @@ use crate::http::response;
 /// How long the upstream side of an accepted upgrade may take to be handed over by hyper.
 const HANDOFF_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Size of each direction's copy buffer.
+/// Size of a direction's copy buffer while bytes flow.
 const COPY_BUF: usize = 16 * 1024;
+/// What a direction reads into while its traffic is small (chat messages, pings, an idle
+/// tunnel): the large buffer is allocated only after a read filled this one, and given back
+/// after a read that this one would have held, so an idle tunnel holds no copy buffer.
+const SMALL_BUF: usize = 512;
 
 /// How long a direction told to go away may take to reach the end of the frame it is in
 /// before the tunnel is closed without a close frame.
@@ -502,7 +506,8 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut buf = vec![0u8; COPY_BUF];
+    let mut small = [0u8; SMALL_BUF];
+    let mut large: Option<Box<[u8]>> = None;
     let mut going: Option<Instant> = None;
     loop {
         if going.is_some() {
@@ -533,7 +538,14 @@ where
                 let _ = w.shutdown().await;
                 return Ok(true);
             }
-            n = r.read(&mut buf) => n?,
+            n = r.read(match &mut large {
+                Some(b) => &mut b[..],
+                None => &mut small[..],
+            }) => n?,
+        };
+        let buf: &[u8] = match &large {
+            Some(b) => &b[..n],
+            None => &small[..n],
         };
         last.set(Instant::now());
         if n == 0 {
@@ -543,14 +555,19 @@ where
             return r.map(|()| false);
         }
         if let Some((f, _)) = &mut ws {
-            f.feed(&buf[..n]);
+            f.feed(buf);
         }
         flow.blocked_since.set(Some(Instant::now()));
-        w.write_all(&buf[..n]).await?;
+        w.write_all(buf).await?;
         flow.moved.set(flow.moved.get() + n as u64);
         w.flush().await?;
         flow.blocked_since.set(None);
         last.set(Instant::now());
+        match &large {
+            None if n == SMALL_BUF => large = Some(vec![0u8; COPY_BUF].into_boxed_slice()),
+            Some(_) if n < SMALL_BUF => large = None,
+            _ => {}
+        }
     }
 }
 
