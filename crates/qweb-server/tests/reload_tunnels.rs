@@ -139,3 +139,122 @@ async fn a_shutdown_sends_1001_to_both_sides_of_a_websocket() {
         started.elapsed()
     );
 }
+
+// ---- the same over HTTP/2 (RFC 8441 extended CONNECT) ------------------------------------
+
+type H2Client =
+    tokio_tungstenite::WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
+
+/// A WebSocket over an HTTP/2 stream of qweb's TLS listener.
+async fn connect_h2(t: &common::TestServer) -> H2Client {
+    let tls = t.tls(common::Proto::H2).await;
+    let (mut sender, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .handshake::<_, http_body_util::Empty<bytes::Bytes>>(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut req = hyper::Request::builder()
+        .method("CONNECT")
+        .uri("https://localhost/chat")
+        .header("sec-websocket-version", "13")
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    req.extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let mut resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200, "{resp:?}");
+    let stream = hyper::upgrade::on(&mut resp).await.unwrap();
+    tokio_tungstenite::WebSocketStream::from_raw_socket(
+        hyper_util::rt::TokioIo::new(stream),
+        tokio_tungstenite::tungstenite::protocol::Role::Client,
+        None,
+    )
+    .await
+}
+
+async fn echo_h2(ws: &mut H2Client, text: &str) {
+    ws.send(Message::text(text)).await.expect("send");
+    let m = tokio::time::timeout(Duration::from_secs(5), ws.next())
+        .await
+        .expect("an answer")
+        .expect("the tunnel is open")
+        .expect("a message");
+    assert_eq!(m.into_text().unwrap(), text);
+}
+
+async fn close_code_h2(ws: &mut H2Client, within: Duration) -> CloseCode {
+    match tokio::time::timeout(within, ws.next()).await {
+        Ok(Some(Ok(Message::Close(Some(f))))) => f.code,
+        other => panic!("no close frame with a code: {other:?}"),
+    }
+}
+
+/// An HTTP/2 WebSocket is a tunnel as an HTTP/1.1 one is: it is not cut as an idle
+/// connection at `keepalive_timeout`, a reload keeps it past `shutdown_timeout` until
+/// `upgrade_drain_timeout`, and then both sides get a close frame 1001. Before: the
+/// connection looked idle once the 200 was sent (cut at `keepalive_timeout`, or at once by a
+/// reload's GOAWAY), with no close frame.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_websocket_outlives_keepalive_and_a_reload_then_goes_away_with_1001() {
+    let (up, mut closes) = ws_upstream().await;
+    let mut t = start(
+        up,
+        "shutdown_timeout = \"1s\"\nupgrade_drain_timeout = \"3s\"\n\
+         [limits]\nkeepalive_timeout = \"1s\"",
+    );
+    let mut ws = connect_h2(&t).await;
+    echo_h2(&mut ws, "before").await;
+    // quiet for twice keepalive_timeout: still a tunnel
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    echo_h2(&mut ws, "after keepalive_timeout").await;
+    let reloaded = Instant::now();
+    let config = qweb_server::Config::from_file(&t.dir.path().join("qweb.toml")).unwrap();
+    let mut server = t.server.take().unwrap();
+    let server = tokio::task::spawn_blocking(move || {
+        server.reload(config).unwrap();
+        server
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep_until((reloaded + Duration::from_millis(1500)).into()).await;
+    echo_h2(&mut ws, "after shutdown_timeout").await;
+    assert_eq!(
+        close_code_h2(&mut ws, Duration::from_secs(6)).await,
+        CloseCode::Away
+    );
+    let waited = reloaded.elapsed();
+    assert!(waited >= Duration::from_millis(2900), "{waited:?}");
+    let upstream = tokio::time::timeout(Duration::from_secs(5), closes.recv())
+        .await
+        .expect("the upstream got a close frame");
+    assert_eq!(upstream, Some(Some(1001)));
+    tokio::task::spawn_blocking(move || server.shutdown())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_sends_1001_to_both_sides_of_an_http2_websocket() {
+    let (up, mut closes) = ws_upstream().await;
+    let mut t = start(up, "shutdown_timeout = \"10s\"");
+    let mut ws = connect_h2(&t).await;
+    echo_h2(&mut ws, "hello").await;
+    let server = t.server.take().unwrap();
+    let started = Instant::now();
+    let stopping = tokio::task::spawn_blocking(move || server.shutdown());
+    assert_eq!(
+        close_code_h2(&mut ws, Duration::from_secs(5)).await,
+        CloseCode::Away
+    );
+    let upstream = tokio::time::timeout(Duration::from_secs(5), closes.recv())
+        .await
+        .expect("the upstream got a close frame");
+    assert_eq!(upstream, Some(Some(1001)));
+    stopping.await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}

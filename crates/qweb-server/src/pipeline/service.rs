@@ -40,6 +40,8 @@ impl Service {
             addr: conn.peer,
             tls,
             conn: conn.clone(),
+            tunnels: worker.tunnels.clone(),
+            shutdown: worker.shutdown.clone(),
         };
         Service {
             worker,

@@ -313,9 +313,18 @@ impl Proxy {
         };
         if let Some(down) = h2_client {
             headers.remove("sec-websocket-accept");
+            // The stream is a tunnel of its connection: the connection is busy while it runs
+            // (not closed as idle at keepalive_timeout, nor at once by a reload's GOAWAY), its
+            // task is kept past a reload's shutdown_timeout, and the tunnel is told when to go
+            // away (close frames 1001), as an HTTP/1.1 upgrade's.
+            let busy = client.conn.request_started_guard();
+            let (registered, ending) = client
+                .tunnels
+                .started_on(client.conn.task, client.shutdown.clone());
             tokio::task::spawn_local(async move {
+                let _held = (busy, registered);
                 match tokio::time::timeout(HANDOFF_TIMEOUT, down).await {
-                    Ok(Ok(d)) => run(TokioIo::new(d), Bytes::new(), tunnel, None).await,
+                    Ok(Ok(d)) => run(TokioIo::new(d), Bytes::new(), tunnel, Some(ending)).await,
                     _ => tracing::debug!(upstream = %tunnel.name, "client stream not handed over"),
                 }
             });

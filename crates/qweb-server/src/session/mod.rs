@@ -162,6 +162,9 @@ pub(crate) struct ConnState {
     pub sni: std::cell::OnceCell<Box<str>>,
     /// An upgrade the proxy accepted: run once the HTTP/1 exchange is over.
     pub tunnel: tunnel::TunnelSlot,
+    /// The task that serves the connection (it made this state): an HTTP/2 WebSocket,
+    /// which runs in a task of its own, is registered as this task's tunnel.
+    pub task: Option<tokio::task::Id>,
 }
 
 impl ConnState {
@@ -183,6 +186,7 @@ impl ConnState {
             changed: Notify::new(),
             sni: std::cell::OnceCell::new(),
             tunnel: Default::default(),
+            task: tokio::task::try_id(),
         }
     }
 

@@ -6,7 +6,7 @@
 //! [`Tunnel::run`] with the client's transport; the proxy implements it.
 
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -82,7 +82,9 @@ impl Ending {
 /// (a retirement keeps those past `shutdown_timeout`, up to `upgrade_drain_timeout`), and
 /// the signal that tells them to go away.
 pub(crate) struct Tunnels {
-    tasks: RefCell<HashSet<tokio::task::Id>>,
+    /// Connection tasks running tunnels, and how many each (an HTTP/2 connection may carry
+    /// several WebSockets).
+    tasks: RefCell<HashMap<tokio::task::Id, usize>>,
     going_away: watch::Sender<bool>,
     /// Told when a tunnel starts (a retirement waiting for requests counts it as done).
     pub started: Notify,
@@ -105,9 +107,18 @@ impl Tunnels {
         self: &Rc<Self>,
         shutdown: watch::Receiver<bool>,
     ) -> (TunnelGuard, Ending) {
-        let id = tokio::task::try_id();
+        self.started_on(tokio::task::try_id(), shutdown)
+    }
+
+    /// A tunnel carried by connection task `id` (an HTTP/2 WebSocket runs in a task of its
+    /// own, but lives as long as its connection's task does).
+    pub(crate) fn started_on(
+        self: &Rc<Self>,
+        id: Option<tokio::task::Id>,
+        shutdown: watch::Receiver<bool>,
+    ) -> (TunnelGuard, Ending) {
         if let Some(id) = id {
-            self.tasks.borrow_mut().insert(id);
+            *self.tasks.borrow_mut().entry(id).or_default() += 1;
             self.started.notify_waiters();
         }
         let ending = Ending::new(shutdown, self.going_away.subscribe());
@@ -121,7 +132,7 @@ impl Tunnels {
 
     /// Whether task `id` runs a tunnel.
     pub(crate) fn runs(&self, id: tokio::task::Id) -> bool {
-        self.tasks.borrow().contains(&id)
+        self.tasks.borrow().contains_key(&id)
     }
 
     /// Tells every tunnel to go away (a WebSocket gets a close frame 1001 each way).
@@ -136,7 +147,13 @@ pub(crate) struct TunnelGuard(Rc<Tunnels>, Option<tokio::task::Id>);
 impl Drop for TunnelGuard {
     fn drop(&mut self) {
         if let Some(id) = self.1 {
-            self.0.tasks.borrow_mut().remove(&id);
+            let mut tasks = self.0.tasks.borrow_mut();
+            if let Some(n) = tasks.get_mut(&id) {
+                *n -= 1;
+                if *n == 0 {
+                    tasks.remove(&id);
+                }
+            }
         }
     }
 }
