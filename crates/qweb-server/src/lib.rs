@@ -10,7 +10,7 @@
 //!
 //! | layer | what it is |
 //! |---|---|
-//! | [`config`] | the configuration, read and validated (everything reads it) |
+//! | [`config`] | the configuration, read and validated (everything reads it): the `qweb-config` crate, re-exported |
 //! | `http` | HTTP primitives: bodies, generated responses, path normalisation, request rules |
 //! | `observe` | metrics, access log, log rate limits, process counters |
 //! | `session` | one connection's state: phases, deadlines, the logged-request record, tunnels |
@@ -19,7 +19,7 @@
 //! | `pipeline` | the request pipeline: service, sites, rewrite, routing, error pages, headers, compression glue |
 //! | `runtime` | server, workers, listeners, TLS sessions, OCSP, admin, reload, upgrade, signals |
 
-pub mod config;
+pub use qweb_config as config;
 
 mod http;
 

@@ -234,7 +234,7 @@ impl Validator<'_> {
 
 #[cfg(test)]
 mod plain_http2 {
-    use crate::config::Config;
+    use crate::Config;
     use std::path::Path;
 
     #[test]

@@ -3,7 +3,7 @@
 mod settings {
     use std::path::Path;
 
-    use crate::config::{Config, ProxyConfig, RouteAction};
+    use crate::{Config, ProxyConfig, RouteAction};
 
     /// The `/api` proxy route of a config with `upstreams` (a TOML list's items) and `keys`.
     pub(super) fn proxy_route(upstreams: &str, keys: &str) -> Result<ProxyConfig, String> {
@@ -69,9 +69,9 @@ mod settings {
 mod balance_tests {
     use std::time::Duration;
 
-    use crate::config::{Balance, HashKey};
+    use crate::{Balance, HashKey};
 
-    fn route(keys: &str) -> Result<crate::config::ProxyConfig, String> {
+    fn route(keys: &str) -> Result<crate::ProxyConfig, String> {
         super::settings::proxy_route("\"127.0.0.1:9\", \"127.0.0.1:10\"", keys)
     }
 

@@ -336,7 +336,7 @@ impl CompressionConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::Config;
     use std::path::Path;
 
     fn parse(text: &str) -> Result<Config, ConfigError> {

@@ -100,7 +100,7 @@ impl Validator<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::Config;
 
     fn load(log: &str) -> Result<Config, ConfigError> {
         let text = format!("[log]\n{log}\n[[listener]]\naddress = \"127.0.0.1:0\"\n");

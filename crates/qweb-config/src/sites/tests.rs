@@ -1,5 +1,5 @@
 use super::server_name;
-use crate::config::Config;
+use crate::Config;
 
 fn parse(text: &str) -> Result<Config, String> {
     let dir = std::env::temp_dir();
