@@ -198,3 +198,63 @@ fn with_the_key_server_down_handshakes_go_on_and_old_tickets_resume() {
     b.shutdown();
     c.shutdown();
 }
+
+/// `qweb serve` (the real binary) whose TLS listener signs on the key server (no key file)
+/// and takes its ticket keys from it; `shutdown_timeout` 30 s.
+fn serve_process(dir: &Path, name: &str) -> Qweb {
+    let d = dir.display();
+    let text = format!(
+        "workers = 2\nshutdown_timeout = \"30s\"\nstate_dir = \"{d}/state-{name}\"\n\
+         [admin]\naddress = \"127.0.0.1:0\"\n[log]\naccess = false\n\
+         [offload.engines.ks]\nkind = \"keyserver\"\nservers = [\"unix:{d}/ks.sock\"]\ntimeout = \"1s\"\n\
+         [[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\n\
+         certificates = [{{ cert = \"{d}/site.crt\" }}]\n\
+         session_cache = 0\nticket_keys = \"keyserver:ks\"\n\
+         [listener.offload]\nengine = \"ks\"\nmode = \"async\"\ntimeout = \"1s\"\n\
+         [[route]]\nprefix = \"/\"\nroot = \"{d}/site\"\n"
+    );
+    let file = qweb_testkit::process::write_file(dir, &format!("{name}.toml"), &text);
+    Qweb::serve(BIN, &file)
+}
+
+/// SIGTERM with the key server gone (killed, or stopped with SIGSTOP) and nothing in
+/// flight: qweb exits at once, not after `shutdown_timeout` (30 s here). Nothing waits on
+/// the dead key server: not the engine's reconnecting connections, not the ticket-key
+/// refresher (which has failed at least once by then), not a handshake that failed on it.
+#[test]
+fn sigterm_with_the_key_server_gone_exits_at_once() {
+    let dir = setup();
+    let d = dir.path();
+    for (round, how) in [libc::SIGKILL, libc::SIGSTOP].into_iter().enumerate() {
+        // 4 s rotation: the refresher asks every second
+        let ks = Keyserver::start(d, "4s");
+        let mut q = serve_process(d, &format!("p{round}"));
+        let addr: SocketAddr = q.addr("https").parse().unwrap();
+        // a full handshake, signed by the key server
+        let f = d.join(format!("p{round}.sess"));
+        assert!(!s_client(addr, true, &f, true));
+        ks.0.signal(how);
+        q.wait_for_within(
+            "ticket keys: no key server answers",
+            1,
+            Duration::from_secs(10),
+        );
+        // a handshake that needs the key server now fails (no key here), and ends
+        let run = SClient::new(addr, TlsVersion::V13)
+            .sess(&d.join(format!("p{round}-down.sess")), true)
+            .run();
+        assert!(!run.stdout.contains("hello"), "{}", run.stdout);
+        let started = Instant::now();
+        q.signal(libc::SIGTERM);
+        let status = q.wait_exit(Duration::from_secs(40));
+        let took = started.elapsed();
+        eprintln!("signal {how}: SIGTERM to exit {took:?}");
+        assert!(status.success(), "{status:?}: {:#?}", q.lines());
+        assert!(
+            took < Duration::from_secs(3),
+            "signal {how}: SIGTERM took {took:?}: {:#?}",
+            q.lines()
+        );
+        drop(ks); // SIGKILL (also for a stopped process)
+    }
+}
