@@ -2,7 +2,7 @@
 //! (separate `Server`s, each with its own ticketer, as two nodes) that take their keys from
 //! it resume each other's tickets (`openssl s_client -sess_out` on one, `-sess_in` on the
 //! other); one with local keys does not; with the key server killed, full handshakes go on
-//! and tickets issued before keep resuming.
+//! and tickets issued before keep resuming, for two of the key server's periods at most.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -158,8 +158,9 @@ fn a_ticket_from_node_a_resumes_on_node_b_through_the_key_server() {
 fn with_the_key_server_down_handshakes_go_on_and_old_tickets_resume() {
     let dir = setup();
     let d = dir.path();
-    // 8 s rotation: the nodes ask every 2 s
-    let mut ks = Keyserver::start(d, "8s");
+    // 20 s rotation: the nodes ask every 5 s, and the first key decrypts for 40 s (two
+    // periods), longer than this test runs
+    let mut ks = Keyserver::start(d, "20s");
     let (a, a_addr) = serve(d, "a", true);
     let (b, b_addr) = serve(d, "b", true);
     for tls13 in [false, true] {
@@ -197,6 +198,44 @@ fn with_the_key_server_down_handshakes_go_on_and_old_tickets_resume() {
     a.shutdown();
     b.shutdown();
     c.shutdown();
+}
+
+/// Fleet keys age out without the key server: a ticket stops resuming once its key is older
+/// than two of the key server's periods (current, then previous), even though no newer key
+/// arrives; the node then encrypts with keys of its own (resumption on this node goes on)
+/// and full handshakes are unaffected.
+#[test]
+fn with_the_key_server_down_fleet_tickets_expire_after_two_periods() {
+    let dir = setup();
+    let d = dir.path();
+    // 2 s periods: a ticket's key is at most 2 s old when the ticket is issued, so it is
+    // retired at most 4 s after it; the listener's own `ticket_rotation` (12 h) makes the
+    // lifetime hint a day, so s_client still offers the tickets
+    let mut ks = Keyserver::start(d, "2s");
+    let (a, a_addr) = serve(d, "a", true);
+    let issued = Instant::now();
+    for tls13 in [false, true] {
+        let f = d.join(format!("{tls13}.sess"));
+        assert!(!s_client(a_addr, tls13, &f, true));
+        assert!(s_client(a_addr, tls13, &f, false), "tls13={tls13}: fresh");
+    }
+    ks.kill();
+    std::thread::sleep(
+        (issued + Duration::from_millis(5_000)).saturating_duration_since(Instant::now()),
+    );
+    for tls13 in [false, true] {
+        let f = d.join(format!("{tls13}.sess"));
+        assert!(
+            !s_client(a_addr, tls13, &f, false),
+            "tls13={tls13}: a ticket older than two periods resumed"
+        );
+        // still serving: full handshakes, and their tickets resume here
+        let g = d.join(format!("{tls13}-local.sess"));
+        assert!(!s_client(a_addr, tls13, &g, true));
+        assert!(s_client(a_addr, tls13, &g, false), "tls13={tls13}: new");
+    }
+    assert!(fetches(&a, "failed") >= 1, "{}", metrics::of(&a));
+    a.shutdown();
 }
 
 /// `qweb serve` (the real binary) whose TLS listener signs on the key server (no key file)

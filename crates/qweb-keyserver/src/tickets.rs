@@ -7,8 +7,10 @@
 //!   servers of a `keyserver` engine, in order, first answer wins) and install the keys in
 //!   the listener's [`Ticketer`]. The refresher asks again every quarter period (at most
 //!   every 5 minutes, at least every second); when no key server answers, the ticketer keeps
-//!   its last keys (and switches to the next key on time by itself), so tickets issued
-//!   before keep resuming and full handshakes are unaffected.
+//!   its last keys for their time (and switches to the next key on time by itself), so
+//!   tickets issued before keep resuming and full handshakes are unaffected; the keys still
+//!   retire by their age, then the ticketer uses local keys until the key server answers
+//!   (see `qweb_tls::ticket`).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -227,7 +229,7 @@ pub fn spawn_refresher(
                         }
                         Err(e) => {
                             if healthy {
-                                tracing::warn!(engine = %name, "ticket keys: no key server answers ({e}); resuming with the last keys");
+                                tracing::warn!(engine = %name, "ticket keys: no key server answers ({e}); resuming with the last keys for their time");
                             }
                             healthy = false;
                             wait = Duration::from_secs(1);
