@@ -112,6 +112,7 @@ async fn ask<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) -> Result<FleetKeys, C
     let mut out = BytesMut::new();
     Frame::TicketKeysRequest { id: 1 }.encode(&mut out);
     s.write_all(&out).await?;
+    // (a ticket keys frame is wiped by `decode` as it is parsed)
     let mut buf = BytesMut::with_capacity(1024);
     loop {
         match Frame::decode(&mut buf) {
@@ -246,8 +247,11 @@ mod tests {
 
     #[test]
     fn the_ring_rotates_and_keeps_the_previous_key() {
+        // what the ring replaces is dropped, and so wiped (tested on the type in qweb-tls)
+        fn wiped_on_drop<T: zeroize::ZeroizeOnDrop>(_: &T) {}
         let ring = TicketKeyRing::new(Duration::from_secs(1)).unwrap();
         let a = ring.snapshot().unwrap();
+        wiped_on_drop(&a.current);
         assert!(a.previous.is_none());
         assert!(a.next_in <= Duration::from_secs(1));
         std::thread::sleep(Duration::from_millis(1100));

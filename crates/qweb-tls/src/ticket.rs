@@ -23,6 +23,13 @@
 //!
 //! Decryption never panics on hostile input: too short, too long, unknown key name, or a
 //! failed tag are all `None` (a full handshake follows).
+//!
+//! Key material does not outlive its use: a [`TicketKeyMaterial`] is zeroized when it is
+//! dropped (every copy: the key server's ring, the fleet's keys as received, a key file's
+//! keys), the derived AEAD key is zeroized once aws-lc holds it, and aws-lc cleanses its own
+//! copy (the AEAD context) when a retired key is dropped (`OPENSSL_free` wipes every
+//! allocation). A ticketer holds at most the current key, the previous one and, with fleet
+//! keys, the next one.
 
 use std::fmt;
 use std::sync::{Arc, RwLock};
@@ -31,6 +38,7 @@ use std::time::{Duration, SystemTime};
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use aws_lc_rs::hkdf;
 use rustls::server::ProducesTickets;
+use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
 /// Bytes of a key name.
 pub const KEY_NAME_LEN: usize = 16;
@@ -46,7 +54,7 @@ const MAX_LIFETIME_SECS: u64 = 7 * 24 * 3600;
 /// The clock tickets are rotated by (injectable for tests).
 pub type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
 
-/// One ticket key as material: a name and a secret.
+/// One ticket key as material: a name and a secret. Zeroized when dropped.
 #[derive(Clone, PartialEq, Eq)]
 pub struct TicketKeyMaterial {
     /// The name written at the front of every ticket it encrypts.
@@ -63,6 +71,24 @@ impl fmt::Debug for TicketKeyMaterial {
             .finish_non_exhaustive()
     }
 }
+
+impl Zeroize for TicketKeyMaterial {
+    fn zeroize(&mut self) {
+        self.name.zeroize();
+        // the bytes, then the length (and any spare capacity)
+        self.secret.zeroize();
+        #[cfg(test)]
+        tests::ZEROIZED.with(|n| n.set(n.get() + 1));
+    }
+}
+
+impl Drop for TicketKeyMaterial {
+    fn drop(&mut self) {
+        self.zeroize();
+    }
+}
+
+impl ZeroizeOnDrop for TicketKeyMaterial {}
 
 impl TicketKeyMaterial {
     /// A random key (name and secret from the system's CSPRNG).
@@ -139,11 +165,12 @@ impl Key {
         let salt = hkdf::Salt::new(hkdf::HKDF_SHA256, b"qweb ticket key v1");
         let prk = salt.extract(&m.secret);
         let info = [&m.name[..]];
-        let mut raw = [0u8; 32];
+        // wiped when it goes out of scope: aws-lc holds its own copy (cleansed when freed)
+        let mut raw = Zeroizing::new([0u8; 32]);
         prk.expand(&info, hkdf::HKDF_SHA256)
-            .and_then(|okm| okm.fill(&mut raw))
+            .and_then(|okm| okm.fill(&mut raw[..]))
             .map_err(|_| TicketError::Random)?;
-        let key = UnboundKey::new(&AES_256_GCM, &raw).map_err(|_| TicketError::Random)?;
+        let key = UnboundKey::new(&AES_256_GCM, &raw[..]).map_err(|_| TicketError::Random)?;
         Ok(Key {
             name: m.name,
             aead: LessSafeKey::new(key),
@@ -500,6 +527,72 @@ pub fn hex(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU64, Ordering};
+
+    thread_local! {
+        /// How many `TicketKeyMaterial`s this thread zeroized.
+        pub(super) static ZEROIZED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    fn zeroized() -> usize {
+        ZEROIZED.with(|n| n.get())
+    }
+
+    /// Key material is wiped when dropped: every copy (a clone too), and `zeroize` leaves
+    /// neither the name nor the secret.
+    #[test]
+    fn ticket_key_material_is_zeroized_when_dropped() {
+        fn wiped_on_drop<T: ZeroizeOnDrop>(_: &T) {}
+        let mut m = TicketKeyMaterial::random().unwrap();
+        wiped_on_drop(&m);
+        assert_ne!(m.name, [0; KEY_NAME_LEN]);
+        m.zeroize();
+        assert_eq!(m.name, [0; KEY_NAME_LEN]);
+        assert!(m.secret.is_empty());
+        let before = zeroized();
+        let a = TicketKeyMaterial::random().unwrap();
+        let b = a.clone();
+        drop(a);
+        assert_eq!(zeroized(), before + 1);
+        drop(b);
+        assert_eq!(zeroized(), before + 2);
+        // a key file's keys and the fleet's keys are the same type
+        let file = parse_key_file(&[7; 80]).unwrap();
+        let fleet = FleetKeys {
+            previous: None,
+            current: TicketKeyMaterial::random().unwrap(),
+            next: TicketKeyMaterial::random().unwrap(),
+            next_in: Duration::from_secs(1),
+            current_age: Duration::ZERO,
+            rotation: Duration::from_secs(2),
+        };
+        let before = zeroized();
+        drop(file);
+        drop(fleet);
+        assert_eq!(zeroized(), before + 3);
+    }
+
+    /// However many rotations, a ticketer holds the current key and the previous one, no
+    /// more; the key material it was made from is dropped (so zeroized) as it goes.
+    #[test]
+    fn a_ticketer_holds_at_most_the_current_and_the_previous_key() {
+        let (now, clock) = manual();
+        let t = Ticketer::local_with_clock(Duration::from_secs(10), clock).unwrap();
+        assert_eq!(t.held(), 1);
+        let made = zeroized();
+        let mut tickets = Vec::new();
+        for round in 0..50u64 {
+            tickets.push(t.encrypt(b"x").unwrap());
+            now.fetch_add(10, Ordering::SeqCst);
+            assert_eq!(t.current_key_name().len(), KEY_NAME_LEN);
+            assert_eq!(t.held(), 2, "round {round}");
+        }
+        // one material made and wiped per rotation (Key holds only aws-lc's context)
+        assert_eq!(zeroized(), made + 50);
+        // only the last ticket's key is still there (as the previous one)
+        let (last, older) = tickets.split_last().unwrap();
+        assert_eq!(t.decrypt(last).unwrap(), b"x");
+        assert!(older.iter().all(|o| t.decrypt(o).is_none()));
+    }
 
     /// A clock tests move by hand (seconds after the epoch).
     fn manual() -> (Arc<AtomicU64>, Clock) {
