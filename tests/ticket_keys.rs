@@ -2,7 +2,7 @@
 //! (separate `Server`s, each with its own ticketer, as two nodes) that take their keys from
 //! it resume each other's tickets (`openssl s_client -sess_out` on one, `-sess_in` on the
 //! other); one with local keys does not; with the key server killed, full handshakes go on
-//! and tickets issued before keep resuming.
+//! and tickets issued before keep resuming, for two of the key server's periods at most.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -158,8 +158,9 @@ fn a_ticket_from_node_a_resumes_on_node_b_through_the_key_server() {
 fn with_the_key_server_down_handshakes_go_on_and_old_tickets_resume() {
     let dir = setup();
     let d = dir.path();
-    // 8 s rotation: the nodes ask every 2 s
-    let mut ks = Keyserver::start(d, "8s");
+    // 20 s rotation: the nodes ask every 5 s, and the first key decrypts for 40 s (two
+    // periods), longer than this test runs
+    let mut ks = Keyserver::start(d, "20s");
     let (a, a_addr) = serve(d, "a", true);
     let (b, b_addr) = serve(d, "b", true);
     for tls13 in [false, true] {
@@ -197,4 +198,102 @@ fn with_the_key_server_down_handshakes_go_on_and_old_tickets_resume() {
     a.shutdown();
     b.shutdown();
     c.shutdown();
+}
+
+/// Fleet keys age out without the key server: a ticket stops resuming once its key is older
+/// than two of the key server's periods (current, then previous), even though no newer key
+/// arrives; the node then encrypts with keys of its own (resumption on this node goes on)
+/// and full handshakes are unaffected.
+#[test]
+fn with_the_key_server_down_fleet_tickets_expire_after_two_periods() {
+    let dir = setup();
+    let d = dir.path();
+    // 2 s periods: a ticket's key is at most 2 s old when the ticket is issued, so it is
+    // retired at most 4 s after it; the listener's own `ticket_rotation` (12 h) makes the
+    // lifetime hint a day, so s_client still offers the tickets
+    let mut ks = Keyserver::start(d, "2s");
+    let (a, a_addr) = serve(d, "a", true);
+    let issued = Instant::now();
+    for tls13 in [false, true] {
+        let f = d.join(format!("{tls13}.sess"));
+        assert!(!s_client(a_addr, tls13, &f, true));
+        assert!(s_client(a_addr, tls13, &f, false), "tls13={tls13}: fresh");
+    }
+    ks.kill();
+    std::thread::sleep(
+        (issued + Duration::from_millis(5_000)).saturating_duration_since(Instant::now()),
+    );
+    for tls13 in [false, true] {
+        let f = d.join(format!("{tls13}.sess"));
+        assert!(
+            !s_client(a_addr, tls13, &f, false),
+            "tls13={tls13}: a ticket older than two periods resumed"
+        );
+        // still serving: full handshakes, and their tickets resume here
+        let g = d.join(format!("{tls13}-local.sess"));
+        assert!(!s_client(a_addr, tls13, &g, true));
+        assert!(s_client(a_addr, tls13, &g, false), "tls13={tls13}: new");
+    }
+    assert!(fetches(&a, "failed") >= 1, "{}", metrics::of(&a));
+    a.shutdown();
+}
+
+/// `qweb serve` (the real binary) whose TLS listener signs on the key server (no key file)
+/// and takes its ticket keys from it; `shutdown_timeout` 30 s.
+fn serve_process(dir: &Path, name: &str) -> Qweb {
+    let d = dir.display();
+    let text = format!(
+        "workers = 2\nshutdown_timeout = \"30s\"\nstate_dir = \"{d}/state-{name}\"\n\
+         [admin]\naddress = \"127.0.0.1:0\"\n[log]\naccess = false\n\
+         [offload.engines.ks]\nkind = \"keyserver\"\nservers = [\"unix:{d}/ks.sock\"]\ntimeout = \"1s\"\n\
+         [[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\n\
+         certificates = [{{ cert = \"{d}/site.crt\" }}]\n\
+         session_cache = 0\nticket_keys = \"keyserver:ks\"\n\
+         [listener.offload]\nengine = \"ks\"\nmode = \"async\"\ntimeout = \"1s\"\n\
+         [[route]]\nprefix = \"/\"\nroot = \"{d}/site\"\n"
+    );
+    let file = qweb_testkit::process::write_file(dir, &format!("{name}.toml"), &text);
+    Qweb::serve(BIN, &file)
+}
+
+/// SIGTERM with the key server gone (killed, or stopped with SIGSTOP) and nothing in
+/// flight: qweb exits at once, not after `shutdown_timeout` (30 s here). Nothing waits on
+/// the dead key server: not the engine's reconnecting connections, not the ticket-key
+/// refresher (which has failed at least once by then), not a handshake that failed on it.
+#[test]
+fn sigterm_with_the_key_server_gone_exits_at_once() {
+    let dir = setup();
+    let d = dir.path();
+    for (round, how) in [libc::SIGKILL, libc::SIGSTOP].into_iter().enumerate() {
+        // 4 s rotation: the refresher asks every second
+        let ks = Keyserver::start(d, "4s");
+        let mut q = serve_process(d, &format!("p{round}"));
+        let addr: SocketAddr = q.addr("https").parse().unwrap();
+        // a full handshake, signed by the key server
+        let f = d.join(format!("p{round}.sess"));
+        assert!(!s_client(addr, true, &f, true));
+        ks.0.signal(how);
+        q.wait_for_within(
+            "ticket keys: no key server answers",
+            1,
+            Duration::from_secs(10),
+        );
+        // a handshake that needs the key server now fails (no key here), and ends
+        let run = SClient::new(addr, TlsVersion::V13)
+            .sess(&d.join(format!("p{round}-down.sess")), true)
+            .run();
+        assert!(!run.stdout.contains("hello"), "{}", run.stdout);
+        let started = Instant::now();
+        q.signal(libc::SIGTERM);
+        let status = q.wait_exit(Duration::from_secs(40));
+        let took = started.elapsed();
+        eprintln!("signal {how}: SIGTERM to exit {took:?}");
+        assert!(status.success(), "{status:?}: {:#?}", q.lines());
+        assert!(
+            took < Duration::from_secs(3),
+            "signal {how}: SIGTERM took {took:?}: {:#?}",
+            q.lines()
+        );
+        drop(ks); // SIGKILL (also for a stopped process)
+    }
 }

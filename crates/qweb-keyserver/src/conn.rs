@@ -250,13 +250,20 @@ async fn write_answers<W>(
     let mut out = BytesMut::new();
     let mut written = Vec::new();
     while let Some(a) = rx.recv().await {
+        // ticket keys in this batch: `out` is wiped once it is written (or given up)
+        let mut secret = matches!(a.frame, Frame::TicketKeys { .. });
         a.frame.encode(&mut out);
         written.push(a.slot);
         while let Ok(a) = rx.try_recv() {
+            secret |= matches!(a.frame, Frame::TicketKeys { .. });
             a.frame.encode(&mut out);
             written.push(a.slot);
         }
-        match tokio::time::timeout(timeout, wr.write_all(&out)).await {
+        let sent = tokio::time::timeout(timeout, wr.write_all(&out)).await;
+        if secret {
+            zeroize::Zeroize::zeroize(&mut out[..]);
+        }
+        match sent {
             Ok(Ok(())) => {}
             Ok(Err(_)) => return,
             Err(_) => {

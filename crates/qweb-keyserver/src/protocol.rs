@@ -17,6 +17,7 @@ use bytes::{Buf, BufMut, BytesMut};
 use qweb_offload::{KeyId, SignScheme};
 use qweb_tls::ticket::{KEY_NAME_LEN, KEY_SECRET_LEN};
 use qweb_tls::{FleetKeys, TicketKeyMaterial};
+use zeroize::Zeroize;
 
 /// Protocol version (2 added the ticket key messages).
 pub const VERSION: u8 = 2;
@@ -199,10 +200,10 @@ impl Frame {
                 for k in keys.previous.iter().chain([&keys.current, &keys.next]) {
                     body.put_slice(&k.name);
                     // the key server makes 32-byte secrets; anything else is cut or padded
-                    let mut secret = [0u8; KEY_SECRET_LEN];
+                    let mut secret = zeroize::Zeroizing::new([0u8; KEY_SECRET_LEN]);
                     let n = k.secret.len().min(KEY_SECRET_LEN);
                     secret[..n].copy_from_slice(&k.secret[..n]);
-                    body.put_slice(&secret);
+                    body.put_slice(&secret[..]);
                 }
                 (5, *id)
             }
@@ -213,6 +214,10 @@ impl Frame {
         out.put_u8(kind);
         out.put_u64(id);
         out.put_slice(&body);
+        if kind == 5 {
+            // ticket keys: the copy in `out` is the caller's to wipe once sent
+            body[..].zeroize();
+        }
     }
 
     /// Decodes one frame from the front of `buf` when it is complete (consuming it);
@@ -271,17 +276,20 @@ impl Frame {
                 }
             }
             4 => Frame::TicketKeysRequest { id },
-            5 => Frame::TicketKeys {
-                id,
-                keys: decode_ticket_keys(&mut f)?,
-            },
+            5 => {
+                // ticket keys: parsed from a view, then the frame's bytes are wiped (error
+                // or not)
+                let keys = decode_ticket_keys(&f);
+                f[..].zeroize();
+                Frame::TicketKeys { id, keys: keys? }
+            }
             k => return Err(ProtocolError::Kind(k)),
         };
         Ok(Some(frame))
     }
 }
 
-fn decode_ticket_keys(f: &mut BytesMut) -> Result<FleetKeys, ProtocolError> {
+fn decode_ticket_keys(mut f: &[u8]) -> Result<FleetKeys, ProtocolError> {
     const FIXED: usize = 4 + 4 + 4 + 1;
     if f.len() < FIXED {
         return Err(ProtocolError::Truncated("ticket keys"));
@@ -302,8 +310,12 @@ fn decode_ticket_keys(f: &mut BytesMut) -> Result<FleetKeys, ProtocolError> {
     let mut take = || {
         let mut name = [0u8; KEY_NAME_LEN];
         f.copy_to_slice(&mut name);
-        let secret = f.split_to(KEY_SECRET_LEN).to_vec();
-        TicketKeyMaterial { name, secret }
+        let (secret, rest) = f.split_at(KEY_SECRET_LEN);
+        f = rest;
+        TicketKeyMaterial {
+            name,
+            secret: secret.to_vec(),
+        }
     };
     let previous = has_previous.then(&mut take);
     let current = take();

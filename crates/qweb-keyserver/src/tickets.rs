@@ -7,8 +7,10 @@
 //!   servers of a `keyserver` engine, in order, first answer wins) and install the keys in
 //!   the listener's [`Ticketer`]. The refresher asks again every quarter period (at most
 //!   every 5 minutes, at least every second); when no key server answers, the ticketer keeps
-//!   its last keys (and switches to the next key on time by itself), so tickets issued
-//!   before keep resuming and full handshakes are unaffected.
+//!   its last keys for their time (and switches to the next key on time by itself), so
+//!   tickets issued before keep resuming and full handshakes are unaffected; the keys still
+//!   retire by their age, then the ticketer uses local keys until the key server answers
+//!   (see `qweb_tls::ticket`).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -110,6 +112,7 @@ async fn ask<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) -> Result<FleetKeys, C
     let mut out = BytesMut::new();
     Frame::TicketKeysRequest { id: 1 }.encode(&mut out);
     s.write_all(&out).await?;
+    // (a ticket keys frame is wiped by `decode` as it is parsed)
     let mut buf = BytesMut::with_capacity(1024);
     loop {
         match Frame::decode(&mut buf) {
@@ -227,7 +230,7 @@ pub fn spawn_refresher(
                         }
                         Err(e) => {
                             if healthy {
-                                tracing::warn!(engine = %name, "ticket keys: no key server answers ({e}); resuming with the last keys");
+                                tracing::warn!(engine = %name, "ticket keys: no key server answers ({e}); resuming with the last keys for their time");
                             }
                             healthy = false;
                             wait = Duration::from_secs(1);
@@ -244,8 +247,11 @@ mod tests {
 
     #[test]
     fn the_ring_rotates_and_keeps_the_previous_key() {
+        // what the ring replaces is dropped, and so wiped (tested on the type in qweb-tls)
+        fn wiped_on_drop<T: zeroize::ZeroizeOnDrop>(_: &T) {}
         let ring = TicketKeyRing::new(Duration::from_secs(1)).unwrap();
         let a = ring.snapshot().unwrap();
+        wiped_on_drop(&a.current);
         assert!(a.previous.is_none());
         assert!(a.next_in <= Duration::from_secs(1));
         std::thread::sleep(Duration::from_millis(1100));

@@ -14,10 +14,22 @@
 //! - **fleet** ([`FleetKeys`], from the key server): previous, current and next key and when
 //!   the next one takes over; the switch happens here at that time even when the key server
 //!   cannot be reached, and the next key decrypts already (a node that switched a moment
-//!   earlier is understood).
+//!   earlier is understood). Fleet keys retire by their age like local ones, heard from the
+//!   key server or not: when the next key's period ends and no newer fleet key came, this
+//!   process encrypts with local random keys (rotated every `rotation`) until the key server
+//!   answers again, so no ticket resumes more than two of the fleet's periods after its key
+//!   started encrypting. Tickets issued on those local keys resume on this node only, and
+//!   not after the fleet's keys are back (a full handshake).
 //!
 //! Decryption never panics on hostile input: too short, too long, unknown key name, or a
 //! failed tag are all `None` (a full handshake follows).
+//!
+//! Key material does not outlive its use: a [`TicketKeyMaterial`] is zeroized when it is
+//! dropped (every copy: the key server's ring, the fleet's keys as received, a key file's
+//! keys), the derived AEAD key is zeroized once aws-lc holds it, and aws-lc cleanses its own
+//! copy (the AEAD context) when a retired key is dropped (`OPENSSL_free` wipes every
+//! allocation). A ticketer holds at most the current key, the previous one and, with fleet
+//! keys, the next one.
 
 use std::fmt;
 use std::sync::{Arc, RwLock};
@@ -26,6 +38,7 @@ use std::time::{Duration, SystemTime};
 use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use aws_lc_rs::hkdf;
 use rustls::server::ProducesTickets;
+use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
 /// Bytes of a key name.
 pub const KEY_NAME_LEN: usize = 16;
@@ -41,7 +54,7 @@ const MAX_LIFETIME_SECS: u64 = 7 * 24 * 3600;
 /// The clock tickets are rotated by (injectable for tests).
 pub type Clock = Arc<dyn Fn() -> SystemTime + Send + Sync>;
 
-/// One ticket key as material: a name and a secret.
+/// One ticket key as material: a name and a secret. Zeroized when dropped.
 #[derive(Clone, PartialEq, Eq)]
 pub struct TicketKeyMaterial {
     /// The name written at the front of every ticket it encrypts.
@@ -58,6 +71,24 @@ impl fmt::Debug for TicketKeyMaterial {
             .finish_non_exhaustive()
     }
 }
+
+impl Zeroize for TicketKeyMaterial {
+    fn zeroize(&mut self) {
+        self.name.zeroize();
+        // the bytes, then the length (and any spare capacity)
+        self.secret.zeroize();
+        #[cfg(test)]
+        tests::ZEROIZED.with(|n| n.set(n.get() + 1));
+    }
+}
+
+impl Drop for TicketKeyMaterial {
+    fn drop(&mut self) {
+        self.zeroize();
+    }
+}
+
+impl ZeroizeOnDrop for TicketKeyMaterial {}
 
 impl TicketKeyMaterial {
     /// A random key (name and secret from the system's CSPRNG).
@@ -134,11 +165,12 @@ impl Key {
         let salt = hkdf::Salt::new(hkdf::HKDF_SHA256, b"qweb ticket key v1");
         let prk = salt.extract(&m.secret);
         let info = [&m.name[..]];
-        let mut raw = [0u8; 32];
+        // wiped when it goes out of scope: aws-lc holds its own copy (cleansed when freed)
+        let mut raw = Zeroizing::new([0u8; 32]);
         prk.expand(&info, hkdf::HKDF_SHA256)
-            .and_then(|okm| okm.fill(&mut raw))
+            .and_then(|okm| okm.fill(&mut raw[..]))
             .map_err(|_| TicketError::Random)?;
-        let key = UnboundKey::new(&AES_256_GCM, &raw).map_err(|_| TicketError::Random)?;
+        let key = UnboundKey::new(&AES_256_GCM, &raw[..]).map_err(|_| TicketError::Random)?;
         Ok(Key {
             name: m.name,
             aead: LessSafeKey::new(key),
@@ -213,6 +245,10 @@ struct State {
     next: Option<Key>,
     /// When the next rotation happens (`Local`, `Fleet`).
     switch_at: Option<SystemTime>,
+    /// How long a key encrypts (`Local`, `Fleet`): the ticketer's `rotation` for local keys,
+    /// the fleet's period for its keys and for the local keys that follow them when the key
+    /// server is not heard from.
+    period: Duration,
 }
 
 /// The process's ticket producer, shared by every worker (it is `Send + Sync`; the keys sit
@@ -252,6 +288,7 @@ impl Ticketer {
                 older: Vec::new(),
                 next: None,
                 switch_at: Some(now + rotation),
+                period: rotation,
             }),
             rotation,
             clock,
@@ -282,6 +319,7 @@ impl Ticketer {
                 older,
                 next: None,
                 switch_at: None,
+                period: lifetime.max(Duration::from_secs(1)),
             }),
             rotation: lifetime.max(Duration::from_secs(1)),
             clock,
@@ -325,7 +363,9 @@ impl Ticketer {
     }
 
     /// Installs a fleet's keys (from the key server). From now on the keys rotate when the
-    /// fleet says, here, even if the key server is not heard from again.
+    /// fleet says, here, even if the key server is not heard from again: `next` takes over
+    /// in `next_in`, and one fleet period later, with no newer keys installed by then, local
+    /// random keys do (the fleet's keys are retired by their age, see the module's doc).
     pub fn install_fleet(&self, keys: &FleetKeys) -> Result<(), TicketError> {
         let now = (self.clock)();
         let since = now.checked_sub(keys.current_age).unwrap_or(now);
@@ -348,6 +388,7 @@ impl Ticketer {
         st.older = older;
         st.next = Some(next);
         st.switch_at = Some(now + keys.next_in);
+        st.period = keys.rotation.max(Duration::from_secs(1));
         Ok(())
     }
 
@@ -385,40 +426,60 @@ impl Ticketer {
                 return;
             }
             let fresh = match (&st.mode, st.next.take()) {
-                (Mode::Fleet, Some(next)) => Some(next),
-                (Mode::Local, _) => TicketKeyMaterial::random()
-                    .and_then(|m| Key::new(&m, at))
-                    .ok(),
-                _ => None,
+                (Mode::Fleet, Some(next)) => Ok(next),
+                (Mode::Fleet, None) => {
+                    // the fleet's last known key has had its period: it only decrypts from
+                    // now on, for one more period; without a newer fleet key, local ones
+                    // (at the fleet's period, so that key retires on time)
+                    tracing::warn!(
+                        "ticket keys: no newer key from the key server; local keys until it answers (tickets resume on this node only)"
+                    );
+                    st.mode = Mode::Local;
+                    local_key(at)
+                }
+                (Mode::Local, _) => local_key(at),
+                (Mode::Fixed, _) => {
+                    // fixed keys do not rotate
+                    st.switch_at = None;
+                    return;
+                }
             };
-            let Some(mut fresh) = fresh else {
-                // no new key to switch to (fleet without a next key): keep encrypting with
-                // the current one until the key server is heard from again
-                st.switch_at = None;
+            let Ok(mut fresh) = fresh else {
+                // no random key (the system's generator failed): the previous key has had
+                // its two periods; the current one encrypts on and this is tried again at
+                // the next ticket
+                st.older.clear();
                 return;
             };
             fresh.since = at;
             let old = std::mem::replace(&mut st.current, fresh);
             st.older = vec![old];
-            st.switch_at = match st.mode {
-                // the fleet's next key is unknown until the key server answers: a local
-                // next key would not be shared, so there is none
-                Mode::Fleet => None,
-                _ => Some(at + self.rotation),
-            };
+            st.switch_at = Some(at + st.period);
         }
         match st.switch_at {
             Some(at) if now >= at => {}
             _ => return,
         }
         // more than two periods passed: nothing encrypted before is kept
-        let now_key = TicketKeyMaterial::random().and_then(|m| Key::new(&m, now));
-        if let Ok(k) = now_key {
+        st.older.clear();
+        if let Ok(k) = local_key(now) {
             st.current = k;
-            st.older.clear();
-            st.switch_at = Some(now + self.rotation);
+            st.mode = Mode::Local;
+            st.switch_at = Some(now + st.period);
         }
     }
+
+    /// How many keys decrypt now (current, previous, a fleet's next).
+    #[cfg(test)]
+    fn held(&self) -> usize {
+        let st = self.read();
+        1 + st.older.len() + st.next.iter().count()
+    }
+}
+
+/// A new random key that starts encrypting at `since`.
+fn local_key(since: SystemTime) -> Result<Key, TicketError> {
+    TicketKeyMaterial::random().and_then(|m| Key::new(&m, since))
 }
 
 impl ProducesTickets for Ticketer {
@@ -466,6 +527,72 @@ pub fn hex(bytes: &[u8]) -> String {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU64, Ordering};
+
+    thread_local! {
+        /// How many `TicketKeyMaterial`s this thread zeroized.
+        pub(super) static ZEROIZED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    fn zeroized() -> usize {
+        ZEROIZED.with(|n| n.get())
+    }
+
+    /// Key material is wiped when dropped: every copy (a clone too), and `zeroize` leaves
+    /// neither the name nor the secret.
+    #[test]
+    fn ticket_key_material_is_zeroized_when_dropped() {
+        fn wiped_on_drop<T: ZeroizeOnDrop>(_: &T) {}
+        let mut m = TicketKeyMaterial::random().unwrap();
+        wiped_on_drop(&m);
+        assert_ne!(m.name, [0; KEY_NAME_LEN]);
+        m.zeroize();
+        assert_eq!(m.name, [0; KEY_NAME_LEN]);
+        assert!(m.secret.is_empty());
+        let before = zeroized();
+        let a = TicketKeyMaterial::random().unwrap();
+        let b = a.clone();
+        drop(a);
+        assert_eq!(zeroized(), before + 1);
+        drop(b);
+        assert_eq!(zeroized(), before + 2);
+        // a key file's keys and the fleet's keys are the same type
+        let file = parse_key_file(&[7; 80]).unwrap();
+        let fleet = FleetKeys {
+            previous: None,
+            current: TicketKeyMaterial::random().unwrap(),
+            next: TicketKeyMaterial::random().unwrap(),
+            next_in: Duration::from_secs(1),
+            current_age: Duration::ZERO,
+            rotation: Duration::from_secs(2),
+        };
+        let before = zeroized();
+        drop(file);
+        drop(fleet);
+        assert_eq!(zeroized(), before + 3);
+    }
+
+    /// However many rotations, a ticketer holds the current key and the previous one, no
+    /// more; the key material it was made from is dropped (so zeroized) as it goes.
+    #[test]
+    fn a_ticketer_holds_at_most_the_current_and_the_previous_key() {
+        let (now, clock) = manual();
+        let t = Ticketer::local_with_clock(Duration::from_secs(10), clock).unwrap();
+        assert_eq!(t.held(), 1);
+        let made = zeroized();
+        let mut tickets = Vec::new();
+        for round in 0..50u64 {
+            tickets.push(t.encrypt(b"x").unwrap());
+            now.fetch_add(10, Ordering::SeqCst);
+            assert_eq!(t.current_key_name().len(), KEY_NAME_LEN);
+            assert_eq!(t.held(), 2, "round {round}");
+        }
+        // one material made and wiped per rotation (Key holds only aws-lc's context)
+        assert_eq!(zeroized(), made + 50);
+        // only the last ticket's key is still there (as the previous one)
+        let (last, older) = tickets.split_last().unwrap();
+        assert_eq!(t.decrypt(last).unwrap(), b"x");
+        assert!(older.iter().all(|o| t.decrypt(o).is_none()));
+    }
 
     /// A clock tests move by hand (seconds after the epoch).
     fn manual() -> (Arc<AtomicU64>, Clock) {
@@ -623,10 +750,80 @@ mod tests {
             b"s",
             "the old current is now previous"
         );
-        now.fetch_add(1000, Ordering::SeqCst);
-        // no next key known: keeps encrypting with the last one, tickets keep working
-        assert_eq!(a.current_key_name(), [3; 16]);
         let t3 = a.encrypt(b"z").unwrap();
-        assert_eq!(b.decrypt(&t3).unwrap(), b"z");
+        assert_eq!(b.decrypt(&t3).unwrap(), b"z", "key 3 is the fleet's");
+    }
+
+    /// The key server is never heard from again: the fleet's keys still retire by their age
+    /// (two periods after each started encrypting), local keys take over, and no more than
+    /// the current and the previous key are held.
+    #[test]
+    fn fleet_keys_retire_by_age_without_the_key_server() {
+        let (now, clock) = manual();
+        let k = |b: u8| TicketKeyMaterial {
+            name: [b; 16],
+            secret: vec![b; 32],
+        };
+        let fleet = FleetKeys {
+            previous: Some(k(1)),
+            current: k(2),
+            next: k(3),
+            next_in: Duration::from_secs(50),
+            current_age: Duration::from_secs(50),
+            rotation: Duration::from_secs(100),
+        };
+        // the listener's own period (local keys) differs from the fleet's
+        let a = Ticketer::local_with_clock(Duration::from_secs(1000), clock.clone()).unwrap();
+        let b = Ticketer::local_with_clock(Duration::from_secs(1000), clock).unwrap();
+        a.install_fleet(&fleet).unwrap();
+        b.install_fleet(&fleet).unwrap();
+        assert_eq!(a.held(), 3, "previous, current, next");
+        let t2 = a.encrypt(b"s").unwrap(); // key 2, encrypting since -50
+        now.fetch_add(60, Ordering::SeqCst); // 60: key 3 encrypts (since 50)
+        let t3 = a.encrypt(b"z").unwrap();
+        assert_eq!(a.current_key_name(), [3; 16]);
+        assert_eq!(b.decrypt(&t2).unwrap(), b"s");
+        assert_eq!(a.held(), 2, "key 1 is gone");
+        now.fetch_add(89, Ordering::SeqCst); // 149: key 2 is 199 s old
+        assert_eq!(b.decrypt(&t2).unwrap(), b"s");
+        now.fetch_add(2, Ordering::SeqCst); // 151: key 2 is past two periods
+        assert_eq!(a.decrypt(&t2), None, "key 2 retired without the key server");
+        assert_eq!(b.decrypt(&t2), None);
+        let local = a.current_key_name();
+        assert!(![[1; 16], [2; 16], [3; 16]].contains(&local), "a local key");
+        assert_ne!(local, b.current_key_name(), "not shared");
+        assert_eq!(a.held(), 2, "current (local) and previous (key 3)");
+        assert_eq!(
+            b.decrypt(&t3).unwrap(),
+            b"z",
+            "key 3 decrypts one period more"
+        );
+        let tl = a.encrypt(b"l").unwrap();
+        assert_eq!(a.decrypt(&tl).unwrap(), b"l");
+        assert_eq!(b.decrypt(&tl), None);
+        now.fetch_add(100, Ordering::SeqCst); // 251: key 3 is past two periods
+        assert_eq!(b.decrypt(&t3), None);
+        assert_eq!(a.decrypt(&t3), None);
+        // the local keys rotate at the fleet's period (not the ticketer's 1000 s)
+        assert_eq!(a.decrypt(&tl).unwrap(), b"l", "previous local key");
+        assert_eq!(a.held(), 2);
+        now.fetch_add(100, Ordering::SeqCst); // 351
+        assert_eq!(a.decrypt(&tl), None);
+        assert_eq!(a.held(), 2);
+        now.fetch_add(10_000, Ordering::SeqCst); // idle: everything new
+        assert!(a.key_age() < Duration::from_secs(100));
+        assert_eq!(a.held(), 1);
+        // the key server answers again: the fleet's keys are back
+        a.install_fleet(&FleetKeys {
+            previous: Some(k(4)),
+            current: k(5),
+            next: k(6),
+            next_in: Duration::from_secs(10),
+            current_age: Duration::from_secs(90),
+            rotation: Duration::from_secs(100),
+        })
+        .unwrap();
+        assert_eq!(a.current_key_name(), [5; 16]);
+        assert_eq!(a.held(), 3);
     }
 }

@@ -204,8 +204,11 @@ pub(crate) fn setup(
 }
 
 fn read_key_file(path: &std::path::Path) -> Result<Vec<qweb_tls::TicketKeyMaterial>, ServerError> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| ServerError::Tickets(format!("cannot read {}: {e}", path.display())))?;
+    // the file's bytes are key material too: wiped once parsed
+    let bytes = zeroize::Zeroizing::new(
+        std::fs::read(path)
+            .map_err(|e| ServerError::Tickets(format!("cannot read {}: {e}", path.display())))?,
+    );
     qweb_tls::ticket::parse_key_file(&bytes)
         .map_err(|e| ServerError::Tickets(format!("{}: {e}", path.display())))
 }
