@@ -364,13 +364,14 @@ fn one_listener(dir: &Path) -> PathBuf {
 /// SIGHUP and SIGUSR1 while qweb starts do not kill it. Before: their default action
 /// (termination) in the first ~20 ms, until the handlers were installed.
 ///
-/// - Started with them blocked, as `qweb upgrade` now starts the new binary: it unblocks them
-///   once its handlers exist, so a SIGHUP after the start reloads (before: never, the mask
-///   stayed).
-/// - A plain start, signalled every 2 ms from 10 ms after exec until the banner: `qweb serve`
-///   blocks them from its first line until its handlers are installed, and acts on them
-///   then. (The loader's millisecond or two before `main` is beyond the process's reach;
-///   `qweb upgrade` covers it by the inherited mask.)
+/// - Started with SIGHUP blocked, as `qweb upgrade` now starts the new binary, and signalled
+///   at once: it unblocks it once its handlers exist and reloads after its start (before:
+///   never, the mask stayed).
+/// - A plain start, signalled as soon as `main` has blocked the signals (read from
+///   /proc/PID/status), i.e. while the configuration loads and before the handlers exist:
+///   it survives and acts on the signal once serving. (The loader's millisecond or two
+///   before `main` is beyond the process's reach; `qweb upgrade` covers it by the
+///   inherited mask.)
 #[test]
 fn signals_while_starting_are_held_not_fatal() {
     use std::os::unix::process::CommandExt;
@@ -406,19 +407,28 @@ fn signals_while_starting_are_held_not_fatal() {
     answers(&q);
     drop(q);
 
-    // A plain start, signalled while it starts (when it starts slower than 10 ms).
+    // A plain start, signalled as soon as `main` has blocked the signals (seen in
+    // /proc/PID/status; a signal before that, in the loader, would still be fatal and is
+    // not sent), while it loads its configuration and installs its handlers.
     for sig in [libc::SIGHUP, libc::SIGUSR1] {
         let q = Qweb::spawn_unready(qweb_testkit::process::serve_command(BIN, &file));
-        std::thread::sleep(Duration::from_millis(10));
-        let until = Instant::now() + Duration::from_millis(150);
-        let mut sent = 0;
+        let status = format!("/proc/{}/status", q.pid());
+        let blocked = |text: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("SigBlk:"))
+                .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+                .is_some_and(|m| m & (1 << (sig - 1)) != 0)
+        };
+        let until = Instant::now() + Duration::from_secs(10);
         while Instant::now() < until && q.count("qweb: listening on") == 0 {
-            q.signal(sig);
-            sent += 1;
-            std::thread::sleep(Duration::from_millis(2));
+            if std::fs::read_to_string(&status).is_ok_and(|t| blocked(&t)) {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
         }
+        q.signal(sig);
         q.wait_for("qweb: listening on", 1);
-        if sig == libc::SIGHUP && sent > 0 {
+        if sig == libc::SIGHUP {
             q.wait_for("configuration reloaded", 1);
         }
         answers(&q);

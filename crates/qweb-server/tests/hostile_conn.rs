@@ -29,7 +29,11 @@ async fn pipeline_without_reading(
 
 /// After `wait`, reads whatever the server sent: `true` when the connection then ends
 /// (qweb closed it), `false` when it stays open past `grace`.
-async fn closed_by_server(s: &mut tokio::net::TcpStream, wait: Duration, grace: Duration) -> bool {
+async fn closed_by_server<S: tokio::io::AsyncRead + Unpin>(
+    s: &mut S,
+    wait: Duration,
+    grace: Duration,
+) -> bool {
     tokio::time::sleep(wait).await;
     let mut buf = vec![0u8; 64 * 1024];
     let end = Instant::now() + grace;
@@ -107,5 +111,46 @@ async fn a_client_that_reads_its_answers_late_but_within_send_timeout_keeps_its_
         n > 0 && buf.starts_with(b"HTTP/1.1 200"),
         "{:?}",
         &buf[..n.min(40)]
+    );
+}
+
+/// The HTTP/2 sibling: a client that sends ten requests on one connection and reads nothing.
+/// Their answers (4 KiB each, within its flow-control windows) all leave hyper, so nothing is
+/// in flight and the connection looks idle; but the client's small receive buffer took
+/// almost none of them and the rest waits in qweb's send queue. It is closed once that queue
+/// has not shrunk for `send_timeout`, not kept to `keepalive_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_that_never_reads_its_answers_is_cut_by_send_timeout_not_kept_alive() {
+    use common::h2frames::{get, hello};
+    let ts = common::start_with(
+        "[limits]\nsend_timeout = \"2s\"\nkeepalive_timeout = \"120s\"\n",
+        |d| {
+            std::fs::write(d.join("site/f.txt"), vec![b'x'; 4 * 1024]).unwrap();
+        },
+    );
+    let sock = TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let tcp = sock.connect(ts.addrs[0]).await.unwrap();
+    let cfg = common::tls_client_config(&ts.cert(), common::Proto::H2);
+    let mut s = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
+        .connect(
+            rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+            tcp,
+        )
+        .await
+        .unwrap();
+    let mut out = hello(&[]);
+    for i in 0..10 {
+        out.extend(get(2 * i + 1, "/f.txt"));
+    }
+    s.write_all(&out).await.unwrap();
+    s.flush().await.unwrap();
+    let started = Instant::now();
+    let closed = closed_by_server(&mut s, Duration::from_secs(6), Duration::from_secs(4)).await;
+    assert!(
+        closed,
+        "HTTP/2 connection still open {:?} after the client stopped reading (send_timeout 2s, \
+         keepalive 120s)",
+        started.elapsed()
     );
 }

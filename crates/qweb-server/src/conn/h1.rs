@@ -13,7 +13,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::time::Instant;
 
-use super::idle::IdleWatch;
+use super::idle::{IdleWatch, SendQueue};
 use super::lazy_timer::LazyTimer;
 use super::{sleep_or_never, Host, HyperService, ReadReady, Tracked};
 use crate::session::{ConnState, Phase, Timeouts};
@@ -205,11 +205,10 @@ where
 {
     // What the client has not taken of what it was sent, and since when that has not
     // shrunk: a connection with bytes in its send queue is not idle; its send timeout runs.
-    let mut queue = (io.unsent(), Instant::now());
+    let mut queue = SendQueue::new(io.unsent());
     loop {
         let mut deadline = state.deadline(h1_timeouts(limits)).map(|d| d.0);
-        if queue.0 > 0 {
-            let check = (Instant::now() + QUEUE_CHECK).min(queue.1 + limits.send_timeout);
+        if let Some(check) = queue.next_check(limits.send_timeout) {
             deadline = Some(deadline.map_or(check, |d| d.min(check)));
         }
         // Only once bytes are there is there a buffer (as nginx's
@@ -242,11 +241,9 @@ where
                     tracing::debug!(peer = %state.peer, "closing: idle keep-alive timeout");
                     return false;
                 }
-                if queue.0 > 0 {
+                if queue.next_check(limits.send_timeout).is_some() {
                     let left = io.unsent();
-                    if left < queue.0 {
-                        queue = (left, now);
-                    } else if queue.1 + limits.send_timeout <= now {
+                    if queue.stalled(left, limits.send_timeout) {
                         tracing::debug!(peer = %state.peer, unsent = left, "closing: the client takes nothing of what it was sent (send_timeout)");
                         return false;
                     }
@@ -256,9 +253,6 @@ where
         }
     }
 }
-
-/// How often a parked connection with unacknowledged bytes looks at its send queue.
-const QUEUE_CHECK: Duration = Duration::from_secs(1);
 
 /// The deadlines of an HTTP/1 connection (computed when needed rather than kept: an idle
 /// connection holds nothing more than it must).

@@ -11,6 +11,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 
 use super::h2_flood::FloodMeter;
+use super::idle::{send_queue, SendQueue, QUEUE_CHECK};
 use super::lazy_timer::LazyTimer;
 use super::{sleep_or_never, HyperService, LocalExec, Tracked};
 use super::{Host, ReadReady};
@@ -84,6 +85,9 @@ pub(super) async fn serve<T, H: Host>(
         FloodMeter::new(limits.h2_control_frames_per_second),
         0,
     )));
+    // hyper owns the transport from here; the send queue is read by the socket's fd, which
+    // stays open while `conn` lives (to the end of this function)
+    let fd = io.socket_fd();
     let io = TokioIo::new(io);
     state.protocol.set("HTTP/2");
     let conn = hyper::server::conn::http2::Builder::new(LocalExec)
@@ -111,7 +115,22 @@ pub(super) async fn serve<T, H: Host>(
         send: limits.send_timeout,
         per_response: true,
     };
+    // With nothing in flight: since when, and what the client has not taken of what it was
+    // sent (looked at QUEUE_CHECK after the connection went quiet, then while bytes wait):
+    // such a connection is not idle, and is closed once its queue has not shrunk for
+    // send_timeout (as HTTP/1's parked connections), not kept to keepalive_timeout.
+    let mut quiet: Option<(Instant, Option<SendQueue>)> = None;
     loop {
+        if state.in_flight() > 0 || closing.goaway_sent() {
+            quiet = None;
+        } else if quiet.is_none() {
+            quiet = Some((Instant::now(), None));
+        }
+        let queue_check = match quiet {
+            Some((since, None)) => Some(since + QUEUE_CHECK),
+            Some((_, Some(q))) => q.next_check(limits.send_timeout),
+            None => None,
+        };
         if state.flooded() && !matches!(closing, Closing::Cutting { .. }) {
             log_flood(worker, &state);
             state.reset_all_streams();
@@ -176,6 +195,22 @@ pub(super) async fn serve<T, H: Host>(
                         Expiry::Idle | Expiry::Head => {}
                     },
                     _ => {}
+                }
+            }
+            _ = sleep_or_never(queue_check) => {
+                let left = send_queue(fd);
+                if let Some((_, q)) = &mut quiet {
+                    let stalled = match q {
+                        None => {
+                            *q = Some(SendQueue::new(left));
+                            false
+                        }
+                        Some(q) => q.stalled(left, limits.send_timeout),
+                    };
+                    if stalled {
+                        tracing::debug!(peer = %state.peer, unsent = left, "closing: the client takes nothing of what it was sent (send_timeout)");
+                        return;
+                    }
                 }
             }
             _ = sleep_or_never(closing.deadline()) => match closing {

@@ -24,9 +24,12 @@
 
 use std::cell::Cell;
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 use crate::session::{ConnState, Phase};
 
@@ -37,21 +40,67 @@ pub(crate) trait ReadReady {
 
     /// Bytes written that the peer has not yet acknowledged (the socket's send queue,
     /// `SIOCOUTQ`): a connection whose client has not taken what it was sent is not idle.
-    fn unsent(&self) -> usize;
+    fn unsent(&self) -> usize {
+        send_queue(self.socket_fd())
+    }
+
+    /// The TCP socket's file descriptor (for [`ReadReady::unsent`], and for the HTTP/2 loop,
+    /// which reads the send queue while hyper owns the transport).
+    fn socket_fd(&self) -> RawFd;
 }
 
-/// `SIOCOUTQ` of a TCP socket (0 when the kernel does not say).
+/// `SIOCOUTQ` of the TCP socket `fd` (0 when the kernel does not say, e.g. `fd` was closed).
 #[allow(unsafe_code)] // one ioctl: see the SAFETY note
-fn send_queue(s: &TcpStream) -> usize {
-    use std::os::fd::AsRawFd;
+pub(crate) fn send_queue(fd: RawFd) -> usize {
     let mut n: libc::c_int = 0;
-    // SAFETY: `s` owns an open socket fd for the duration of the call, and SIOCOUTQ
-    // (== TIOCOUTQ on Linux) writes one `int` through the pointer, which points to `n`.
-    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::TIOCOUTQ, &mut n as *mut libc::c_int) };
+    // SAFETY: SIOCOUTQ (== TIOCOUTQ on Linux) writes one `int` through the pointer, which
+    // points to `n`, a live local; whatever `fd` names now (an error if it is no longer a
+    // socket), no other memory is touched.
+    let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n as *mut libc::c_int) };
     if r == 0 {
         usize::try_from(n).unwrap_or(0)
     } else {
         0
+    }
+}
+
+/// What a connection with nothing in flight has not had taken of what it was sent, and since
+/// when that has not shrunk: such a connection is not idle (its client has not read its
+/// answers), and it is closed when the queue has not shrunk for `send_timeout`, however long
+/// `keepalive_timeout` is. Looked at every [`QUEUE_CHECK`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SendQueue {
+    unsent: usize,
+    since: Instant,
+}
+
+/// How often a connection with unacknowledged bytes and nothing in flight looks at its send
+/// queue.
+pub(crate) const QUEUE_CHECK: Duration = Duration::from_secs(1);
+
+impl SendQueue {
+    /// The queue as it is now.
+    pub(crate) fn new(unsent: usize) -> Self {
+        SendQueue {
+            unsent,
+            since: Instant::now(),
+        }
+    }
+
+    /// When to look again: never while nothing is unsent.
+    pub(crate) fn next_check(&self, send_timeout: Duration) -> Option<Instant> {
+        (self.unsent > 0).then(|| (Instant::now() + QUEUE_CHECK).min(self.since + send_timeout))
+    }
+
+    /// Looks again, `unsent` bytes being in the queue now: `true` when the client has taken
+    /// nothing for `send_timeout`.
+    pub(crate) fn stalled(&mut self, unsent: usize, send_timeout: Duration) -> bool {
+        let now = Instant::now();
+        if unsent < self.unsent {
+            *self = SendQueue { unsent, since: now };
+            return false;
+        }
+        self.unsent > 0 && self.since + send_timeout <= now
     }
 }
 
@@ -60,8 +109,8 @@ impl ReadReady for TcpStream {
         TcpStream::poll_read_ready(self, cx)
     }
 
-    fn unsent(&self) -> usize {
-        send_queue(self)
+    fn socket_fd(&self) -> RawFd {
+        self.as_raw_fd()
     }
 }
 
@@ -70,8 +119,8 @@ impl ReadReady for qweb_tls::TlsStream {
         qweb_tls::TlsStream::poll_read_ready(self, cx)
     }
 
-    fn unsent(&self) -> usize {
-        send_queue(self.socket())
+    fn socket_fd(&self) -> RawFd {
+        self.socket().as_raw_fd()
     }
 }
 

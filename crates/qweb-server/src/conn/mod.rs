@@ -300,8 +300,8 @@ impl<T: ReadReady> ReadReady for Tracked<T> {
         self.inner.poll_read_ready(cx)
     }
 
-    fn unsent(&self) -> usize {
-        self.inner.unsent()
+    fn socket_fd(&self) -> std::os::fd::RawFd {
+        self.inner.socket_fd()
     }
 }
 
