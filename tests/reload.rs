@@ -18,14 +18,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_qweb");
 
 /// A certificate for `localhost` and 127.0.0.1 with its key, as PEM files `<name>.crt/.key`.
 fn write_cert(dir: &Path, name: &str) -> Vec<u8> {
-    let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()])
-        .unwrap()
-        .self_signed(&kp)
-        .unwrap();
-    std::fs::write(dir.join(format!("{name}.crt")), cert.pem()).unwrap();
-    std::fs::write(dir.join(format!("{name}.key")), kp.serialize_pem()).unwrap();
-    cert.der().to_vec()
+    qweb_testkit::tls::write_self_signed(dir, name, &["localhost", "127.0.0.1"])
 }
 
 /// Generation `g` ("a" or "b"): its own certificate, `/gen` from its own folder, and a route

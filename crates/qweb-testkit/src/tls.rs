@@ -247,3 +247,22 @@ pub async fn connect_as(
 /// The workspace's one accept-any verifier (any chain; handshake signatures still checked):
 /// the benchmark client's.
 pub use qweb_bench::tls::AcceptAnyCert;
+
+/// Writes a self-signed ECDSA P-256 certificate for `names` to `<dir>/<stem>.crt` and its key
+/// to `<dir>/<stem>.key` (PEM); returns the certificate's DER.
+pub fn write_self_signed(dir: &Path, stem: &str, names: &[&str]) -> Vec<u8> {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    let params =
+        rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .expect("names");
+    let c = params.self_signed(&key).expect("certificate");
+    std::fs::write(dir.join(format!("{stem}.crt")), c.pem()).expect("write certificate");
+    std::fs::write(dir.join(format!("{stem}.key")), key.serialize_pem()).expect("write key");
+    c.der().to_vec()
+}
+
+/// `GET url` with `c`: the status and the body as text.
+pub async fn get_text(c: &reqwest::Client, url: &str) -> (u16, String) {
+    let r = c.get(url).send().await.expect("response");
+    (r.status().as_u16(), r.text().await.expect("body"))
+}

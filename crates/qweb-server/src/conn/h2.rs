@@ -67,6 +67,43 @@ fn log_flood<H: Host>(worker: &H, state: &ConnState) {
 /// stream that flows keeps a chunk and this much queued, enough to fill the socket.
 const SEND_BUFFER: usize = 32 * 1024;
 
+/// An HTTP/2 connection with nothing in flight: since when, and what its client has not taken
+/// of what it was sent (looked at [`QUEUE_CHECK`] after it went quiet, then while bytes
+/// wait). Such a connection is not idle: it is closed once its queue has not shrunk for
+/// `send_timeout` (as HTTP/1's parked connections), not kept to `keepalive_timeout`.
+#[derive(Default)]
+struct Quiet(Option<(Instant, Option<SendQueue>)>);
+
+impl Quiet {
+    /// When to read the send queue next; `quiet`: nothing is in flight and no GOAWAY is out
+    /// (else the state is forgotten).
+    fn next_check(&mut self, quiet: bool, send_timeout: Duration) -> Option<Instant> {
+        if !quiet {
+            self.0 = None;
+        } else if self.0.is_none() {
+            self.0 = Some((Instant::now(), None));
+        }
+        match self.0 {
+            Some((since, None)) => Some(since + QUEUE_CHECK),
+            Some((_, Some(q))) => q.next_check(send_timeout),
+            None => None,
+        }
+    }
+
+    /// The queue holds `unsent` bytes now: `true` when the client took nothing for
+    /// `send_timeout`.
+    fn stalled(&mut self, unsent: usize, send_timeout: Duration) -> bool {
+        match &mut self.0 {
+            Some((_, q @ None)) => {
+                *q = Some(SendQueue::new(unsent));
+                false
+            }
+            Some((_, Some(q))) => q.stalled(unsent, send_timeout),
+            None => false,
+        }
+    }
+}
+
 /// Serves HTTP/2 on `io` until the connection ends.
 pub(super) async fn serve<T, H: Host>(
     mut io: Box<Tracked<T>>,
@@ -115,22 +152,12 @@ pub(super) async fn serve<T, H: Host>(
         send: limits.send_timeout,
         per_response: true,
     };
-    // With nothing in flight: since when, and what the client has not taken of what it was
-    // sent (looked at QUEUE_CHECK after the connection went quiet, then while bytes wait):
-    // such a connection is not idle, and is closed once its queue has not shrunk for
-    // send_timeout (as HTTP/1's parked connections), not kept to keepalive_timeout.
-    let mut quiet: Option<(Instant, Option<SendQueue>)> = None;
+    let mut quiet = Quiet::default();
     loop {
-        if state.in_flight() > 0 || closing.goaway_sent() {
-            quiet = None;
-        } else if quiet.is_none() {
-            quiet = Some((Instant::now(), None));
-        }
-        let queue_check = match quiet {
-            Some((since, None)) => Some(since + QUEUE_CHECK),
-            Some((_, Some(q))) => q.next_check(limits.send_timeout),
-            None => None,
-        };
+        let queue_check = quiet.next_check(
+            state.in_flight() == 0 && !closing.goaway_sent(),
+            limits.send_timeout,
+        );
         if state.flooded() && !matches!(closing, Closing::Cutting { .. }) {
             log_flood(worker, &state);
             state.reset_all_streams();
@@ -199,18 +226,9 @@ pub(super) async fn serve<T, H: Host>(
             }
             _ = sleep_or_never(queue_check) => {
                 let left = send_queue(fd);
-                if let Some((_, q)) = &mut quiet {
-                    let stalled = match q {
-                        None => {
-                            *q = Some(SendQueue::new(left));
-                            false
-                        }
-                        Some(q) => q.stalled(left, limits.send_timeout),
-                    };
-                    if stalled {
-                        tracing::debug!(peer = %state.peer, unsent = left, "closing: the client takes nothing of what it was sent (send_timeout)");
-                        return;
-                    }
+                if quiet.stalled(left, limits.send_timeout) {
+                    tracing::debug!(peer = %state.peer, unsent = left, "closing: the client takes nothing of what it was sent (send_timeout)");
+                    return;
                 }
             }
             _ = sleep_or_never(closing.deadline()) => match closing {
