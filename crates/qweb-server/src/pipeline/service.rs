@@ -294,7 +294,11 @@ impl Service {
                     path_and_query: &pq,
                     authority: authority.as_ref(),
                 };
-                proxy.forward(req, &target, &self.client).await
+                // Boxed: the proxy's future is most of a request's state; inline, every
+                // request's future (moved into its box by hyper's service call) would carry
+                // its size, static files included (measured: ~11 000 instructions of memcpy
+                // per 1 KiB static request).
+                Box::pin(proxy.forward(req, &target, &self.client)).await
             }
         };
         let mut resp = crate::pipeline::error_pages::apply(pages, routes, &method, resp, &ahead);
