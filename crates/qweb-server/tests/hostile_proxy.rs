@@ -459,23 +459,7 @@ async fn websocket_tunnels_are_logged_when_they_end_with_bytes_both_ways() {
 
     // HTTP/2 extended CONNECT
     let mut c = h2_connection(&t).await;
-    let mut req = hyper::Request::builder()
-        .method("CONNECT")
-        .uri("https://localhost/ws-h2-log")
-        .header("sec-websocket-version", "13")
-        .body(http_body_util::Empty::new())
-        .unwrap();
-    req.extensions_mut()
-        .insert(hyper::ext::Protocol::from_static("websocket"));
-    let mut resp = c.send_request(req).await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let stream = hyper::upgrade::on(&mut resp).await.unwrap();
-    let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
-        TokioIo::new(stream),
-        tokio_tungstenite::tungstenite::protocol::Role::Client,
-        None,
-    )
-    .await;
+    let mut ws = common::ws::h2_websocket(&mut c, "https://localhost/ws-h2-log").await;
     ws.send(Message::text("over h2")).await.unwrap();
     ws.next().await.unwrap().unwrap();
     ws.close(None).await.unwrap();

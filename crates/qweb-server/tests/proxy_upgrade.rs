@@ -346,15 +346,7 @@ async fn h2_connection(
 }
 
 fn extended_connect(protocol: &'static str) -> hyper::Request<http_body_util::Empty<bytes::Bytes>> {
-    let mut req = hyper::Request::builder()
-        .method("CONNECT")
-        .uri("https://localhost/chat")
-        .header("sec-websocket-version", "13")
-        .body(http_body_util::Empty::new())
-        .unwrap();
-    req.extensions_mut()
-        .insert(hyper::ext::Protocol::from_static(protocol));
-    req
+    common::ws::extended_connect("https://localhost/chat", protocol)
 }
 
 #[tokio::test]

@@ -42,6 +42,8 @@ async fn ws_upstream() -> (SocketAddr, mpsc::UnboundedReceiver<Option<u16>>) {
 }
 
 type Client = tokio_tungstenite::WebSocketStream<TcpStream>;
+/// Either kind of client WebSocket (over TCP, or over an HTTP/2 stream).
+type Ws<S> = tokio_tungstenite::WebSocketStream<S>;
 
 async fn connect(addr: SocketAddr) -> Client {
     let s = TcpStream::connect(addr).await.unwrap();
@@ -52,7 +54,7 @@ async fn connect(addr: SocketAddr) -> Client {
     ws
 }
 
-async fn echo(ws: &mut Client, text: &str) {
+async fn echo<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(ws: &mut Ws<S>, text: &str) {
     ws.send(Message::text(text)).await.expect("send");
     let m = tokio::time::timeout(Duration::from_secs(5), ws.next())
         .await
@@ -63,7 +65,10 @@ async fn echo(ws: &mut Client, text: &str) {
 }
 
 /// Waits for the close frame qweb sends; its code.
-async fn close_code(ws: &mut Client, within: Duration) -> CloseCode {
+async fn close_code<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    ws: &mut Ws<S>,
+    within: Duration,
+) -> CloseCode {
     match tokio::time::timeout(within, ws.next()).await {
         Ok(Some(Ok(Message::Close(Some(f))))) => f.code,
         other => panic!("no close frame with a code: {other:?}"),
@@ -142,11 +147,8 @@ async fn a_shutdown_sends_1001_to_both_sides_of_a_websocket() {
 
 // ---- the same over HTTP/2 (RFC 8441 extended CONNECT) ------------------------------------
 
-type H2Client =
-    tokio_tungstenite::WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
-
 /// A WebSocket over an HTTP/2 stream of qweb's TLS listener.
-async fn connect_h2(t: &common::TestServer) -> H2Client {
+async fn connect_h2(t: &common::TestServer) -> common::ws::H2WebSocket {
     let tls = t.tls(common::Proto::H2).await;
     let (mut sender, conn) =
         hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
@@ -154,40 +156,7 @@ async fn connect_h2(t: &common::TestServer) -> H2Client {
             .await
             .unwrap();
     tokio::spawn(conn);
-    let mut req = hyper::Request::builder()
-        .method("CONNECT")
-        .uri("https://localhost/chat")
-        .header("sec-websocket-version", "13")
-        .body(http_body_util::Empty::new())
-        .unwrap();
-    req.extensions_mut()
-        .insert(hyper::ext::Protocol::from_static("websocket"));
-    let mut resp = sender.send_request(req).await.unwrap();
-    assert_eq!(resp.status(), 200, "{resp:?}");
-    let stream = hyper::upgrade::on(&mut resp).await.unwrap();
-    tokio_tungstenite::WebSocketStream::from_raw_socket(
-        hyper_util::rt::TokioIo::new(stream),
-        tokio_tungstenite::tungstenite::protocol::Role::Client,
-        None,
-    )
-    .await
-}
-
-async fn echo_h2(ws: &mut H2Client, text: &str) {
-    ws.send(Message::text(text)).await.expect("send");
-    let m = tokio::time::timeout(Duration::from_secs(5), ws.next())
-        .await
-        .expect("an answer")
-        .expect("the tunnel is open")
-        .expect("a message");
-    assert_eq!(m.into_text().unwrap(), text);
-}
-
-async fn close_code_h2(ws: &mut H2Client, within: Duration) -> CloseCode {
-    match tokio::time::timeout(within, ws.next()).await {
-        Ok(Some(Ok(Message::Close(Some(f))))) => f.code,
-        other => panic!("no close frame with a code: {other:?}"),
-    }
+    common::ws::h2_websocket(&mut sender, "https://localhost/chat").await
 }
 
 /// An HTTP/2 WebSocket is a tunnel as an HTTP/1.1 one is: it is not cut as an idle
@@ -204,10 +173,10 @@ async fn an_http2_websocket_outlives_keepalive_and_a_reload_then_goes_away_with_
          [limits]\nkeepalive_timeout = \"1s\"",
     );
     let mut ws = connect_h2(&t).await;
-    echo_h2(&mut ws, "before").await;
+    echo(&mut ws, "before").await;
     // quiet for twice keepalive_timeout: still a tunnel
     tokio::time::sleep(Duration::from_millis(2200)).await;
-    echo_h2(&mut ws, "after keepalive_timeout").await;
+    echo(&mut ws, "after keepalive_timeout").await;
     let reloaded = Instant::now();
     let config = qweb_server::Config::from_file(&t.dir.path().join("qweb.toml")).unwrap();
     let mut server = t.server.take().unwrap();
@@ -218,9 +187,9 @@ async fn an_http2_websocket_outlives_keepalive_and_a_reload_then_goes_away_with_
     .await
     .unwrap();
     tokio::time::sleep_until((reloaded + Duration::from_millis(1500)).into()).await;
-    echo_h2(&mut ws, "after shutdown_timeout").await;
+    echo(&mut ws, "after shutdown_timeout").await;
     assert_eq!(
-        close_code_h2(&mut ws, Duration::from_secs(6)).await,
+        close_code(&mut ws, Duration::from_secs(6)).await,
         CloseCode::Away
     );
     let waited = reloaded.elapsed();
@@ -239,12 +208,12 @@ async fn a_shutdown_sends_1001_to_both_sides_of_an_http2_websocket() {
     let (up, mut closes) = ws_upstream().await;
     let mut t = start(up, "shutdown_timeout = \"10s\"");
     let mut ws = connect_h2(&t).await;
-    echo_h2(&mut ws, "hello").await;
+    echo(&mut ws, "hello").await;
     let server = t.server.take().unwrap();
     let started = Instant::now();
     let stopping = tokio::task::spawn_blocking(move || server.shutdown());
     assert_eq!(
-        close_code_h2(&mut ws, Duration::from_secs(5)).await,
+        close_code(&mut ws, Duration::from_secs(5)).await,
         CloseCode::Away
     );
     let upstream = tokio::time::timeout(Duration::from_secs(5), closes.recv())
