@@ -1,0 +1,30 @@
+//! qweb-server's integration tests in one binary: one link instead of one per file, and the
+//! files' tests share the test threads. Tests that change or count something of the whole
+//! process (its fd limit, its open fds, its global log subscriber) keep binaries of their own:
+//! `exhaustion`, `fd_reserve`, `hostile_fd`, `hostile_proxy`, `proxy_tls`.
+
+mod compression;
+mod file_cache;
+mod hostile;
+mod hostile_conn;
+mod hostile_paths;
+mod idle;
+mod limits;
+mod metrics;
+mod ocsp;
+mod offload;
+mod protocols;
+mod proxy;
+mod proxy_balance;
+mod proxy_body;
+mod proxy_grpc;
+mod proxy_h2;
+mod proxy_upgrade;
+mod recipes;
+mod reload_tunnels;
+mod site_pages;
+mod sites;
+mod static_files;
+mod static_symlinks;
+mod tls_certs;
+mod tls_resumption;

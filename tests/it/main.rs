@@ -1,0 +1,14 @@
+//! The `qweb` binary's end-to-end tests (real processes, signals, reload, upgrade, the key
+//! server) in one test binary: one link instead of one per file. `soak` (ignored, run by hand
+//! in release) keeps its own.
+
+mod access_log;
+mod cli;
+mod idle_memory;
+mod keyserver;
+mod module_cycles;
+mod ops_pidfile;
+mod reload;
+mod reload_sessions;
+mod ticket_keys;
+mod upgrade;
