@@ -48,7 +48,8 @@ impl TlsVersion {
 /// The default request: `GET /` for localhost, then close.
 pub const GET_ROOT: &[u8] = b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
 
-/// One `openssl s_client -connect ADDR -servername localhost -ign_eof -tls1_x` run.
+/// One `openssl s_client -connect ADDR -servername localhost -ign_eof -tls1_x` run (another
+/// name with [`SClient::servername`]).
 pub struct SClient {
     addr: SocketAddr,
     version: TlsVersion,
@@ -56,6 +57,7 @@ pub struct SClient {
     sess: Option<(&'static str, PathBuf)>,
     request: Vec<u8>,
     timeout: Duration,
+    servername: String,
 }
 
 /// What a run printed.
@@ -77,6 +79,7 @@ impl SClient {
             sess: None,
             request: GET_ROOT.to_vec(),
             timeout: Duration::from_secs(20),
+            servername: "localhost".into(),
         }
     }
 
@@ -107,6 +110,12 @@ impl SClient {
         self
     }
 
+    /// Sends `name` as SNI instead of `localhost`.
+    pub fn servername(mut self, name: &str) -> Self {
+        self.servername = name.to_owned();
+        self
+    }
+
     /// Sends `request` instead of [`GET_ROOT`].
     pub fn request(mut self, request: &[u8]) -> Self {
         self.request = request.to_vec();
@@ -119,7 +128,7 @@ impl SClient {
         cmd.arg("s_client")
             .args(&self.args)
             .args(["-connect", &self.addr.to_string()])
-            .args(["-servername", "localhost", "-ign_eof"])
+            .args(["-servername", &self.servername, "-ign_eof"])
             .arg(self.version.flag());
         if let Some((flag, path)) = &self.sess {
             cmd.arg(flag).arg(path);
@@ -176,6 +185,15 @@ impl SClientRun {
             self.stderr
         );
         self
+    }
+
+    /// The signature type of the server's handshake signature, as `s_client` names it
+    /// ("ECDSA", "RSA-PSS", "RSA"): which kind of certificate the server chose.
+    pub fn peer_signature_type(&self) -> Option<&str> {
+        self.stdout
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Peer signature type:"))
+            .map(str::trim)
     }
 
     /// True when the session was resumed ("Reused, TLSv1.x"), false for a full handshake

@@ -568,3 +568,74 @@ async fn a_key_that_does_not_match_is_refused_at_startup() {
     std::fs::write(&file, toml).unwrap();
     qweb_server::Config::from_file(&file).expect("matching key refused");
 }
+
+/// What OpenSSL's `s_client` says the server signed with, for `name`, pinned to `version`,
+/// with `args` (`-sigalgs`, `-cipher`); and that the request was answered.
+fn signed_with(
+    addr: std::net::SocketAddr,
+    name: &str,
+    version: common::openssl::TlsVersion,
+    args: &[&str],
+) -> String {
+    let mut c = common::openssl::SClient::new(addr, version).servername(name);
+    for a in args {
+        c = c.arg(a);
+    }
+    let run = c
+        .request(format!("GET / HTTP/1.1\r\nHost: {name}\r\nConnection: close\r\n\r\n").as_bytes())
+        .run();
+    run.answered("HTTP/1.1 200");
+    run.peer_signature_type()
+        .unwrap_or_else(|| panic!("no peer signature:\n{}\n{}", run.stdout, run.stderr))
+        .to_owned()
+}
+
+/// Dual certificates (nginx's and h2o's setup): an RSA and an ECDSA certificate for the same
+/// names, on the listener and on a site. OpenSSL gets ECDSA when it offers ECDSA signature
+/// schemes (TLS 1.3), or an ECDHE_ECDSA suite (TLS 1.2), and RSA when it offers only RSA
+/// schemes or only ECDHE_RSA suites, whichever order the certificates are listed in.
+#[tokio::test]
+async fn dual_rsa_and_ecdsa_certificates_choose_by_what_the_client_verifies() {
+    use common::openssl::TlsVersion::{V12, V13};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut files = Vec::new();
+    for (stem, names, key) in [
+        ("l-rsa", ["localhost"], rsa_key()),
+        ("l-ec", ["localhost"], ecdsa_key()),
+        ("s-ec", ["dual.test"], ecdsa_key()),
+        ("s-rsa", ["dual.test"], rsa_key()),
+    ] {
+        let g = self_signed(&names, key);
+        let c = write(d, &format!("{stem}.crt"), &g.cert.pem());
+        let k = write(d, &format!("{stem}.key"), &g.key.serialize_pem());
+        files.push((c.display().to_string(), k.display().to_string()));
+    }
+    let cert = |i: usize| format!("{{ cert = {:?}, key = {:?} }}", files[i].0, files[i].1);
+    let extra = format!(
+        "[[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\ncertificates = [{}, {}]\n\
+         [[site]]\nserver_names = [\"dual.test\"]\ncertificates = [{}, {}]\n\
+         [[site.route]]\nprefix = \"/\"\nroot = \"{{dir}}/site\"\n",
+        cert(0),
+        cert(1),
+        cert(2),
+        cert(3)
+    );
+    let t = common::start_with(&extra, |dir| {
+        std::fs::write(dir.join("site/index.html"), "dual").unwrap()
+    });
+    let addr = t.addrs[0];
+    for name in ["localhost", "dual.test"] {
+        let both = ["-sigalgs", "RSA-PSS+SHA256:ECDSA+SHA256"];
+        assert_eq!(signed_with(addr, name, V13, &both), "ECDSA", "{name}");
+        assert_eq!(signed_with(addr, name, V13, &[]), "ECDSA", "{name}");
+        let rsa_only = ["-sigalgs", "RSA-PSS+SHA256:RSA+SHA256"];
+        assert_eq!(signed_with(addr, name, V13, &rsa_only), "RSA-PSS", "{name}");
+        assert_eq!(signed_with(addr, name, V12, &[]), "ECDSA", "{name}");
+        let rsa_suite = ["-cipher", "ECDHE-RSA-AES128-GCM-SHA256"];
+        assert_ne!(signed_with(addr, name, V12, &rsa_suite), "ECDSA", "{name}");
+        let ec_suite = ["-cipher", "ECDHE-ECDSA-AES128-GCM-SHA256"];
+        assert_eq!(signed_with(addr, name, V12, &ec_suite), "ECDSA", "{name}");
+        assert_ne!(signed_with(addr, name, V12, &rsa_only), "ECDSA", "{name}");
+    }
+}
