@@ -271,13 +271,17 @@ impl Validator<'_> {
 }
 
 /// Health of a route's upstreams as the workers see it, shared by all of them (for
-/// `/metrics`): how many workers have each upstream down.
+/// `/metrics` and `/status.json`): how many workers have each upstream down, and the
+/// requests in flight to each.
 #[derive(Debug, Default)]
 pub struct UpstreamGauges {
     /// Per upstream (config order): workers that skip it now.
     pub down_workers: Vec<std::sync::atomic::AtomicI64>,
     /// Per upstream: connect failures and failed health checks, all workers.
     pub failures: Vec<std::sync::atomic::AtomicU64>,
+    /// Per upstream: requests in flight to it, all workers (from the first try until the
+    /// response body ends).
+    pub in_flight: Vec<std::sync::atomic::AtomicI64>,
 }
 
 impl UpstreamGauges {
@@ -285,6 +289,7 @@ impl UpstreamGauges {
         Arc::new(UpstreamGauges {
             down_workers: (0..n).map(|_| Default::default()).collect(),
             failures: (0..n).map(|_| Default::default()).collect(),
+            in_flight: (0..n).map(|_| Default::default()).collect(),
         })
     }
 }

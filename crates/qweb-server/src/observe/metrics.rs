@@ -12,7 +12,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::metrics::MetricType;
@@ -40,7 +40,29 @@ pub(crate) struct WorkerMetrics {
     /// Handshake jobs paused on an offloaded op right now.
     pub handshake: HandshakeGauges,
     pub connections: AtomicI64,
+    /// Connections serving HTTP/1.1 (the others are in their TLS handshake, or HTTP/2).
+    pub http1: AtomicI64,
+    /// Connections serving HTTP/2.
+    pub h2: AtomicI64,
     pub requests: AtomicU64,
+}
+
+/// One connection serving HTTP in `protocol` (its count is up while this lives).
+pub(crate) struct ProtocolOpen<'a>(&'a AtomicI64);
+
+impl<'a> ProtocolOpen<'a> {
+    /// Counts a connection of `w` serving HTTP/2 (`h2`) or HTTP/1.1.
+    pub(crate) fn new(w: &'a WorkerMetrics, h2: bool) -> Self {
+        let count = if h2 { &w.h2 } else { &w.http1 };
+        count.fetch_add(1, Relaxed);
+        ProtocolOpen(count)
+    }
+}
+
+impl Drop for ProtocolOpen<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
 }
 
 type RouteLabels = [(&'static str, String); 1];
@@ -165,6 +187,19 @@ impl Collector for WorkersCollector {
                 encode_value(family.encode_family(&labels)?, kind, get(w))?;
             }
         }
+        let mut family = encoder.encode_descriptor(
+            "qweb_http_connections_open",
+            "Connections serving HTTP, by protocol (the rest of qweb_connections_open are in their TLS handshake).",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (i, w) in self.0.iter().enumerate() {
+            for (protocol, count) in [("http/1.1", &w.http1), ("h2", &w.h2)] {
+                let labels = [("worker", i.to_string()), ("protocol", protocol.to_owned())];
+                let sample = family.encode_family(&labels)?;
+                encode_value(sample, MetricType::Gauge, count.load(Relaxed))?;
+            }
+        }
         Ok(())
     }
 }
@@ -195,7 +230,7 @@ impl Collector for UpstreamsCollector {
         }
         type Get = fn(&crate::config::UpstreamGauges, usize) -> i64;
         let down_help = format!("Workers (of {}) that skip the upstream now.", self.workers);
-        let families: [(&str, MetricType, &str, Get); 3] = [
+        let families: [(&str, MetricType, &str, Get); 4] = [
             (
                 "qweb_upstream_up",
                 MetricType::Gauge,
@@ -213,6 +248,12 @@ impl Collector for UpstreamsCollector {
                 MetricType::Counter,
                 "Upstream connect failures and failed health checks.",
                 |g, i| g.failures.get(i).map_or(0, |d| d.load(Relaxed)) as i64,
+            ),
+            (
+                "qweb_upstream_in_flight",
+                MetricType::Gauge,
+                "Requests in flight to the upstream, all workers.",
+                |g, i| g.in_flight.get(i).map_or(0, |d| d.load(Relaxed)),
             ),
         ];
         for (name, kind, help, get) in families {
@@ -244,6 +285,17 @@ impl Metrics {
             "qweb_build",
             "The running qweb's version.",
             Info::new([("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        let started = Gauge::<f64, AtomicU64>::default();
+        started.set(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+        );
+        registry.register(
+            "qweb_start_time_seconds",
+            "When this qweb started, in seconds since the Unix epoch (uptime: now minus this).",
+            started,
         );
         let config = Arc::new(ConfigInfo(Mutex::new(config_hash)));
         registry.register_collector(Box::new(config.clone()));

@@ -211,7 +211,8 @@ impl Balancer {
     }
 }
 
-/// A request in flight to an upstream (for `least_conn`); released on drop.
+/// A request in flight to an upstream (for `least_conn`, and the shared `in_flight` gauge);
+/// released on drop.
 pub(crate) struct Load {
     proxy: Rc<Proxy>,
     idx: usize,
@@ -221,6 +222,9 @@ impl Load {
     pub(super) fn new(proxy: &Rc<Proxy>, idx: usize) -> Self {
         let s = &proxy.balancer.state[idx];
         s.active.set(s.active.get() + 1);
+        if let Some(g) = proxy.balancer.gauges.in_flight.get(idx) {
+            g.fetch_add(1, Relaxed);
+        }
         Load {
             proxy: proxy.clone(),
             idx,
@@ -232,6 +236,9 @@ impl Drop for Load {
     fn drop(&mut self) {
         let s = &self.proxy.balancer.state[self.idx];
         s.active.set(s.active.get().saturating_sub(1));
+        if let Some(g) = self.proxy.balancer.gauges.in_flight.get(self.idx) {
+            g.fetch_sub(1, Relaxed);
+        }
     }
 }
 

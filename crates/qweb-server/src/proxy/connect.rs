@@ -74,25 +74,8 @@ fn websocket_key() -> HeaderValue {
         );
         half.copy_from_slice(&h.finish().to_le_bytes());
     }
-    HeaderValue::from_str(&base64(&raw))
+    HeaderValue::from_str(&crate::http::base64(&raw))
         .unwrap_or(HeaderValue::from_static("dGhlIHNhbXBsZSBub25jZQ=="))
-}
-
-fn base64(data: &[u8]) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for c in data.chunks(3) {
-        let b = [c[0], *c.get(1).unwrap_or(&0), *c.get(2).unwrap_or(&0)];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for k in 0..4 {
-            if k <= c.len() {
-                out.push(T[(n >> (18 - 6 * k) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -100,7 +83,7 @@ mod tests {
     #[test]
     fn base64_of_a_websocket_key() {
         assert_eq!(
-            super::base64(b"the sample nonce"),
+            crate::http::base64(b"the sample nonce"),
             "dGhlIHNhbXBsZSBub25jZQ=="
         );
         assert_eq!(super::websocket_key().len(), 24);

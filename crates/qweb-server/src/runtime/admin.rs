@@ -1,5 +1,8 @@
-//! The admin listener: `GET /metrics` in the OpenMetrics text format. Plain HTTP/1.1, on its own
-//! thread; off unless `[admin]` is configured. At most [`MAX_CONNECTIONS`] connections, each
+//! The admin listener: `GET /metrics` in the OpenMetrics text format, `/status.json` (the same
+//! counters summed for people, `crate::observe::status`) and `/status` (an HTML page that
+//! shows them live, `crate::runtime::status_page`). Plain HTTP/1.1, on its own thread; off
+//! unless `[admin]` is configured. Only GET and HEAD (405 otherwise); every answer says
+//! `Cache-Control: no-store`. At most [`MAX_CONNECTIONS`] connections, each
 //! living at most [`CONNECTION_LIFETIME`].
 
 use std::convert::Infallible;
@@ -18,24 +21,60 @@ use tokio::sync::watch;
 use crate::http::body::{full, Body};
 use crate::http::response;
 use crate::observe::metrics::Metrics;
+use crate::runtime::status_page::PAGE;
 
 /// Longest life of one admin connection (a scrape takes milliseconds): an idle or slow client
 /// cannot hold the connection's fd.
 pub(crate) const CONNECTION_LIFETIME: Duration = Duration::from_secs(10);
+/// How long an answer in progress at [`CONNECTION_LIFETIME`] may go on before its connection
+/// is closed.
+pub(crate) const LIFETIME_GRACE: Duration = Duration::from_secs(1);
 /// Admin connections served at once; more are closed at once.
 pub(crate) const MAX_CONNECTIONS: usize = 64;
 
 fn handle(req: &Request<Incoming>, registry: &Metrics) -> Response<Body> {
-    if req.uri().path() != "/metrics" {
-        return response::status(StatusCode::NOT_FOUND);
+    // the path alone: a query string changes nothing
+    let path = req.uri().path();
+    if !matches!(path, "/metrics" | "/status.json" | "/status") {
+        return no_store(response::status(StatusCode::NOT_FOUND));
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        return response::method_not_allowed("GET, HEAD");
+        return no_store(response::method_not_allowed("GET, HEAD"));
     }
-    let mut r = Response::new(full(registry.render()));
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static(crate::observe::metrics::CONTENT_TYPE),
+    let (body, content_type) = match path {
+        "/status.json" => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            let doc = crate::observe::status::document(&registry.render(), now);
+            (doc.to_string(), "application/json")
+        }
+        "/status" => (PAGE.html.clone(), "text/html; charset=utf-8"),
+        _ => (registry.render(), crate::observe::metrics::CONTENT_TYPE),
+    };
+    let mut r = no_store(Response::new(full(body)));
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if path == "/status" {
+        if let Ok(csp) = HeaderValue::from_str(&PAGE.csp) {
+            h.insert(header::CONTENT_SECURITY_POLICY, csp);
+        }
+        h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+        h.insert(
+            header::REFERRER_POLICY,
+            HeaderValue::from_static("no-referrer"),
+        );
+    }
+    r
+}
+
+/// Every admin answer is live: no cache keeps it, no browser sniffs another type into it.
+fn no_store(mut r: Response<Body>) -> Response<Body> {
+    let h = r.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
     );
     r
 }
@@ -123,7 +162,16 @@ async fn serve(socket: TcpListener, registry: Arc<Metrics>, mut shutdown: watch:
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), svc);
-            let _ = tokio::time::timeout(CONNECTION_LIFETIME, conn).await;
+            let mut conn = std::pin::pin!(conn);
+            if tokio::time::timeout(CONNECTION_LIFETIME, conn.as_mut())
+                .await
+                .is_err()
+            {
+                // A keep-alive connection (the status page polls on one): the answer being
+                // written may end, then it closes, so the page sees no failed fetch.
+                conn.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(LIFETIME_GRACE, conn).await;
+            }
             open.set(open.get() - 1);
             if reserved {
                 reserve.borrow_mut().restore();

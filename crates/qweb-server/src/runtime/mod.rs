@@ -7,6 +7,7 @@ pub(crate) mod listen;
 pub mod notify;
 pub(crate) mod ocsp_fetch;
 pub(crate) mod server;
+pub(crate) mod status_page;
 pub(crate) mod tls_session;
 pub mod upgrade;
 pub(crate) mod welcome;

@@ -26,5 +26,6 @@ mod site_pages;
 mod sites;
 mod static_files;
 mod static_symlinks;
+mod status_page;
 mod tls_certs;
 mod tls_resumption;

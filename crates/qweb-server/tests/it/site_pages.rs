@@ -336,47 +336,11 @@ async fn charset_is_off_by_default_and_added_by_option() {
 /// qweb names no charset, and as U+FFFD when `charset = "utf-8"` overrides the meta tag.
 #[test]
 fn legacy_page_renders_in_headless_chromium() {
-    let browser = std::env::var("QWEB_CHROMIUM").ok().or_else(|| {
-        ["chromium", "chromium-browser", "google-chrome"]
-            .into_iter()
-            .find(|b| {
-                std::process::Command::new(b)
-                    .arg("--version")
-                    .output()
-                    .is_ok_and(|o| o.status.success())
-            })
-            .map(str::to_owned)
-    });
-    let Some(browser) = browser else {
-        eprintln!("SKIPPED: no chromium (apt-get install chromium, or set QWEB_CHROMIUM)");
+    let Some(browser) = common::browser::Chromium::find() else {
         return;
     };
     let s = start_errors();
-    let profile = tempfile::tempdir().unwrap();
-    let dom = |path: &str| -> String {
-        let out = std::process::Command::new("timeout")
-            .arg("90")
-            .arg(&browser)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-dev-shm-usage",
-                "--no-first-run",
-                "--ignore-certificate-errors",
-            ])
-            .arg(format!("--user-data-dir={}", profile.path().display()))
-            .arg("--dump-dom")
-            .arg(format!("{}{path}", s.http()))
-            .output()
-            .expect("run chromium");
-        assert!(
-            out.status.success(),
-            "chromium failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).expect("dom is utf-8")
-    };
+    let dom = |path: &str| browser.dump_dom(&format!("{}{path}", s.http()), None);
     let d = dom("/legacy.html");
     assert!(d.contains("<p id=\"t\">café</p>"), "{d}");
     let d = dom("/legacy-utf8/legacy.html");
