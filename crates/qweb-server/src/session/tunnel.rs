@@ -65,6 +65,11 @@ impl Ending {
         }
     }
 
+    /// The tunnel must end now (what [`Ending::wait`] would resolve at once for).
+    pub(crate) fn said(&self) -> bool {
+        *self.shutdown.borrow() || *self.going_away.borrow()
+    }
+
     /// Resolves when the tunnel must end (never once a sender is gone: the server is being
     /// torn down and the tunnel's task with it).
     pub(crate) async fn wait(&mut self) {
