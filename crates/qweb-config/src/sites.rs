@@ -680,7 +680,7 @@ impl Validator<'_> {
         key: &str,
         c: &RawCertificate,
     ) -> Result<CertificateConfig, ConfigError> {
-        let cert = self.path(c.cert.get_ref());
+        let cert = self.path(c.cert.get_ref(), c.cert.span());
         let Some(k) = &c.key else {
             return Err(self.err(
                 Some(c.cert.span()),
@@ -688,7 +688,7 @@ impl Validator<'_> {
                 "missing: a site's certificate needs its key file",
             ));
         };
-        let keyp = self.path(k.get_ref());
+        let keyp = self.path(k.get_ref(), k.span());
         if let Err(e) = qweb_tls::load_certified_key(&cert, &keyp, &qweb_tls::provider()) {
             let (span, which) = match &e {
                 qweb_tls::TlsError::Key { .. } => (k.span(), "key"),
