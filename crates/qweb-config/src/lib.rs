@@ -169,6 +169,20 @@ impl Config {
     }
 }
 
+/// The configuration file `qweb` reads without `--config`, when it exists (nginx's and
+/// Caddy's habit); `$QWEB_CONFIG` names another (for tests, containers, unprivileged runs).
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/qweb/qweb.toml";
+
+/// The default configuration file: `$QWEB_CONFIG` when set and not empty, else
+/// [`DEFAULT_CONFIG_PATH`]. Whether it exists is the caller's question: without it, `qweb
+/// serve` runs [`Config::default_config`].
+pub fn default_config_path() -> PathBuf {
+    std::env::var_os("QWEB_CONFIG")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
+}
+
 /// Default number of workers: the number of CPU cores.
 pub fn default_workers() -> usize {
     std::thread::available_parallelism()

@@ -63,7 +63,8 @@ const MAX_PATTERN: usize = 1024;
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
 
 /// A path rewrite: the first rule whose `from` matches the normalised path replaces it with
-/// `to` (`$1`, `${name}` captures), before routing; the result is normalised again.
+/// `to` (`$1`, `$name` captures; `${name}` is written `$${name}` in the file, since `${` starts
+/// an environment variable there), before routing; the result is normalised again.
 #[derive(Debug, Clone)]
 pub struct RewriteRule {
     /// The pattern.
