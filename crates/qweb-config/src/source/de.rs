@@ -158,15 +158,8 @@ impl<'de> Deserializer<'de> for NodeDe {
         fields: &'static [&'static str],
         v: V,
     ) -> Result<V::Value, Error> {
-        if serde_spanned::__unstable::is_spanned(name, fields) {
-            let span = self.0.span.clone();
-            return v.visit_map(SpannedDe {
-                span: span.clone(),
-                value: Some(self),
-                field: 0,
-            });
-        }
-        self.deserialize_any(v)
+        let span = self.0.span.clone();
+        SpannedDe::or_any(span, self, name, fields, v)
     }
 
     fn deserialize_enum<V: Visitor<'de>>(
@@ -254,15 +247,8 @@ impl<'de> Deserializer<'de> for KeyDe {
         fields: &'static [&'static str],
         v: V,
     ) -> Result<V::Value, Error> {
-        if serde_spanned::__unstable::is_spanned(name, fields) {
-            let span = self.span.clone();
-            return v.visit_map(SpannedDe {
-                span,
-                value: Some(self),
-                field: 0,
-            });
-        }
-        self.deserialize_any(v)
+        let span = self.span.clone();
+        SpannedDe::or_any(span, self, name, fields, v)
     }
 
     forward_to_deserialize_any! {
@@ -284,6 +270,27 @@ struct SpannedDe<D> {
     span: Range<usize>,
     value: Option<D>,
     field: usize,
+}
+
+impl<'de, D: Deserializer<'de, Error = Error>> SpannedDe<D> {
+    /// `d` (written at `span`) as `toml::Spanned` asks for it when `name` and `fields` are
+    /// its, else as itself.
+    fn or_any<V: Visitor<'de>>(
+        span: Range<usize>,
+        d: D,
+        name: &'static str,
+        fields: &'static [&'static str],
+        v: V,
+    ) -> Result<V::Value, Error> {
+        if !serde_spanned::__unstable::is_spanned(name, fields) {
+            return d.deserialize_any(v);
+        }
+        v.visit_map(SpannedDe {
+            span,
+            value: Some(d),
+            field: 0,
+        })
+    }
 }
 
 impl<'de, D: Deserializer<'de, Error = Error>> MapAccess<'de> for SpannedDe<D> {
