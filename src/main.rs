@@ -1,4 +1,4 @@
-//! The `qweb` command: `serve`, `reload`, `keyserver`, `check-config`.
+//! The `qweb` command: `serve`, `reload`, `upgrade`, `keyserver`, `check-config` (and `-t`).
 
 mod access_sink;
 mod profiling;
@@ -27,21 +27,34 @@ static ALLOCATOR: profiling::alloc_count::Counting = profiling::alloc_count::Cou
 
 /// qweb: an event-driven HTTPS web server and reverse proxy.
 #[derive(Parser)]
-#[command(version, about, long_about = None)]
+#[command(version, about, long_about = None, args_conflicts_with_subcommands = true)]
 struct Cli {
+    /// Check the configuration and exit (as nginx -t): 0 when valid, 1 with the file, line,
+    /// column and key of the first error. Reads --config, else $QWEB_CONFIG or
+    /// /etc/qweb/qweb.toml when it exists, else checks the built-in default.
+    #[arg(short = 't', long = "test-config")]
+    test: bool,
+    /// The configuration file for -t.
+    #[arg(short, long, value_name = "FILE", requires = "test")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the server. Without --config: HTTPS on https://127.0.0.1:8443 (a self-signed
+    /// Run the server. Without --config it reads $QWEB_CONFIG, else /etc/qweb/qweb.toml, when
+    /// that file exists; else it serves HTTPS on https://127.0.0.1:8443 (a self-signed
     /// certificate is generated on first run and kept in the state folder) and HTTP on
     /// http://127.0.0.1:8080, serving ./public when it exists, else a built-in welcome page.
     Serve {
         /// TOML configuration file (see examples/qweb.toml for every key).
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
+        /// Check the configuration (includes and environment variables too) and exit: 0
+        /// when valid, 1 with the error.
+        #[arg(long)]
+        check: bool,
     },
     /// Run a key server: holds private keys outside the web server process and signs for
     /// qweb's `keyserver` engine over a Unix socket (0600, peer uid checked) and/or TCP with
@@ -57,8 +70,9 @@ enum Command {
     },
     /// Reload the running `qweb serve` (as SIGHUP does): it reads and validates its
     /// configuration file again; on an error it keeps serving the old one and logs where the
-    /// error is. The instance is found through its pid file in the state folder (of --config's
-    /// `state_dir`, else the default one). Exits 1 when no instance runs.
+    /// error is. The instance is found through its pid file in the state folder (of the
+    /// configuration's `state_dir`, else the default one). Exits 1 when no instance runs (or,
+    /// before signalling, when the configuration file is invalid).
     Reload {
         /// The configuration file the instance runs with (to find its state folder).
         #[arg(short, long, value_name = "FILE")]
@@ -74,11 +88,12 @@ enum Command {
         config: Option<PathBuf>,
     },
     /// Validate a configuration file and exit: 0 when valid, 1 with the file, line and key of
-    /// the first error otherwise. Certificates and keys are loaded to check them.
+    /// the first error otherwise. Certificates and keys are loaded to check them. Without
+    /// FILE: $QWEB_CONFIG, else /etc/qweb/qweb.toml when it exists, else the built-in default.
     CheckConfig {
         /// TOML configuration file.
         #[arg(value_name = "FILE")]
-        file: PathBuf,
+        file: Option<PathBuf>,
     },
 }
 
@@ -88,30 +103,28 @@ fn main() -> ExitCode {
     // upgrade signals while it starts.
     startup_signals(libc::SIG_BLOCK);
     let cli = Cli::parse();
+    let command = match (cli.test, cli.command) {
+        (true, _) => Command::CheckConfig { file: cli.config },
+        (false, Some(c)) => c,
+        (false, None) => {
+            // `qweb` alone: the usage, as for any wrong invocation
+            let _ = <Cli as clap::CommandFactory>::command().print_help();
+            return ExitCode::from(2);
+        }
+    };
     if !matches!(
-        cli.command,
-        Command::Serve { .. } | Command::Keyserver { .. }
+        command,
+        Command::Serve { check: false, .. } | Command::Keyserver { .. }
     ) {
         startup_signals(libc::SIG_UNBLOCK);
     }
-    match cli.command {
-        Command::CheckConfig { file } => match Config::from_file(&file) {
-            Ok(c) => {
-                println!(
-                    "{}: ok ({} listener(s), {} route(s), {} worker(s))",
-                    file.display(),
-                    c.listeners.len(),
-                    c.routes.len(),
-                    c.workers
-                );
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
-        Command::Serve { config } => serve(config),
+    match command {
+        Command::CheckConfig { file: config }
+        | Command::Serve {
+            config,
+            check: true,
+        } => check(config),
+        Command::Serve { config, .. } => serve(config),
         Command::Reload { config } => signal_instance(config, qweb_server::control::RELOAD),
         Command::Upgrade { config } => signal_instance(config, qweb_server::control::UPGRADE),
         Command::Keyserver {
@@ -236,6 +249,76 @@ fn subscriber(
         .with(access)
 }
 
+/// The configuration to use: `--config`'s file, else the default file when it exists
+/// (`$QWEB_CONFIG`, else /etc/qweb/qweb.toml), else the built-in default.
+enum Chosen {
+    File(PathBuf),
+    /// No file: the path looked at, which does not exist.
+    BuiltIn(PathBuf),
+}
+
+impl Chosen {
+    fn new(config: Option<PathBuf>) -> Chosen {
+        match config {
+            Some(p) => Chosen::File(p),
+            None => {
+                let p = qweb_server::config::default_config_path();
+                if p.exists() {
+                    Chosen::File(p)
+                } else {
+                    Chosen::BuiltIn(p)
+                }
+            }
+        }
+    }
+
+    fn load(&self) -> Result<Config, qweb_server::ConfigError> {
+        match self {
+            Chosen::File(p) => Config::from_file(p),
+            Chosen::BuiltIn(_) => Ok(Config::default_config()),
+        }
+    }
+
+    /// What the banner and `check` say: "FILE" (and how many it includes), or the built-in
+    /// default and why.
+    fn describe(&self, config: &Config) -> String {
+        match self {
+            Chosen::File(p) => match config.files.len() {
+                0 | 1 => p.display().to_string(),
+                n => format!("{} (and {} included file(s))", p.display(), n - 1),
+            },
+            Chosen::BuiltIn(p) => {
+                let why = match std::env::var_os("QWEB_CONFIG").filter(|v| !v.is_empty()) {
+                    Some(_) => format!("QWEB_CONFIG={} does not exist", p.display()),
+                    None => format!("no {}", p.display()),
+                };
+                format!("the built-in default ({why})")
+            }
+        }
+    }
+}
+
+/// `qweb -t`, `qweb serve --check`, `qweb check-config`: validates and says so.
+fn check(config: Option<PathBuf>) -> ExitCode {
+    let chosen = Chosen::new(config);
+    match chosen.load() {
+        Ok(c) => {
+            println!(
+                "{}: ok ({} listener(s), {} route(s), {} worker(s))",
+                chosen.describe(&c),
+                c.listeners.len(),
+                c.routes.len(),
+                c.workers
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn serve(path: Option<PathBuf>) -> ExitCode {
     // First of all: until the handlers are installed, SIGHUP and SIGUSR2 (`qweb reload`,
     // `qweb upgrade`, a service manager) would kill the process by their default action.
@@ -247,16 +330,15 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let config = match &path {
-        Some(p) => match Config::from_file(p) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("error: {e}");
-                return ExitCode::FAILURE;
-            }
-        },
-        None => Config::default_config(),
+    let chosen = Chosen::new(path);
+    let config = match chosen.load() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
     };
+    let described = chosen.describe(&config);
     // always installed: a reload may turn the access log on, or move it
     let sink = match access_sink::AccessSink::new(config.log.access_file.as_deref()) {
         Ok(s) => s,
@@ -287,6 +369,7 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
     }
     let listeners = config.listeners.clone();
     let workers = config.workers;
+    eprintln!("qweb: configuration {described}");
     let server = match Server::start(config) {
         Ok(s) => s,
         Err(e) => {
@@ -358,15 +441,12 @@ fn serve(path: Option<PathBuf>) -> ExitCode {
 
 /// `qweb reload`, `qweb upgrade`: signals the running instance through its pid file.
 fn signal_instance(config: Option<PathBuf>, signal: qweb_server::control::Signal) -> ExitCode {
-    let state_dir = match &config {
-        Some(p) => match Config::from_file(p) {
-            Ok(c) => c.state_dir,
-            Err(e) => {
-                eprintln!("error: {e}");
-                return ExitCode::FAILURE;
-            }
-        },
-        None => Config::default_config().state_dir,
+    let state_dir = match Chosen::new(config).load() {
+        Ok(c) => c.state_dir,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
     };
     match qweb_server::control::signal_instance(&state_dir, signal) {
         Ok(pid) => {

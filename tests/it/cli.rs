@@ -25,6 +25,8 @@ fn spawn_serve(args: &[&str], cwd: &Path, state: &Path) -> Qweb {
         .args(args)
         .current_dir(cwd)
         .env("QWEB_STATE_DIR", state)
+        // no default configuration file (a machine's /etc/qweb/qweb.toml would be read)
+        .env("QWEB_CONFIG", cwd.join("no-such-config.toml"))
         .env_remove("RUST_LOG")
         .stdout(Stdio::null());
     Qweb::spawn(cmd, BANNER_END)

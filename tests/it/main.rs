@@ -4,6 +4,7 @@
 
 mod access_log;
 mod cli;
+mod config_files;
 mod idle_memory;
 mod keyserver;
 mod module_cycles;

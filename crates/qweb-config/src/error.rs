@@ -1,5 +1,5 @@
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// A configuration error, located by file, line, column and key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,25 +14,6 @@ pub struct ConfigError {
     pub key: String,
     /// What is wrong.
     pub message: String,
-}
-
-impl ConfigError {
-    pub(crate) fn at(
-        file: Option<&Path>,
-        text: &str,
-        span: Option<std::ops::Range<usize>>,
-        key: impl Into<String>,
-        message: impl Into<String>,
-    ) -> Self {
-        let (line, column) = span.map(|s| line_col(text, s.start)).unwrap_or((0, 0));
-        ConfigError {
-            file: file.map(Path::to_owned),
-            line,
-            column,
-            key: key.into(),
-            message: message.into(),
-        }
-    }
 }
 
 /// 1-based line and column of a byte offset.

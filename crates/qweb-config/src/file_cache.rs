@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::units::{Dur, Size};
-use super::{span_of_key, ConfigError, Validator};
+use super::{ConfigError, Validator};
 
 /// The open-file cache: small static files held in memory with their headers, per worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +63,7 @@ impl Validator<'_> {
             valid: raw.valid.map_or(d.valid, |v| v.0),
             held_fds: raw.held_fds.unwrap_or(d.held_fds),
         };
-        let bad = |key: &str, msg: &str| self.err(span_of_key(self.text, key), key, msg);
+        let bad = |key: &str, msg: &str| self.err(self.span_of_key(key), key, msg);
         if c.entries > 1 << 20 {
             return Err(bad("file_cache.entries", "must be at most 1048576"));
         }

@@ -20,6 +20,7 @@ mod proxy;
 mod raw;
 mod route;
 mod sites;
+mod source;
 mod tls;
 pub mod units;
 
@@ -42,6 +43,7 @@ pub use route::{OpenMethod, RouteAction, RouteConfig, StaticConfig, Symlinks};
 pub use sites::{
     ErrorPages, HeaderEdits, RedirectConfig, RewriteRule, RouteRules, SiteConfig, SitesConfig,
 };
+pub use source::{MAX_CONFIG_FILES, MAX_CONFIG_FILE_SIZE, MAX_INCLUDE_DEPTH};
 pub use tls::{OcspSource, SessionConfig, TicketKeys};
 
 /// A validated configuration.
@@ -49,6 +51,9 @@ pub use tls::{OcspSource, SessionConfig, TicketKeys};
 pub struct Config {
     /// The file it came from (`None`: the built-in default).
     pub source: Option<PathBuf>,
+    /// Every file read: `source` first, then the files it includes, in the order read
+    /// (empty for the built-in default).
+    pub files: Vec<PathBuf>,
     /// Number of worker threads.
     pub workers: usize,
     /// Where qweb keeps its state (the self-signed certificate, the built-in welcome site).
@@ -85,40 +90,49 @@ pub struct Config {
 pub const DEFAULT_UPGRADE_DRAIN_TIMEOUT: Duration = Duration::from_secs(3600);
 
 impl Config {
-    /// Reads and validates a configuration file.
+    /// Reads and validates a configuration file and the files it includes, with environment
+    /// variables expanded (see the `source` module).
     pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        let text = source::read_limited(path).map_err(|m| ConfigError {
             file: Some(path.to_owned()),
             line: 0,
             column: 0,
             key: String::new(),
-            message: format!("cannot read the configuration file: {e}"),
+            message: format!("cannot read the configuration file: {m}"),
         })?;
         Config::from_str_at(&text, Some(path))
     }
 
     /// Parses and validates configuration text; `file` names it in errors and anchors relative
-    /// paths (the current directory when `None`).
+    /// paths and includes (the current directory when `None`).
     pub fn from_str_at(text: &str, file: Option<&Path>) -> Result<Config, ConfigError> {
-        let de = toml::Deserializer::new(text);
-        let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
-            // toml::Spanned shows up in the path as a private field name: drop it.
-            let key = e
-                .path()
-                .to_string()
-                .replace(".$__serde_spanned_private_value", "");
-            let inner = e.into_inner();
-            ConfigError::at(
-                file,
-                text,
-                inner.span(),
-                if key == "." { String::new() } else { key },
-                inner.message().to_string(),
-            )
-        })?;
+        Config::from_str_with_env(text, file, &source::env::process_env)
+    }
+
+    /// [`Config::from_str_at`] with environment variables from `env`.
+    fn from_str_with_env(
+        text: &str,
+        file: Option<&Path>,
+        env: source::env::Lookup,
+    ) -> Result<Config, ConfigError> {
+        let (sources, root) = source::load(text.to_owned(), file, env)?;
+        let raw: RawConfig =
+            serde_path_to_error::deserialize(source::de::NodeDe(root)).map_err(|e| {
+                // toml::Spanned shows up in the path as a private field name: drop it.
+                let key = e
+                    .path()
+                    .to_string()
+                    .replace(".$__serde_spanned_private_value", "");
+                let inner = e.into_inner();
+                sources.error(
+                    inner.span,
+                    if key == "." { String::new() } else { key },
+                    inner.message,
+                )
+            })?;
         Validator {
             file,
-            text,
+            sources: &sources,
             site_certs: sites::any_certificates(&raw),
         }
         .validate(raw)
@@ -131,6 +145,7 @@ impl Config {
         let state_dir = default_state_dir();
         Config {
             source: None,
+            files: Vec::new(),
             workers: default_workers(),
             routes: route::default_routes(&state_dir),
             state_dir,
@@ -152,6 +167,20 @@ impl Config {
     pub fn welcome_root(&self) -> PathBuf {
         self.state_dir.join("welcome")
     }
+}
+
+/// The configuration file `qweb` reads without `--config`, when it exists (nginx's and
+/// Caddy's habit); `$QWEB_CONFIG` names another (for tests, containers, unprivileged runs).
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/qweb/qweb.toml";
+
+/// The default configuration file: `$QWEB_CONFIG` when set and not empty, else
+/// [`DEFAULT_CONFIG_PATH`]. Whether it exists is the caller's question: without it, `qweb
+/// serve` runs [`Config::default_config`].
+pub fn default_config_path() -> PathBuf {
+    std::env::var_os("QWEB_CONFIG")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
 }
 
 /// Default number of workers: the number of CPU cores.
@@ -183,8 +212,10 @@ fn absolute(p: &Path) -> PathBuf {
 /// Turns the file as written into a [`Config`]; its `impl` blocks are spread over the
 /// section modules.
 struct Validator<'a> {
+    /// The main file.
     file: Option<&'a Path>,
-    text: &'a str,
+    /// Its text and the text of the files it includes.
+    sources: &'a source::Sources,
     /// A `[[site]]` has certificates: a TLS listener may take those alone.
     site_certs: bool,
 }
@@ -197,17 +228,20 @@ impl Validator<'_> {
         key: impl Into<String>,
         msg: impl Into<String>,
     ) -> ConfigError {
-        ConfigError::at(self.file, self.text, span, key, msg)
+        self.sources.error(span, key, msg)
     }
 
-    /// A path from the file, relative to the file's directory.
-    fn path(&self, p: &Path) -> PathBuf {
-        let base = self
-            .file
-            .and_then(Path::parent)
-            .map(Path::to_owned)
-            .unwrap_or_default();
-        absolute(&base.join(p))
+    /// A path written at `span`, relative to the folder of the file it is written in.
+    fn path(&self, p: &Path, span: std::ops::Range<usize>) -> PathBuf {
+        absolute(&self.sources.dir_of(span.start).join(p))
+    }
+
+    /// Byte span of a dotted key's value, for errors found after parsing (best effort: the
+    /// first occurrence of the last key segment inside its table, in any file).
+    fn span_of_key(&self, dotted: &str) -> Option<std::ops::Range<usize>> {
+        self.sources.texts().find_map(|(text, base)| {
+            span_of_key(text, dotted).map(|s| s.start + base..s.end + base)
+        })
     }
 
     /// Validates the whole file, section by section.
@@ -217,7 +251,7 @@ impl Validator<'_> {
             Some(Workers::Count(n)) => n,
         };
         let state_dir = match &raw.state_dir {
-            Some(d) => self.path(d.get_ref()),
+            Some(d) => self.path(d.get_ref(), d.span()),
             None => default_state_dir(),
         };
         let limits = self.limits(&raw.limits)?;
@@ -232,6 +266,7 @@ impl Validator<'_> {
         let file_cache = self.file_cache(&raw.file_cache)?;
         Ok(Config {
             source: self.file.map(absolute),
+            files: self.sources.paths().iter().map(|p| absolute(p)).collect(),
             workers,
             state_dir,
             shutdown_timeout: raw

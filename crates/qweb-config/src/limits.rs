@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::raw::RawLimits;
-use super::{span_of_key, ConfigError, Validator};
+use super::{ConfigError, Validator};
 
 /// Limits that protect the server from clients.
 #[derive(Debug, Clone)]
@@ -92,22 +92,18 @@ impl Validator<'_> {
         if !(16 << 10..=64 << 20).contains(&limits.write_burst) {
             let key = "limits.write_burst";
             return Err(self.err(
-                span_of_key(self.text, key),
+                self.span_of_key(key),
                 key,
                 "must be between 16KiB and 64MiB",
             ));
         }
         if limits.h2_control_frames_per_second == 0 {
             let key = "limits.h2_control_frames_per_second";
-            return Err(self.err(span_of_key(self.text, key), key, "must be greater than 0"));
+            return Err(self.err(self.span_of_key(key), key, "must be greater than 0"));
         }
         if !(8192..=1 << 24).contains(&limits.max_request_header_size) {
             let key = "limits.max_request_header_size";
-            return Err(self.err(
-                span_of_key(self.text, key),
-                key,
-                "must be between 8KiB and 16MiB",
-            ));
+            return Err(self.err(self.span_of_key(key), key, "must be between 8KiB and 16MiB"));
         }
         for (key, d) in [
             ("limits.header_read_timeout", limits.header_read_timeout),
@@ -116,7 +112,7 @@ impl Validator<'_> {
             ("limits.send_timeout", limits.send_timeout),
         ] {
             if d.is_zero() {
-                return Err(self.err(span_of_key(self.text, key), key, "must be greater than 0"));
+                return Err(self.err(self.span_of_key(key), key, "must be greater than 0"));
             }
         }
         Ok(limits)

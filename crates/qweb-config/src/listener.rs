@@ -149,7 +149,7 @@ impl Validator<'_> {
                         let provider = qweb_tls::provider();
                         let mut certs = Vec::new();
                         for (j, c) in tr.certificates.iter().enumerate() {
-                            let cert = self.path(c.cert.get_ref());
+                            let cert = self.path(c.cert.get_ref(), c.cert.span());
                             let Some(ck) = &c.key else {
                                 // no key file: only with a key server holding the key
                                 if !keyserver {
@@ -174,7 +174,7 @@ impl Validator<'_> {
                                 });
                                 continue;
                             };
-                            let keyp = self.path(ck.get_ref());
+                            let keyp = self.path(ck.get_ref(), ck.span());
                             if let Err(e) = qweb_tls::load_certified_key(&cert, &keyp, &provider) {
                                 let (span, which) = match &e {
                                     qweb_tls::TlsError::Key { .. } => (ck.span(), "key"),

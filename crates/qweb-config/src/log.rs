@@ -69,7 +69,7 @@ impl Validator<'_> {
             if v.is_empty() {
                 return Err(self.err(Some(f.span()), "log.access_file", "must not be empty"));
             }
-            let path: PathBuf = self.path(Path::new(v));
+            let path: PathBuf = self.path(Path::new(v), f.span());
             if path.is_dir() {
                 return Err(self.err(
                     Some(f.span()),

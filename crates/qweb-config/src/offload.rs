@@ -201,7 +201,7 @@ impl Validator<'_> {
             let mut ep = qweb_keyserver::client::Endpoint::parse(sv.get_ref())
                 .map_err(|m| self.err(Some(sv.span()), format!("{key}.servers[{j}]"), m))?;
             if let qweb_keyserver::client::Endpoint::Unix(p) = &mut ep {
-                *p = self.path(p);
+                *p = self.path(p, sv.span());
             }
             endpoints.push(ep);
         }
@@ -210,7 +210,7 @@ impl Validator<'_> {
                 match f {
                     None => Ok(None),
                     Some(p) => {
-                        let path = self.path(p.get_ref());
+                        let path = self.path(p.get_ref(), p.span());
                         if !path.is_file() {
                             return Err(self.err(
                                 Some(p.span()),

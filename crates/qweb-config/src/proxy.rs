@@ -526,7 +526,7 @@ impl Validator<'_> {
             // the anchors may include the upstream's own self-signed certificate, pinned
             Some(ca) => {
                 let key = format!("route[{i}].upstream_ca");
-                let path = self.path(ca.get_ref());
+                let path = self.path(ca.get_ref(), ca.span());
                 let certs = qweb_tls::load_certs(&path)
                     .map_err(|e| self.err(Some(ca.span()), key.clone(), e.to_string()))?;
                 let verifier = qweb_tls::PinnedAnchors::new(certs).map_err(|e| {
@@ -557,20 +557,22 @@ impl Validator<'_> {
         let mut cfg = match (&rr.upstream_client_cert, &rr.upstream_client_key) {
             (None, None) => builder.with_no_client_auth(),
             (Some(c), Some(k)) => {
-                let certs = qweb_tls::load_certs(&self.path(c.get_ref())).map_err(|e| {
-                    self.err(
-                        Some(c.span()),
-                        format!("route[{i}].upstream_client_cert"),
-                        e.to_string(),
-                    )
-                })?;
-                let key = qweb_tls::load_private_key(&self.path(k.get_ref())).map_err(|e| {
-                    self.err(
-                        Some(k.span()),
-                        format!("route[{i}].upstream_client_key"),
-                        e.to_string(),
-                    )
-                })?;
+                let certs =
+                    qweb_tls::load_certs(&self.path(c.get_ref(), c.span())).map_err(|e| {
+                        self.err(
+                            Some(c.span()),
+                            format!("route[{i}].upstream_client_cert"),
+                            e.to_string(),
+                        )
+                    })?;
+                let key =
+                    qweb_tls::load_private_key(&self.path(k.get_ref(), k.span())).map_err(|e| {
+                        self.err(
+                            Some(k.span()),
+                            format!("route[{i}].upstream_client_key"),
+                            e.to_string(),
+                        )
+                    })?;
                 builder.with_client_auth_cert(certs, key).map_err(|e| {
                     self.err(
                         Some(k.span()),

@@ -102,6 +102,8 @@ impl<'de> Deserialize<'de> for Workers {
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Workers, E> {
                 match v {
                     "auto" => Ok(Workers::Auto),
+                    // `workers = "${WORKERS}"` with a number in the variable
+                    _ if v.parse::<i64>().is_ok() => self.visit_i64(v.parse().unwrap_or(0)),
                     _ => Err(E::custom(format!(
                         "workers must be \"auto\" or 1..=1024, not \"{v}\""
                     ))),

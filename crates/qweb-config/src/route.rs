@@ -165,7 +165,7 @@ impl Validator<'_> {
                 ))
             }
             (Some(root), None) => {
-                let path = self.path(root.get_ref());
+                let path = self.path(root.get_ref(), root.span());
                 if !path.is_dir() {
                     return Err(self.err(
                         Some(root.span()),

@@ -63,7 +63,8 @@ const MAX_PATTERN: usize = 1024;
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
 
 /// A path rewrite: the first rule whose `from` matches the normalised path replaces it with
-/// `to` (`$1`, `${name}` captures), before routing; the result is normalised again.
+/// `to` (`$1`, `$name` captures; `${name}` is written `$${name}` in the file, since `${` starts
+/// an environment variable there), before routing; the result is normalised again.
 #[derive(Debug, Clone)]
 pub struct RewriteRule {
     /// The pattern.
@@ -680,7 +681,7 @@ impl Validator<'_> {
         key: &str,
         c: &RawCertificate,
     ) -> Result<CertificateConfig, ConfigError> {
-        let cert = self.path(c.cert.get_ref());
+        let cert = self.path(c.cert.get_ref(), c.cert.span());
         let Some(k) = &c.key else {
             return Err(self.err(
                 Some(c.cert.span()),
@@ -688,7 +689,7 @@ impl Validator<'_> {
                 "missing: a site's certificate needs its key file",
             ));
         };
-        let keyp = self.path(k.get_ref());
+        let keyp = self.path(k.get_ref(), k.span());
         if let Err(e) = qweb_tls::load_certified_key(&cert, &keyp, &qweb_tls::provider()) {
             let (span, which) = match &e {
                 qweb_tls::TlsError::Key { .. } => (k.span(), "key"),

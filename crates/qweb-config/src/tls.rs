@@ -121,7 +121,7 @@ impl Validator<'_> {
         let key = format!("listener[{i}].tls.certificates[{j}].ocsp");
         let v = o.get_ref().trim();
         if v == "fetch" {
-            let cert = self.path(c.cert.get_ref());
+            let cert = self.path(c.cert.get_ref(), c.cert.span());
             let chain = qweb_tls::load_certs(&cert)
                 .map_err(|e| self.err(Some(o.span()), key.as_str(), e.to_string()))?;
             let url = qweb_tls::ocsp::responder_url(chain[0].as_ref())
@@ -148,7 +148,7 @@ impl Validator<'_> {
         if v.is_empty() {
             return Err(self.err(Some(o.span()), key, "a DER OCSP response file"));
         }
-        let path = self.path(std::path::Path::new(v));
+        let path = self.path(std::path::Path::new(v), o.span());
         if let Err(e) = std::fs::metadata(&path).and_then(|m| {
             if m.is_file() {
                 Ok(())
@@ -196,7 +196,7 @@ impl Validator<'_> {
                 "a key file path, or \"keyserver:ENGINE\"",
             ));
         }
-        let path = self.path(std::path::Path::new(v));
+        let path = self.path(std::path::Path::new(v), tk.span());
         let bytes = std::fs::read(&path).map_err(|e| {
             self.err(
                 Some(tk.span()),

@@ -468,14 +468,13 @@ fn generation_for_worker(
     }
 }
 
-/// The hash `/metrics` shows for `config` (of its file's bytes; of nothing for the built-in
-/// default).
+/// The hash `/metrics` shows for `config` (of its files' bytes, the included ones too; of
+/// nothing for the built-in default).
 fn config_hash(config: &Config) -> String {
-    let bytes = config
-        .source
-        .as_ref()
-        .and_then(|p| std::fs::read(p).ok())
-        .unwrap_or_default();
+    let mut bytes = Vec::new();
+    for p in &config.files {
+        bytes.extend(std::fs::read(p).unwrap_or_default());
+    }
     crate::observe::metrics::config_hash(&bytes)
 }
 

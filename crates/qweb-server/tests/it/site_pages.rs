@@ -19,7 +19,7 @@ fn start_rewrites() -> TestServer {
     let config = r#"
 rewrite = [
   { from = "^/old/(.*)$", to = "/new/$1" },
-  { from = "^/named/(?P<rest>.*)$", to = "/new/${rest}" },
+  { from = "^/named/(?P<rest>.*)$", to = "/new/$${rest}" },
   { from = "^/up/(.*)$", to = "/$1/%2e%2e/%2e%2e/%2e%2e" },
   { from = "^/dots/(.*)$", to = "/$1/../.." },
   { from = "^/dbl/(.*)$", to = "//new//$1" },
