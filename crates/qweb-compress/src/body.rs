@@ -659,7 +659,10 @@ mod tests {
             };
             let z = body(&data).collect().await.unwrap().to_bytes();
             assert_eq!(engine.metrics().in_flight_peak.load(Relaxed), 1);
-            assert_eq!(zstd::zstd_safe::find_frame_compressed_size(&z).unwrap(), z.len());
+            assert_eq!(
+                zstd::zstd_safe::find_frame_compressed_size(&z).unwrap(),
+                z.len()
+            );
             assert!(decode(Codec::Zstd, &z) == data);
             let (a, b) = tokio::join!(body(&data).collect(), body(&data).collect());
             assert_eq!(engine.metrics().in_flight_peak.load(Relaxed), 2);

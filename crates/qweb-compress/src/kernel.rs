@@ -245,9 +245,7 @@ impl ZstdStream {
     pub fn new(level: u32, size: Option<u64>) -> Result<Self, CompressError> {
         use zstd::zstd_safe::CParameter;
         let err = |code: usize| {
-            CompressError::Zstd(std::io::Error::other(zstd::zstd_safe::get_error_name(
-                code,
-            )))
+            CompressError::Zstd(std::io::Error::other(zstd::zstd_safe::get_error_name(code)))
         };
         let mut c = zstd::zstd_safe::CCtx::try_create()
             .ok_or_else(|| CompressError::Zstd(std::io::Error::other("out of memory")))?;
@@ -284,8 +282,8 @@ impl ZstdStream {
 
     /// Compresses chunk `seq` (`last`: end the frame, else flush it).
     fn chunk(&self, seq: u64, input: &[u8], last: bool) -> Result<Vec<u8>, CompressError> {
-        use zstd::zstd_safe::{InBuffer, OutBuffer};
         use zstd::zstd_safe::zstd_sys::ZSTD_EndDirective;
+        use zstd::zstd_safe::{InBuffer, OutBuffer};
         let broken = |what: &str| CompressError::Zstd(std::io::Error::other(what.to_owned()));
         // a poisoned lock: a panic mid-chunk left the context half-updated
         let mut s = self.state.lock().map_err(|_| broken("context poisoned"))?;
@@ -305,7 +303,8 @@ impl ZstdStream {
         } else {
             ZSTD_EndDirective::ZSTD_e_flush
         };
-        let mut out: Vec<u8> = Vec::with_capacity(zstd::zstd_safe::compress_bound(input.len()) + 32);
+        let mut out: Vec<u8> =
+            Vec::with_capacity(zstd::zstd_safe::compress_bound(input.len()) + 32);
         let mut inb = InBuffer::around(input);
         let r = loop {
             if out.capacity() - out.len() < 1024 {
@@ -339,10 +338,28 @@ impl ZstdStream {
 /// (`clevels.h` of zstd 1.5): [`ZstdStream`] caps them, never raises them.
 fn zstd_logs(level: u32) -> (u32, u32, u32) {
     const LOGS: [(u32, u32, u32); 22] = [
-        (19, 13, 14), (20, 15, 16), (21, 16, 17), (21, 18, 18), (21, 18, 19), (21, 18, 19),
-        (21, 19, 20), (21, 19, 20), (22, 20, 21), (22, 21, 22), (22, 21, 22), (22, 22, 23),
-        (22, 22, 22), (22, 22, 23), (22, 23, 23), (22, 22, 22), (23, 23, 22), (23, 23, 22),
-        (23, 24, 22), (25, 25, 23), (26, 27, 25), (27, 29, 27),
+        (19, 13, 14),
+        (20, 15, 16),
+        (21, 16, 17),
+        (21, 18, 18),
+        (21, 18, 19),
+        (21, 18, 19),
+        (21, 19, 20),
+        (21, 19, 20),
+        (22, 20, 21),
+        (22, 21, 22),
+        (22, 21, 22),
+        (22, 22, 23),
+        (22, 22, 22),
+        (22, 22, 23),
+        (22, 23, 23),
+        (22, 22, 22),
+        (23, 23, 22),
+        (23, 23, 22),
+        (23, 24, 22),
+        (25, 25, 23),
+        (26, 27, 25),
+        (27, 29, 27),
     ];
     LOGS[(level.clamp(1, 22) - 1) as usize]
 }

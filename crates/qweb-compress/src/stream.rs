@@ -463,7 +463,10 @@ pub(crate) mod tests {
             assert!(mem < 12 << 20, "level {level}: context {mem} bytes");
             let op = enc.op(Vec::new(), true);
             wire.extend_from_slice(&enc.join(compress_chunk(&op).unwrap(), 0, true));
-            assert_eq!(zstd::zstd_safe::find_frame_compressed_size(&wire).unwrap(), wire.len());
+            assert_eq!(
+                zstd::zstd_safe::find_frame_compressed_size(&wire).unwrap(),
+                wire.len()
+            );
             assert_eq!(decode(Codec::Zstd, &wire), data);
         }
     }

@@ -336,47 +336,13 @@ async fn charset_is_off_by_default_and_added_by_option() {
 /// qweb names no charset, and as U+FFFD when `charset = "utf-8"` overrides the meta tag.
 #[test]
 fn legacy_page_renders_in_headless_chromium() {
-    let browser = std::env::var("QWEB_CHROMIUM").ok().or_else(|| {
-        ["chromium", "chromium-browser", "google-chrome"]
-            .into_iter()
-            .find(|b| {
-                std::process::Command::new(b)
-                    .arg("--version")
-                    .output()
-                    .is_ok_and(|o| o.status.success())
-            })
-            .map(str::to_owned)
-    });
-    let Some(browser) = browser else {
+    let Some(browser) = qweb_testkit::browser::chromium() else {
         eprintln!("SKIPPED: no chromium (apt-get install chromium, or set QWEB_CHROMIUM)");
         return;
     };
     let s = start_errors();
-    let profile = tempfile::tempdir().unwrap();
-    let dom = |path: &str| -> String {
-        let out = std::process::Command::new("timeout")
-            .arg("90")
-            .arg(&browser)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-dev-shm-usage",
-                "--no-first-run",
-                "--ignore-certificate-errors",
-            ])
-            .arg(format!("--user-data-dir={}", profile.path().display()))
-            .arg("--dump-dom")
-            .arg(format!("{}{path}", s.http()))
-            .output()
-            .expect("run chromium");
-        assert!(
-            out.status.success(),
-            "chromium failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).expect("dom is utf-8")
-    };
+    let dom =
+        |path: &str| qweb_testkit::browser::dump_dom(&browser, &format!("{}{path}", s.http()));
     let d = dom("/legacy.html");
     assert!(d.contains("<p id=\"t\">café</p>"), "{d}");
     let d = dom("/legacy-utf8/legacy.html");
@@ -450,17 +416,22 @@ autoindex = true
     let html = r.text().await.unwrap();
     assert!(!html.contains("<script>"), "{html}");
     assert!(!html.contains(".hidden"), "{html}");
-    let items: Vec<&str> = html.lines().filter(|l| l.starts_with("<li>")).collect();
+    // the name cell of each row (size and time follow in cells of their own)
+    let items: Vec<&str> = html
+        .lines()
+        .filter(|l| l.starts_with("<tr><td>"))
+        .filter_map(|l| l.split("</td>").next())
+        .collect();
     assert_eq!(
         items,
         [
-            "<li><a href=\"../\">../</a></li>",
-            "<li><a href=\"%3Cscript%3E.html\">&lt;script&gt;.html</a></li>",
-            "<li><a href=\"A.txt\">A.txt</a></li>",
-            "<li><a href=\"b.txt\">b.txt</a></li>",
-            "<li><a href=\"javascript%3Aalert%281%29\">javascript:alert(1)</a></li>",
-            "<li><a href=\"q%27%22%26.txt\">q&#39;&quot;&amp;.txt</a></li>",
-            "<li><a href=\"sub%20dir/\">sub dir/</a></li>",
+            "<tr><td><a href=\"../\">../</a>",
+            "<tr><td><a href=\"%3Cscript%3E.html\">&lt;script&gt;.html</a>",
+            "<tr><td><a href=\"A.txt\">A.txt</a>",
+            "<tr><td><a href=\"b.txt\">b.txt</a>",
+            "<tr><td><a href=\"javascript%3Aalert%281%29\">javascript:alert(1)</a>",
+            "<tr><td><a href=\"q%27%22%26.txt\">q&#39;&quot;&amp;.txt</a>",
+            "<tr><td><a href=\"sub%20dir/\">sub dir/</a>",
         ],
         "{html}"
     );

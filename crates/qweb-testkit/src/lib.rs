@@ -12,6 +12,7 @@
 //! | `openssl s_client` runs that say whether the session resumed | [`openssl::SClient`] |
 //! | hand-built HTTP/2 frames for hostile clients | [`h2frames`] |
 //! | upstreams: hyper ([`upstream`]), raw recording ([`recorder`]), WebSocket echo ([`ws`]) | |
+//! | headless Chromium: find it, dump a page's DOM | [`browser`] |
 //! | deterministic bodies | [`corpus`] |
 //! | the import graph of a crate's modules (layers, cycles) | [`modgraph`] |
 //!
@@ -21,6 +22,7 @@
 //! example per helper.
 #![allow(missing_docs)] // test-only crate; README.md documents each helper with an example
 
+pub mod browser;
 pub mod corpus;
 pub mod h2frames;
 pub mod metrics;
