@@ -94,6 +94,8 @@ pub struct CompressBody<B> {
     flush_timer: Option<Pin<Box<tokio::time::Sleep>>>,
     metrics: Arc<CompressMetrics>,
     tee: Option<Tee>,
+    /// The inner body's trailers, sent after the last compressed bytes.
+    trailers: Option<http::HeaderMap>,
 }
 
 impl<B> CompressBody<B>
@@ -114,9 +116,10 @@ where
             ..params
         };
         metrics.responses[params.codec.index()].fetch_add(1, Relaxed);
+        let size = inner.size_hint().exact();
         CompressBody {
             inner: Some(Box::pin(inner)),
-            enc: StreamEncoder::new(params.codec, params.level, params.chunk_size),
+            enc: StreamEncoder::new(params.codec, params.level, params.chunk_size).with_size(size),
             params,
             offloader,
             pending: VecDeque::new(),
@@ -127,6 +130,7 @@ where
             flush_timer: None,
             metrics,
             tee: None,
+            trailers: None,
         }
     }
 
@@ -198,7 +202,11 @@ where
 
     /// Reads input and submits chunks while the pipeline has room.
     fn fill(&mut self, cx: &mut Context<'_>) -> Result<(), BoxError> {
-        let cap = self.params.mode.in_flight(self.params.depth);
+        let cap = match self.enc.sequential() {
+            // zstd: one context per response, its chunks one after the other
+            true => 1,
+            false => self.params.mode.in_flight(self.params.depth),
+        };
         let chunk = self.params.chunk_size;
         loop {
             if self.last_submitted || self.in_flight.len() >= cap {
@@ -225,7 +233,16 @@ where
             }
             match inner.as_mut().poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
-                    if let Ok(data) = frame.into_data() {
+                    let data = match frame.into_data() {
+                        Ok(data) => data,
+                        Err(frame) => {
+                            if let Ok(t) = frame.into_trailers() {
+                                self.trailers = Some(t);
+                            }
+                            Bytes::new()
+                        }
+                    };
+                    {
                         if !data.is_empty() {
                             self.metrics.bytes_in[self.params.codec.index()]
                                 .fetch_add(data.len() as u64, Relaxed);
@@ -311,10 +328,11 @@ where
         let this = self.get_mut();
         loop {
             if this.finished {
-                return Poll::Ready(None);
+                return Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))));
             }
             if let Err(e) = this.fill(cx) {
                 this.finished = true;
+                this.trailers = None;
                 return Poll::Ready(Some(Err(e)));
             }
             let Some(front) = this.in_flight.front_mut() else {
@@ -341,6 +359,7 @@ where
                 Ok(bytes) => return Poll::Ready(Some(Ok(Frame::data(bytes)))),
                 Err(e) => {
                     this.finished = true;
+                    this.trailers = None;
                     return Poll::Ready(Some(Err(e)));
                 }
             }
@@ -348,7 +367,7 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.finished
+        self.finished && self.trailers.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -594,13 +613,13 @@ mod tests {
                 let (inner, _) = Frames::new(&data, 4096);
                 let body = CompressBody::new(
                     inner,
-                    params(Codec::Zstd, mode, 4096, 6),
+                    params(Codec::Gzip, mode, 4096, 6),
                     offloader(&engine),
                     Arc::new(CompressMetrics::default()),
                 );
                 let before = engine.metrics().in_flight_peak.load(Relaxed);
                 let z = body.collect().await.unwrap().to_bytes();
-                assert!(decode(Codec::Zstd, &z) == data);
+                assert!(decode(Codec::Gzip, &z) == data);
                 let peak = engine.metrics().in_flight_peak.load(Relaxed);
                 if mode == Mode::Async {
                     assert_eq!(peak, want, "{mode:?}");
@@ -608,6 +627,47 @@ mod tests {
                     // the peak from the pipelined run stays; sync never raised it past 1
                     assert_eq!(peak, before);
                 }
+            }
+        });
+    }
+
+    /// zstd chunks share their response's context (one frame): one at a time on the
+    /// engine whatever `depth`, and two responses still overlap on it.
+    #[test]
+    fn zstd_chunks_of_one_response_go_one_at_a_time() {
+        local(async {
+            let engine: Arc<dyn Engine> = Arc::new(
+                PoolEngine::new(
+                    "slow",
+                    PoolConfig {
+                        threads: 2,
+                        added_latency: Duration::from_millis(20),
+                        ..Default::default()
+                    },
+                )
+                .unwrap(),
+            );
+            let data = text(64 * 1024);
+            let body = |d: &[u8]| {
+                let (inner, _) = Frames::new(d, 4096);
+                CompressBody::new(
+                    inner,
+                    params(Codec::Zstd, Mode::Async, 4096, 6),
+                    offloader(&engine),
+                    Arc::new(CompressMetrics::default()),
+                )
+            };
+            let z = body(&data).collect().await.unwrap().to_bytes();
+            assert_eq!(engine.metrics().in_flight_peak.load(Relaxed), 1);
+            assert_eq!(
+                zstd::zstd_safe::find_frame_compressed_size(&z).unwrap(),
+                z.len()
+            );
+            assert!(decode(Codec::Zstd, &z) == data);
+            let (a, b) = tokio::join!(body(&data).collect(), body(&data).collect());
+            assert_eq!(engine.metrics().in_flight_peak.load(Relaxed), 2);
+            for z in [a.unwrap().to_bytes(), b.unwrap().to_bytes()] {
+                assert!(decode(Codec::Zstd, &z) == data);
             }
         });
     }

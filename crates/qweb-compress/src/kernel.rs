@@ -16,12 +16,24 @@
 //!   primed with the preceding input as a custom dictionary, whose bytes the decoder of the
 //!   joined stream has in its window. The framer prepends the window-size header and appends
 //!   the final empty metablock. Qualities 0 and 1 are raised to 2 (see [`brotli_quality`]).
-//! - **zstd**: one complete frame per chunk (with content size and checksum). RFC 8878
-//!   (section 3.1) defines zstd-coded data as one or more frames whose decoded contents are
-//!   concatenated, so the frames are one valid `zstd` content coding. A frame cannot refer to
-//!   the data of the previous frame without a dictionary the decoder would not have, so zstd
-//!   chunks are not primed; and the public libzstd API has no way to produce the blocks of one
-//!   frame in independent pieces (its own multi-threaded mode does that internally).
+//! - **zstd**: ONE frame per response. zstd blocks are not independent: a compressed block
+//!   may reuse the previous block's entropy tables and refers to its last three offsets
+//!   ("repeat offsets", RFC 8878 section 3.1.1.5), so blocks compressed by separate contexts
+//!   cannot be joined into one frame (libzstd's own multi-threaded mode does it by
+//!   invalidating repeat offsets, an internal function the public API does not offer). The
+//!   response therefore owns one streaming context ([`ZstdStream`], carried by the ops in
+//!   [`CompressOp::stream`]): each chunk is compressed on the engine with that context and
+//!   flushed (`ZSTD_e_flush`: its blocks end, the decoder can output everything so far), the
+//!   last one ends the frame (with its checksum). A response's zstd chunks go to the engine
+//!   one at a time, in order (chunks of different responses still run in parallel); each
+//!   chunk sees the whole window of what preceded it. Frames of several concatenated zstd
+//!   frames are valid RFC 8878 data, but common decoders (python's `zstandard` decompressobj,
+//!   which httpx uses) stop after the first frame.
+//!
+//!   The window is capped at 2^[`ZSTD_WINDOW_LOG_MAX`] bytes (RFC 9659 allows up to 8 MiB for
+//!   the `zstd` content coding; a smaller window bounds the memory a slow client holds on
+//!   the server, and on the client); a body of known length pledges it, so that libzstd sizes
+//!   its tables to the body.
 
 use std::cell::RefCell;
 
@@ -72,7 +84,6 @@ pub fn compress_chunk(op: &CompressOp) -> Result<CompressedChunk, CompressError>
     std::panic::catch_unwind(run).unwrap_or_else(|_| {
         // the per-thread codec state may be half-updated: start afresh next time
         DEFLATE.with(|c| c.replace(None));
-        ZSTD.with(|c| c.replace(None));
         Err(CompressError::Panicked(op.codec))
     })
 }
@@ -81,9 +92,6 @@ thread_local! {
     /// One deflate state per thread and level, reset between chunks (a fresh one costs
     /// ~300 KiB of allocation).
     static DEFLATE: RefCell<Option<(u32, flate2::Compress)>> = const { RefCell::new(None) };
-    /// One zstd context per thread.
-    static ZSTD: RefCell<Option<(u32, zstd::bulk::Compressor<'static>)>> =
-        const { RefCell::new(None) };
 }
 
 fn gzip_chunk(op: &CompressOp) -> Result<CompressedChunk, CompressError> {
@@ -205,24 +213,165 @@ pub fn brotli_quality(level: u32) -> u32 {
     level.clamp(2, 11)
 }
 
-fn zstd_chunk(op: &CompressOp) -> Result<CompressedChunk, CompressError> {
-    let level = op.level.min(22);
-    ZSTD.with(|cell| {
-        let mut cell = cell.borrow_mut();
-        if !matches!(&*cell, Some((l, _)) if *l == level) {
-            let mut c = zstd::bulk::Compressor::new(level as i32).map_err(CompressError::Zstd)?;
-            c.set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))
-                .map_err(CompressError::Zstd)?;
-            *cell = Some((level, c));
-        }
-        let Some((_, c)) = &mut *cell else {
-            return Err(CompressError::StateMissing(Codec::Zstd));
+/// Largest zstd window (log2): 512 KiB.
+pub const ZSTD_WINDOW_LOG_MAX: u32 = 19;
+
+/// One zstd response's compression context: its chunks are the flushed blocks of one frame.
+/// Shared by the response's ops ([`CompressOp::stream`]); the chunks must be compressed in
+/// order, one at a time.
+pub struct ZstdStream {
+    state: std::sync::Mutex<ZstdState>,
+}
+
+struct ZstdState {
+    /// `None` once the frame ended, or after the context failed (the stream is then broken).
+    cctx: Option<zstd::zstd_safe::CCtx<'static>>,
+    /// The chunk the context expects next.
+    next: u64,
+    /// The last chunk's output, kept so that a chunk compressed on the engine and then again
+    /// by the worker's fallback (after a timeout) gets the same bytes, not a second copy.
+    done: Option<(u64, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for ZstdStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ZstdStream")
+    }
+}
+
+impl ZstdStream {
+    /// A context for one frame at `level` (1..=22); `size`: the whole input's length, when
+    /// known (written in the frame header; libzstd sizes its tables to it).
+    pub fn new(level: u32, size: Option<u64>) -> Result<Self, CompressError> {
+        use zstd::zstd_safe::CParameter;
+        let err = |code: usize| {
+            CompressError::Zstd(std::io::Error::other(zstd::zstd_safe::get_error_name(code)))
         };
-        let data = c
-            .compress(op.input.as_slice())
-            .map_err(CompressError::Zstd)?;
-        Ok(CompressedChunk { data, crc32: 0 })
-    })
+        let mut c = zstd::zstd_safe::CCtx::try_create()
+            .ok_or_else(|| CompressError::Zstd(std::io::Error::other("out of memory")))?;
+        c.set_parameter(CParameter::CompressionLevel(level.clamp(1, 22) as i32))
+            .map_err(err)?;
+        c.set_parameter(CParameter::ChecksumFlag(true))
+            .map_err(err)?;
+        // window and tables no larger than the cap (libzstd sizes them to the level alone
+        // when the input length is unknown: 86 MB at level 19)
+        let (window, chain, hash) = zstd_logs(level);
+        c.set_parameter(CParameter::WindowLog(window.min(ZSTD_WINDOW_LOG_MAX)))
+            .map_err(err)?;
+        c.set_parameter(CParameter::ChainLog(chain.min(ZSTD_WINDOW_LOG_MAX)))
+            .map_err(err)?;
+        c.set_parameter(CParameter::HashLog(hash.min(ZSTD_WINDOW_LOG_MAX)))
+            .map_err(err)?;
+        c.set_pledged_src_size(size).map_err(err)?;
+        Ok(ZstdStream {
+            state: std::sync::Mutex::new(ZstdState {
+                cctx: Some(c),
+                next: 0,
+                done: None,
+            }),
+        })
+    }
+
+    /// Bytes the context holds (its tables, window and buffers).
+    pub fn memory(&self) -> usize {
+        match self.state.lock() {
+            Ok(s) => s.cctx.as_ref().map_or(0, |c| c.sizeof()),
+            Err(_) => 0,
+        }
+    }
+
+    /// Compresses chunk `seq` (`last`: end the frame, else flush it).
+    fn chunk(&self, seq: u64, input: &[u8], last: bool) -> Result<Vec<u8>, CompressError> {
+        use zstd::zstd_safe::zstd_sys::ZSTD_EndDirective;
+        use zstd::zstd_safe::{InBuffer, OutBuffer};
+        let broken = |what: &str| CompressError::Zstd(std::io::Error::other(what.to_owned()));
+        // a poisoned lock: a panic mid-chunk left the context half-updated
+        let mut s = self.state.lock().map_err(|_| broken("context poisoned"))?;
+        if let Some((n, out)) = &s.done {
+            if *n == seq {
+                return Ok(out.clone());
+            }
+        }
+        if s.next != seq {
+            return Err(broken("chunk out of order"));
+        }
+        let Some(c) = s.cctx.as_mut() else {
+            return Err(broken("frame already ended"));
+        };
+        let directive = if last {
+            ZSTD_EndDirective::ZSTD_e_end
+        } else {
+            ZSTD_EndDirective::ZSTD_e_flush
+        };
+        let mut out: Vec<u8> =
+            Vec::with_capacity(zstd::zstd_safe::compress_bound(input.len()) + 32);
+        let mut inb = InBuffer::around(input);
+        let r = loop {
+            if out.capacity() - out.len() < 1024 {
+                out.reserve(out.capacity() / 2 + 1024);
+            }
+            let pos = out.len();
+            let mut outb = OutBuffer::around_pos(&mut out, pos);
+            match c.compress_stream2(&mut outb, &mut inb, directive) {
+                Ok(0) if inb.pos == input.len() => break Ok(()),
+                Ok(_) => {}
+                Err(code) => break Err(code),
+            }
+        };
+        if let Err(code) = r {
+            s.cctx = None;
+            return Err(CompressError::Zstd(std::io::Error::other(
+                zstd::zstd_safe::get_error_name(code),
+            )));
+        }
+        if last {
+            // the frame is complete: free the context now, not when the last op is dropped
+            s.cctx = None;
+        }
+        s.next = seq + 1;
+        s.done = Some((seq, out.clone()));
+        Ok(out)
+    }
+}
+
+/// libzstd's window, chain and hash table logs for `level` on inputs over 256 KiB
+/// (`clevels.h` of zstd 1.5): [`ZstdStream`] caps them, never raises them.
+fn zstd_logs(level: u32) -> (u32, u32, u32) {
+    const LOGS: [(u32, u32, u32); 22] = [
+        (19, 13, 14),
+        (20, 15, 16),
+        (21, 16, 17),
+        (21, 18, 18),
+        (21, 18, 19),
+        (21, 18, 19),
+        (21, 19, 20),
+        (21, 19, 20),
+        (22, 20, 21),
+        (22, 21, 22),
+        (22, 21, 22),
+        (22, 22, 23),
+        (22, 22, 22),
+        (22, 22, 23),
+        (22, 23, 23),
+        (22, 22, 22),
+        (23, 23, 22),
+        (23, 23, 22),
+        (23, 24, 22),
+        (25, 25, 23),
+        (26, 27, 25),
+        (27, 29, 27),
+    ];
+    LOGS[(level.clamp(1, 22) - 1) as usize]
+}
+
+fn zstd_chunk(op: &CompressOp) -> Result<CompressedChunk, CompressError> {
+    let stream = op
+        .stream
+        .as_ref()
+        .and_then(|s| s.downcast_ref::<ZstdStream>())
+        .ok_or(CompressError::StateMissing(Codec::Zstd))?;
+    let data = stream.chunk(op.seq, op.input.as_slice(), op.last)?;
+    Ok(CompressedChunk { data, crc32: 0 })
 }
 
 #[cfg(test)]
@@ -237,7 +386,8 @@ mod determinism {
         let text: Vec<u8> = (0..20_000)
             .flat_map(|i| format!("line {i} of some text\n").into_bytes())
             .collect();
-        for codec in [Codec::Gzip, Codec::Zstd, Codec::Brotli] {
+        // (zstd chunks share their response's context: `stream::tests::zstd_*`)
+        for codec in [Codec::Gzip, Codec::Brotli] {
             let mut enc = StreamEncoder::new(codec, 4, 4096);
             let ops: Vec<_> = text
                 .chunks(4096)

@@ -9,9 +9,11 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use qweb_offload::compress::{Codec, CompressOp, CompressedChunk};
+use qweb_offload::compress::{Codec, CompressOp, CompressedChunk, StreamState};
 
-use crate::kernel::{compress_chunk, compress_chunk_software, CompressError, GZIP_HISTORY};
+use crate::kernel::{
+    compress_chunk, compress_chunk_software, CompressError, ZstdStream, GZIP_HISTORY,
+};
 
 /// Preceding input a brotli chunk is primed with.
 pub const BROTLI_HISTORY: usize = 64 * 1024;
@@ -31,6 +33,12 @@ pub struct StreamEncoder {
     started: bool,
     finished: bool,
     crc: crc32fast::Hasher,
+    /// zstd: the response's context (made at the first op); other codecs: `None`.
+    zstd: Option<Arc<ZstdStream>>,
+    /// The input length, when known (zstd pledges it).
+    size: Option<u64>,
+    /// Ops made so far.
+    seq: u64,
 }
 
 /// The brotli window (log2) for chunks of `chunk_size` primed with [`BROTLI_HISTORY`] bytes:
@@ -60,7 +68,23 @@ impl StreamEncoder {
             started: false,
             finished: false,
             crc: crc32fast::Hasher::new(),
+            zstd: None,
+            size: None,
+            seq: 0,
         }
+    }
+
+    /// The same for an input of exactly `size` bytes, when known (zstd writes it in its
+    /// frame header and sizes its context to it); call before the first [`StreamEncoder::op`].
+    pub fn with_size(mut self, size: Option<u64>) -> Self {
+        self.size = size;
+        self
+    }
+
+    /// Must the chunks be compressed one at a time, in order? (zstd: they share the
+    /// response's context; see [`crate::kernel`].)
+    pub fn sequential(&self) -> bool {
+        self.codec == Codec::Zstd
     }
 
     /// The codec.
@@ -85,6 +109,13 @@ impl StreamEncoder {
             };
             self.history = Arc::new(next);
         }
+        if self.codec == Codec::Zstd && self.zstd.is_none() {
+            // a context that cannot be made (out of memory) leaves the ops without one:
+            // they fail, and so does their fallback, which ends the body with an error
+            self.zstd = ZstdStream::new(self.level, self.size).ok().map(Arc::new);
+        }
+        let seq = self.seq;
+        self.seq += 1;
         CompressOp {
             codec: self.codec,
             level: self.level,
@@ -92,6 +123,8 @@ impl StreamEncoder {
             input: Arc::new(input),
             history,
             last,
+            stream: self.zstd.clone().map(|z| -> StreamState { z }),
+            seq,
             software: compress_chunk_software,
         }
     }
@@ -172,7 +205,7 @@ pub fn compress_all(
     data: &[u8],
 ) -> Result<Vec<u8>, CompressError> {
     let chunk_size = chunk_size.max(1);
-    let mut enc = StreamEncoder::new(codec, level, chunk_size);
+    let mut enc = StreamEncoder::new(codec, level, chunk_size).with_size(Some(data.len() as u64));
     let mut out = Vec::new();
     let mut chunks = data.chunks(chunk_size).peekable();
     if chunks.peek().is_none() {
@@ -362,6 +395,8 @@ pub(crate) mod tests {
                 input: Arc::new(c.to_vec()),
                 history: Arc::new(Vec::new()),
                 last: false,
+                stream: None,
+                seq: 0,
                 software: compress_chunk_software,
             };
             unprimed += compress_chunk(&op).unwrap().data.len();
@@ -381,13 +416,77 @@ pub(crate) mod tests {
         }
     }
 
+    /// A zstd body is ONE frame whatever its number of chunks (decoders such as python's
+    /// `zstandard` decompressobj, used by httpx, read only the first frame), with its content
+    /// size when known, and a window within the cap.
     #[test]
-    fn zstd_frames_carry_their_content_size() {
-        let data = text(10_000);
+    fn zstd_is_one_frame() {
+        let data = text(300_000);
         let z = compress_all(Codec::Zstd, 3, 4096, &data).unwrap();
-        // three frames: each one decodes on its own too
         let first = zstd::zstd_safe::find_frame_compressed_size(&z).unwrap();
-        let one = zstd::bulk::decompress(&z[..first], 4096).unwrap();
-        assert_eq!(one, &data[..4096]);
+        assert_eq!(first, z.len(), "one frame");
+        assert_eq!(
+            zstd::zstd_safe::get_frame_content_size(&z).unwrap(),
+            Some(data.len() as u64)
+        );
+        assert_eq!(zstd::bulk::decompress(&z, data.len()).unwrap(), data);
+        // the window declared is at most the cap
+        let mut d = zstd::zstd_safe::DCtx::create();
+        d.set_parameter(zstd::zstd_safe::DParameter::WindowLogMax(
+            crate::kernel::ZSTD_WINDOW_LOG_MAX,
+        ))
+        .unwrap();
+        let mut out = Vec::with_capacity(data.len());
+        d.decompress(&mut out, &z).unwrap();
+        assert_eq!(out, data);
+    }
+
+    /// Flushed chunks (a streamed response) decode as far as they go before the frame ends,
+    /// and a level 19 context stays within the window cap (memory bounded per response).
+    #[test]
+    fn zstd_flushed_chunks_decode_before_the_end() {
+        let data = text(200_000);
+        for level in [1, 3, 9, 19] {
+            let mut enc = StreamEncoder::new(Codec::Zstd, level, 1000);
+            let mut wire = Vec::new();
+            for (i, c) in data.chunks(10_000).enumerate() {
+                let op = enc.op(c.to_vec(), false);
+                wire.extend_from_slice(&enc.join(compress_chunk(&op).unwrap(), c.len(), false));
+                // all of it so far decodes, though the frame is not finished
+                let mut got = Vec::new();
+                let mut d = zstd::stream::read::Decoder::new(&wire[..]).unwrap();
+                let _ = d.read_to_end(&mut got);
+                assert_eq!(got, &data[..(i + 1) * 10_000], "level {level} chunk {i}");
+            }
+            let mem = enc.zstd.as_ref().map(|z| z.memory()).unwrap();
+            eprintln!("zstd level {level}: context {mem} bytes");
+            assert!(mem < 12 << 20, "level {level}: context {mem} bytes");
+            let op = enc.op(Vec::new(), true);
+            wire.extend_from_slice(&enc.join(compress_chunk(&op).unwrap(), 0, true));
+            assert_eq!(
+                zstd::zstd_safe::find_frame_compressed_size(&wire).unwrap(),
+                wire.len()
+            );
+            assert_eq!(decode(Codec::Zstd, &wire), data);
+        }
+    }
+
+    /// A chunk compressed twice (on the engine, then by the fallback after a timeout) gives
+    /// the same bytes once; a chunk out of order is refused, never compressed into the frame.
+    #[test]
+    fn zstd_chunk_twice_is_the_same_chunk_and_out_of_order_is_refused() {
+        let data = text(30_000);
+        let mut enc = StreamEncoder::new(Codec::Zstd, 3, 10_000);
+        let a = enc.op(data[..10_000].to_vec(), false);
+        let b = enc.op(data[10_000..20_000].to_vec(), false);
+        let c = enc.op(data[20_000..].to_vec(), true);
+        assert!(compress_chunk(&b).is_err(), "b before a");
+        let a1 = compress_chunk(&a).unwrap();
+        assert_eq!(compress_chunk(&a).unwrap(), a1);
+        let b1 = compress_chunk(&b).unwrap();
+        let c1 = compress_chunk(&c).unwrap();
+        assert!(compress_chunk(&a).is_err(), "a after b");
+        let wire = [a1.data, b1.data, c1.data].concat();
+        assert_eq!(decode(Codec::Zstd, &wire), data);
     }
 }

@@ -41,6 +41,9 @@ impl Codec {
     }
 }
 
+/// A codec's per-stream state (see [`CompressOp::stream`]): opaque here.
+pub type StreamState = Arc<dyn std::any::Any + Send + Sync>;
+
 /// Compresses one chunk in software on the calling thread; an error is a message.
 pub type CompressFn = fn(&CompressOp) -> Result<CompressedChunk, String>;
 
@@ -60,6 +63,14 @@ pub struct CompressOp {
     pub history: Arc<Vec<u8>>,
     /// The last chunk of the stream (finish it) rather than one to be continued (flush it).
     pub last: bool,
+    /// State the codec carries from one chunk of this stream to the next (zstd: the
+    /// response's compression context, so that its chunks are the flushed blocks of ONE
+    /// frame), owned by the crate that knows the codec; `None` where chunks are independent.
+    /// Chunks with a state must be compressed in order, one at a time: [`CompressOp::seq`]
+    /// says which one this is.
+    pub stream: Option<StreamState>,
+    /// This chunk's place in its stream (0 for the first).
+    pub seq: u64,
     /// The software implementation.
     pub software: CompressFn,
 }

@@ -18,6 +18,11 @@
 //! - `/encoded`: `text/plain` with `Content-Encoding: gzip` (already encoded; the bytes are
 //!   [`ENCODED`]).
 //! - `/png/<bytes>`: `image/png`, that many bytes of [`text`].
+//! - `/sse/<n>/<ms>`: `text/event-stream`, n events `data: event <i> ...` (with some text),
+//!   one every ms.
+//! - `/trailers`: `text/plain` "body\n" in two pieces, chunked, announcing (`Trailer`) and
+//!   sending the trailer fields `x-checksum: abc123` and `x-status: done` (hyper sends them
+//!   only when the request said `TE: trailers`).
 //! - anything else: 200 with body `up:<name>:<path>`.
 
 use std::convert::Infallible;
@@ -207,6 +212,44 @@ async fn handle(
             Response::builder()
                 .header("content-type", "text/plain")
                 .body(StreamBody::new(stream).boxed())
+                .expect("resp")
+        }
+        ["sse", n, ms] => {
+            let n: usize = n.parse().unwrap_or(3);
+            let ms: u64 = ms.parse().unwrap_or(50);
+            let stream = futures_util::stream::unfold(0usize, move |i| async move {
+                if i == n {
+                    return None;
+                }
+                if i > 0 {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+                let words = String::from_utf8_lossy(&text(300)).replace('\n', " ");
+                let event = format!("data: event {i} {words}\n\n");
+                Some((Ok::<_, Infallible>(Frame::data(Bytes::from(event))), i + 1))
+            });
+            Response::builder()
+                .header("content-type", "text/event-stream")
+                .header("cache-control", "no-cache")
+                .body(StreamBody::new(stream).boxed())
+                .expect("resp")
+        }
+        ["trailers"] => {
+            let mut t = hyper::HeaderMap::new();
+            t.insert(
+                "x-checksum",
+                hyper::header::HeaderValue::from_static("abc123"),
+            );
+            t.insert("x-status", hyper::header::HeaderValue::from_static("done"));
+            let frames = vec![
+                Ok::<_, Infallible>(Frame::data(Bytes::from("bo"))),
+                Ok(Frame::data(Bytes::from("dy\n"))),
+                Ok(Frame::trailers(t)),
+            ];
+            Response::builder()
+                .header("content-type", "text/plain")
+                .header("trailer", "x-checksum, x-status")
+                .body(StreamBody::new(futures_util::stream::iter(frames)).boxed())
                 .expect("resp")
         }
         ["hop"] => Response::builder()

@@ -141,6 +141,25 @@ impl FileBody {
         }
     }
 
+    /// The same, for a body that holds no open file yet: the file is opened again from
+    /// `source` (and checked to be the same file) at its first read. The parts of a
+    /// `multipart/byteranges` response after the first, so that they hold no extra fd.
+    pub(crate) fn reopened(source: Reopen, offset: u64, remaining: u64, ahead: ReadAhead) -> Self {
+        let id = NEXT_ID.with(|n| {
+            let id = n.get();
+            n.set(id + 1);
+            id
+        });
+        FileBody {
+            id,
+            source,
+            offset,
+            remaining,
+            next: FIRST_CHUNK,
+            ahead,
+        }
+    }
+
     /// The file opened again from the root; an error unless it is the same file.
     fn reopen(&self) -> Result<File, BoxError> {
         let file = self.source.root.open(&self.source.rel)?;

@@ -1,8 +1,10 @@
 //! Static files: GET and HEAD, index files, redirects for directories, Content-Type, ETag and
-//! Last-Modified, conditional requests (304/412), single byte ranges (206/416).
+//! Last-Modified, conditional requests (304/412), byte ranges (206, `multipart/byteranges`
+//! for several, 416).
 
 mod autoindex;
 pub(crate) mod body;
+mod byteranges;
 pub(crate) mod cache;
 mod conditional;
 mod open;
@@ -213,8 +215,35 @@ impl StaticFiles {
             Some(v) if range_allowed => range::parse(v, len),
             _ => RangeRequest::Full,
         };
+        // for the compression layer (variant cache, sidecars)
+        let info = StaticFile {
+            path: head.path.clone(),
+            root: self.root.clone(),
+            rel: head.rel.clone(),
+            len,
+            mtime: head.mtime,
+        };
         let (status, start, count) = match range {
             RangeRequest::Full => (StatusCode::OK, 0, len),
+            RangeRequest::Multi(ranges) => {
+                let parts = match source {
+                    _ if method == Method::HEAD => None,
+                    Source::Memory(bytes) => Some(byteranges::PartSource::Memory(bytes)),
+                    Source::File(file, ahead) => {
+                        let (root, rel, identity) =
+                            (self.root.clone(), head.rel.clone(), head.identity);
+                        let reopen = move || body::Reopen {
+                            root: root.clone(),
+                            rel: rel.clone(),
+                            identity,
+                        };
+                        Some(byteranges::file_parts(file, reopen, ahead))
+                    }
+                };
+                let body = byteranges::respond(&mut h, &head.content_type, &ranges, len, parts);
+                let r = with_headers(StatusCode::PARTIAL_CONTENT, h, body.unwrap_or_else(empty));
+                return Ok(with_file(r, info));
+            }
             RangeRequest::Partial { start, end } => {
                 let cr = format!("bytes {start}-{end}/{len}");
                 if let Ok(v) = HeaderValue::from_str(&cr) {
@@ -231,14 +260,6 @@ impl StaticFiles {
             }
         };
         h.insert(header::CONTENT_LENGTH, HeaderValue::from(count));
-        // for the compression layer (variant cache, sidecars)
-        let info = StaticFile {
-            path: head.path.clone(),
-            root: self.root.clone(),
-            rel: head.rel.clone(),
-            len,
-            mtime: head.mtime,
-        };
         if method == Method::HEAD {
             return Ok(with_file(with_headers(status, h, empty()), info));
         }

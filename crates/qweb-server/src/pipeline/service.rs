@@ -265,9 +265,9 @@ impl Service {
                     )
                 };
                 match r.status() {
-                    StatusCode::FORBIDDEN if route.rules.autoindex => {
-                        files.listing(req.method(), sub, &path).unwrap_or(r)
-                    }
+                    StatusCode::FORBIDDEN if route.rules.autoindex => files
+                        .listing(req.method(), sub, &path, req.uri().query())
+                        .unwrap_or(r),
                     _ => r,
                 }
             }

@@ -163,6 +163,11 @@ impl Proxy {
             Ok(r) => r,
             Err(code) => return response::status(code),
         };
+        if trailers {
+            // the client takes trailers, and so does qweb: the upstream may send them
+            req.headers_mut()
+                .insert(header::TE, HeaderValue::from_static("trailers"));
+        }
         let Some((&first, _)) = order.split_first() else {
             return self.all_down();
         };
@@ -185,7 +190,8 @@ impl Proxy {
                 Ok(answer) => {
                     self.balancer.succeeded(idx);
                     let conn = answer.conn;
-                    return self.respond(answer.resp, conn, Some(load), idx, head, progress);
+                    let asked = Asked { head, trailers };
+                    return self.respond(answer.resp, conn, Some(load), idx, asked, progress);
                 }
                 Err((failure, unsent)) => {
                     let retry = failure.retry;
@@ -388,7 +394,7 @@ impl Proxy {
         conn: Option<UpstreamConn>,
         load: Option<Load>,
         idx: usize,
-        head: bool,
+        asked: Asked,
         request: Rc<Progress>,
     ) -> Response<Body> {
         let (mut parts, body) = resp.into_parts();
@@ -397,7 +403,22 @@ impl Proxy {
             tracing::warn!(upstream = %self.cfg.upstreams[idx].name, "upstream switched protocols unasked");
             return response::status(StatusCode::BAD_GATEWAY);
         }
+        // the trailer fields the upstream announced: passed on to a client that takes
+        // trailers (an HTTP/1.1 connection sends only the fields announced, and only
+        // to a client that sent `TE: trailers`)
+        let announced: Vec<HeaderValue> = match asked.trailers {
+            true => parts
+                .headers
+                .get_all(header::TRAILER)
+                .iter()
+                .cloned()
+                .collect(),
+            false => Vec::new(),
+        };
         strip_hop_by_hop(&mut parts.headers);
+        for v in announced {
+            parts.headers.append(header::TRAILER, v);
+        }
         if unbuffered(&mut parts.headers) {
             parts.extensions.insert(Unbuffered);
         }
@@ -409,13 +430,22 @@ impl Proxy {
             proxy: self.clone(),
             idx,
             request,
-            reusable: !head,
+            reusable: !asked.head,
             timeout: self.cfg.timeout,
             sleep: Box::pin(tokio::time::sleep(self.cfg.timeout)),
             done: false,
         };
         Response::from_parts(parts, crate::http::body::boxed(body))
     }
+}
+
+/// What the client's request asked of the response.
+#[derive(Debug, Clone, Copy)]
+struct Asked {
+    /// A HEAD request (no body comes).
+    head: bool,
+    /// `TE: trailers`: the client takes trailer fields.
+    trailers: bool,
 }
 
 /// Phase 1: the upstream's request. The body is wrapped to time the client and report

@@ -289,7 +289,11 @@ impl Proxy {
         }
         if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
             // declined (426, 200, 4xx...): an ordinary response on a connection not reused
-            return self.respond(resp, None, None, idx, false, progress);
+            let asked = super::Asked {
+                head: false,
+                trailers: false,
+            };
+            return self.respond(resp, None, None, idx, asked, progress);
         }
         let Some(answer) = resp
             .headers()

@@ -301,17 +301,22 @@ async fn autoindex_lists_only_what_it_serves_and_no_control_bytes() {
         !html.bytes().any(|b| b < 0x20 && b != b'\n' || b == 0x7f),
         "{html:?}"
     );
-    let items: Vec<&str> = html.lines().filter(|l| l.starts_with("<li>")).collect();
+    // the name cell of each row (size and time follow in cells of their own)
+    let items: Vec<&str> = html
+        .lines()
+        .filter(|l| l.starts_with("<tr><td>"))
+        .filter_map(|l| l.split("</td>").next())
+        .collect();
     assert_eq!(
         items,
         [
-            "<li><a href=\"../\">../</a></li>",
-            "<li><a href=\"cr%0Dname\">cr\u{fffd}name</a></li>",
-            "<li><a href=\"esc%1B%5B31mred\">esc\u{fffd}[31mred</a></li>",
-            "<li><a href=\"link-dir/\">link-dir/</a></li>",
-            "<li><a href=\"link-inside\">link-inside</a></li>",
-            "<li><a href=\"plain.txt\">plain.txt</a></li>",
-            "<li><a href=\"sub/\">sub/</a></li>",
+            "<tr><td><a href=\"../\">../</a>",
+            "<tr><td><a href=\"cr%0Dname\">cr\u{fffd}name</a>",
+            "<tr><td><a href=\"esc%1B%5B31mred\">esc\u{fffd}[31mred</a>",
+            "<tr><td><a href=\"link-dir/\">link-dir/</a>",
+            "<tr><td><a href=\"link-inside\">link-inside</a>",
+            "<tr><td><a href=\"plain.txt\">plain.txt</a>",
+            "<tr><td><a href=\"sub/\">sub/</a>",
         ],
         "{html}"
     );

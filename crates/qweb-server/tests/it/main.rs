@@ -6,6 +6,7 @@
 mod compression;
 mod file_cache;
 mod hostile;
+mod http_details;
 mod hostile_conn;
 mod hostile_paths;
 mod idle;

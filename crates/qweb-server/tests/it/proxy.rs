@@ -87,17 +87,19 @@ async fn hop_by_hop_headers_removed_both_ways() {
         .header("connection", "x-private")
         .header("x-private", "no")
         .header("proxy-authorization", "Basic eA==")
-        .header("te", "trailers")
+        .header("te", "gzip, trailers")
         .header("x-public", "yes")
         .send()
         .await
         .unwrap();
     let h = r.headers();
     assert_eq!(h["x-up-h-x-public"], "yes");
+    // TE is hop-by-hop: qweb, which takes trailers, asks for them itself when the client
+    // did (issue 26: trailers to HTTP/1.1 clients); the client's other codings do not pass
+    assert_eq!(h["x-up-h-te"], "trailers");
     for gone in [
         "x-up-h-x-private",
         "x-up-h-proxy-authorization",
-        "x-up-h-te",
         "x-up-h-connection",
     ] {
         assert!(!h.contains_key(gone), "{gone} reached the upstream");

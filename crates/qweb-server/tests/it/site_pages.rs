@@ -414,17 +414,22 @@ autoindex = true
     let html = r.text().await.unwrap();
     assert!(!html.contains("<script>"), "{html}");
     assert!(!html.contains(".hidden"), "{html}");
-    let items: Vec<&str> = html.lines().filter(|l| l.starts_with("<li>")).collect();
+    // the name cell of each row (size and time follow in cells of their own)
+    let items: Vec<&str> = html
+        .lines()
+        .filter(|l| l.starts_with("<tr><td>"))
+        .filter_map(|l| l.split("</td>").next())
+        .collect();
     assert_eq!(
         items,
         [
-            "<li><a href=\"../\">../</a></li>",
-            "<li><a href=\"%3Cscript%3E.html\">&lt;script&gt;.html</a></li>",
-            "<li><a href=\"A.txt\">A.txt</a></li>",
-            "<li><a href=\"b.txt\">b.txt</a></li>",
-            "<li><a href=\"javascript%3Aalert%281%29\">javascript:alert(1)</a></li>",
-            "<li><a href=\"q%27%22%26.txt\">q&#39;&quot;&amp;.txt</a></li>",
-            "<li><a href=\"sub%20dir/\">sub dir/</a></li>",
+            "<tr><td><a href=\"../\">../</a>",
+            "<tr><td><a href=\"%3Cscript%3E.html\">&lt;script&gt;.html</a>",
+            "<tr><td><a href=\"A.txt\">A.txt</a>",
+            "<tr><td><a href=\"b.txt\">b.txt</a>",
+            "<tr><td><a href=\"javascript%3Aalert%281%29\">javascript:alert(1)</a>",
+            "<tr><td><a href=\"q%27%22%26.txt\">q&#39;&quot;&amp;.txt</a>",
+            "<tr><td><a href=\"sub%20dir/\">sub dir/</a>",
         ],
         "{html}"
     );

@@ -447,8 +447,8 @@ async fn byte_ranges() {
             assert!(!r.text().await.unwrap().contains("0123456789"));
         }
 
-        // several ranges, malformed ranges and other units: the whole file
-        for range in ["bytes=0-1,3-4", "bytes=5-2", "bytes=x-1", "items=0-1"] {
+        // malformed ranges and other units: the whole file (several ranges: http_details.rs)
+        for range in ["bytes=5-2", "bytes=x-1", "items=0-1", "bytes=0-1,x"] {
             let r = c.get(&url).header("range", range).send().await.unwrap();
             assert_eq!(r.status(), 200, "{proto:?} {range}");
             assert!(r.headers().get("content-range").is_none(), "{range}");
