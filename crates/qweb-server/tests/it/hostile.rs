@@ -229,7 +229,10 @@ fn h1_cases() -> Vec<Case> {
         case("X-Real-IP replaced", "GET /up/x HTTP/1.1\nHost: localhost\nX-Real-IP: 6.6.6.6\n\n", 200, Got(|r| r.header_all("x-real-ip") == ["127.0.0.1"])),
         // (WebSocket upgrades pass by default since the proxy passes upgrades: see proxy_upgrade.rs)
         case("Upgrade h2c stripped", "GET /up/x HTTP/1.1\nHost: localhost\nUpgrade: h2c\nConnection: Upgrade, HTTP2-Settings\nHTTP2-Settings: AAMAAABkAAQAAP__\n\n", 200, Got(|r| r.header("upgrade").is_none() && r.header("connection").is_none() && r.header("http2-settings").is_none())),
-        case("Proxy-Connection stripped", "GET /up/x HTTP/1.1\nHost: localhost\nProxy-Connection: keep-alive\nKeep-Alive: 300\nTE: trailers\n\n", 200, Got(|r| r.header("proxy-connection").is_none() && r.header("keep-alive").is_none() && r.header("te").is_none())),
+        // (TE is hop-by-hop: only the proxy's own `TE: trailers` goes on, for a client that
+        // asked for trailers, so the upstream's can be passed back)
+        case("Proxy-Connection stripped", "GET /up/x HTTP/1.1\nHost: localhost\nProxy-Connection: keep-alive\nKeep-Alive: 300\nTE: trailers, gzip\n\n", 200, Got(|r| r.header("proxy-connection").is_none() && r.header("keep-alive").is_none() && r.header_all("te") == ["trailers"])),
+        case("TE without trailers stripped", "GET /up/x HTTP/1.1\nHost: localhost\nTE: gzip\n\n", 200, Got(|r| r.header("te").is_none())),
         case("120 small headers", "GET /up/x HTTP/1.1\nHost: localhost\n{many}\n", 200, Got(|r| r.header_all("x-h").len() == 120)),
         // sizes
         case("long URI", "GET /up/{big} HTTP/1.1\nHost: localhost\n\n", 414, Never),
