@@ -7,9 +7,10 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use http::{header, HeaderValue, Request, Response, StatusCode, Version};
+use http_body::Body as _;
 use hyper::body::Incoming;
 
-use crate::http::body::Body;
+use crate::http::body::{Body, DrainAfter};
 use crate::http::path::PathError;
 use crate::http::request_rules;
 use crate::http::response;
@@ -81,13 +82,22 @@ impl Service {
             crate::pipeline::compress::begin(self.worker.compression.as_ref(), &mut req);
         // the route that serves the request (after rewrites) says which metrics count it
         let matched = std::cell::Cell::new(None);
-        let resp = self.route(req, &matched).await;
+        // The body travels apart: only the proxy takes it; what no handler took is drained
+        // after an HTTP/2 response (see `DrainAfter`).
+        let (parts, body) = req.into_parts();
+        let mut body = Some(body);
+        let resp = self
+            .route(Request::from_parts(parts, ()), &mut body, &matched)
+            .await;
         let route_metrics = matched
             .take()
             .unwrap_or_else(|| self.worker.unmatched.clone());
         // Compression, part 2: encode the response (or only mark it `Vary`).
         let mut resp =
             crate::pipeline::compress::finish(negotiated, resp, &ReadAhead::of(&self.conn));
+        if let Some(body) = body.filter(|b| version == Version::HTTP_2 && !b.is_end_stream()) {
+            resp = resp.map(|r| crate::http::body::boxed(DrainAfter::new(r, body)));
+        }
         resp.headers_mut()
             .entry(header::SERVER)
             .or_insert(HeaderValue::from_static("qweb"));
@@ -115,7 +125,7 @@ impl Service {
 
     /// `Transfer-Encoding` with a `Content-Length` that hyper's parser dropped (see
     /// [`crate::http::head_scan`]).
-    fn check_framing(&self, req: &Request<Incoming>) -> Result<(), request_rules::Refusal> {
+    fn check_framing<B>(&self, req: &Request<B>) -> Result<(), request_rules::Refusal> {
         if req.version() <= Version::HTTP_11
             && req.headers().contains_key(header::TRANSFER_ENCODING)
             && self.conn.head_had_content_length()
@@ -161,11 +171,13 @@ impl Service {
         }
     }
 
-    /// Routes `req`; `matched` gets the `/metrics` handles of the route that serves it (none:
-    /// refused before routing, or no route covers the path).
+    /// Routes `req` (its body in `body`, taken by the proxy); `matched` gets the `/metrics`
+    /// handles of the route that serves it (none: refused before routing, or no route covers
+    /// the path).
     async fn route(
         &self,
-        mut req: Request<Incoming>,
+        mut req: Request<()>,
+        body: &mut Option<Incoming>,
         matched: &std::cell::Cell<Option<std::rc::Rc<crate::observe::metrics::RouteMetrics>>>,
     ) -> Response<Body> {
         let ahead = ReadAhead::of(&self.conn);
@@ -298,6 +310,10 @@ impl Service {
                 // request's future (moved into its box by hyper's service call) would carry
                 // its size, static files included (measured: ~11 000 instructions of memcpy
                 // per 1 KiB static request).
+                let Some(body) = body.take() else {
+                    return response::status(StatusCode::INTERNAL_SERVER_ERROR);
+                };
+                let req = req.map(|()| body);
                 Box::pin(proxy.forward(req, &target, &self.client)).await
             }
         };

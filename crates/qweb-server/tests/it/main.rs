@@ -6,9 +6,9 @@
 mod compression;
 mod file_cache;
 mod hostile;
-mod http_details;
 mod hostile_conn;
 mod hostile_paths;
+mod http_details;
 mod idle;
 mod limits;
 mod metrics;
