@@ -94,126 +94,69 @@ fn full(b: impl Into<Bytes>) -> UpBody {
     Full::new(b.into()).boxed()
 }
 
-async fn handle(
-    name: &'static str,
-    req: Request<Incoming>,
-    gate: Arc<tokio::sync::Notify>,
-) -> Result<Response<UpBody>, Infallible> {
-    let path = req.uri().path().to_owned();
-    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let resp = match parts.as_slice() {
-        _ if parts.contains(&"echo") => {
-            let mut b = Response::builder()
-                .header("x-up-method", req.method().as_str())
-                .header("x-up-uri", req.uri().to_string());
-            for (k, v) in req.headers() {
-                b = b.header(format!("x-up-h-{k}"), v.clone());
+type FrameTx = tokio::sync::mpsc::Sender<Result<Frame<Bytes>, Infallible>>;
+
+/// A body fed through the returned sender (one frame buffered); it ends when the sender is
+/// dropped.
+fn channel_body() -> (FrameTx, UpBody) {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
+    let stream =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) });
+    (tx, StreamBody::new(stream).boxed())
+}
+
+/// `first`, then `second` once `gate` is notified.
+fn gated(gate: Arc<tokio::sync::Notify>, first: &'static str, second: &'static str) -> UpBody {
+    let (tx, body) = channel_body();
+    tokio::spawn(async move {
+        let _ = tx.send(Ok(Frame::data(Bytes::from(first)))).await;
+        gate.notified().await;
+        let _ = tx.send(Ok(Frame::data(Bytes::from(second)))).await;
+    });
+    body
+}
+
+/// `pieces` of `size` bytes each, `ms` apart.
+fn paced(pieces: Vec<Bytes>, ms: u64) -> UpBody {
+    let (tx, body) = channel_body();
+    tokio::spawn(async move {
+        for piece in pieces {
+            if tx.send(Ok(Frame::data(piece))).await.is_err() {
+                return;
             }
-            let body = req
-                .into_body()
-                .collect()
-                .await
-                .map(|c| c.to_bytes())
-                .unwrap_or_default();
-            b.body(full(body)).expect("resp")
+            tokio::time::sleep(Duration::from_millis(ms)).await;
         }
-        ["slow", ms] => {
-            tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(1000))).await;
-            Response::new(full("slow"))
-        }
+    });
+    body
+}
+
+fn text_plain(body: UpBody) -> Response<UpBody> {
+    Response::builder()
+        .header("content-type", "text/plain")
+        .body(body)
+        .expect("resp")
+}
+
+/// The streamed answers: `/stream/N/MS`, `/gate`, `/textstream/PIECES/SIZE/MS`, `/gatetext`,
+/// `/sse/N/MS`, `/trailers`.
+fn streamed(parts: &[&str], gate: Arc<tokio::sync::Notify>) -> Option<Response<UpBody>> {
+    Some(match parts {
         ["stream", n, ms] => {
             let n: usize = n.parse().unwrap_or(3);
-            let ms: u64 = ms.parse().unwrap_or(100);
-            let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
-            tokio::spawn(async move {
-                for i in 0..n {
-                    if tx
-                        .send(Ok(Frame::data(Bytes::from(format!("chunk{i}\n")))))
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
-                }
-            });
-            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-                rx.recv().await.map(|x| (x, rx))
-            });
-            Response::new(StreamBody::new(stream).boxed())
+            let chunks = (0..n).map(|i| Bytes::from(format!("chunk{i}\n"))).collect();
+            Response::new(paced(chunks, ms.parse().unwrap_or(100)))
         }
-        ["gate"] => {
-            let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
-            tokio::spawn(async move {
-                let _ = tx.send(Ok(Frame::data(Bytes::from("first\n")))).await;
-                gate.notified().await;
-                let _ = tx.send(Ok(Frame::data(Bytes::from("second\n")))).await;
-            });
-            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-                rx.recv().await.map(|x| (x, rx))
-            });
-            Response::new(StreamBody::new(stream).boxed())
-        }
-        ["big", n] => {
-            let n: usize = n.parse().unwrap_or(0);
-            let body: Vec<u8> = (0..n).map(pattern).collect();
-            Response::new(full(body))
-        }
-        ["text", n] => Response::builder()
-            .header("content-type", "text/plain; charset=utf-8")
-            .body(full(text(n.parse().unwrap_or(0))))
-            .expect("resp"),
-        ["rand", n] => Response::builder()
-            .header("content-type", "text/plain")
-            .body(full(random(n.parse().unwrap_or(0), 99)))
-            .expect("resp"),
-        ["png", n] => Response::builder()
-            .header("content-type", "image/png")
-            .body(full(text(n.parse().unwrap_or(0))))
-            .expect("resp"),
-        ["encoded"] => Response::builder()
-            .header("content-type", "text/plain")
-            .header("content-encoding", "gzip")
-            .body(full(ENCODED))
-            .expect("resp"),
+        ["gate"] => Response::new(gated(gate, "first\n", "second\n")),
         ["textstream", pieces, size, ms] => {
             let (pieces, size): (usize, usize) =
                 (pieces.parse().unwrap_or(1), size.parse().unwrap_or(1));
-            let ms: u64 = ms.parse().unwrap_or(10);
             let all = Bytes::from(text(pieces * size));
-            let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
-            tokio::spawn(async move {
-                for i in 0..pieces {
-                    let piece = all.slice(i * size..(i + 1) * size);
-                    if tx.send(Ok(Frame::data(piece))).await.is_err() {
-                        return;
-                    }
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
-                }
-            });
-            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-                rx.recv().await.map(|x| (x, rx))
-            });
-            Response::builder()
-                .header("content-type", "text/plain")
-                .body(StreamBody::new(stream).boxed())
-                .expect("resp")
+            let chunks = (0..pieces)
+                .map(|i| all.slice(i * size..(i + 1) * size))
+                .collect();
+            text_plain(paced(chunks, ms.parse().unwrap_or(10)))
         }
-        ["gatetext"] => {
-            let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(1);
-            tokio::spawn(async move {
-                let _ = tx.send(Ok(Frame::data(Bytes::from("first line\n")))).await;
-                gate.notified().await;
-                let _ = tx.send(Ok(Frame::data(Bytes::from("second line\n")))).await;
-            });
-            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-                rx.recv().await.map(|x| (x, rx))
-            });
-            Response::builder()
-                .header("content-type", "text/plain")
-                .body(StreamBody::new(stream).boxed())
-                .expect("resp")
-        }
+        ["gatetext"] => text_plain(gated(gate, "first line\n", "second line\n")),
         ["sse", n, ms] => {
             let n: usize = n.parse().unwrap_or(3);
             let ms: u64 = ms.parse().unwrap_or(50);
@@ -246,12 +189,71 @@ async fn handle(
                 Ok(Frame::data(Bytes::from("dy\n"))),
                 Ok(Frame::trailers(t)),
             ];
-            Response::builder()
-                .header("content-type", "text/plain")
-                .header("trailer", "x-checksum, x-status")
-                .body(StreamBody::new(futures_util::stream::iter(frames)).boxed())
-                .expect("resp")
+            let mut r = text_plain(StreamBody::new(futures_util::stream::iter(frames)).boxed());
+            r.headers_mut().insert(
+                "trailer",
+                hyper::header::HeaderValue::from_static("x-checksum, x-status"),
+            );
+            r
         }
+        _ => return None,
+    })
+}
+
+async fn handle(
+    name: &'static str,
+    req: Request<Incoming>,
+    gate: Arc<tokio::sync::Notify>,
+) -> Result<Response<UpBody>, Infallible> {
+    let path = req.uri().path().to_owned();
+    let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    if !parts.contains(&"echo") {
+        if let Some(r) = streamed(&parts, gate) {
+            return Ok(r);
+        }
+    }
+    let resp = match parts.as_slice() {
+        _ if parts.contains(&"echo") => {
+            let mut b = Response::builder()
+                .header("x-up-method", req.method().as_str())
+                .header("x-up-uri", req.uri().to_string());
+            for (k, v) in req.headers() {
+                b = b.header(format!("x-up-h-{k}"), v.clone());
+            }
+            let body = req
+                .into_body()
+                .collect()
+                .await
+                .map(|c| c.to_bytes())
+                .unwrap_or_default();
+            b.body(full(body)).expect("resp")
+        }
+        ["slow", ms] => {
+            tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(1000))).await;
+            Response::new(full("slow"))
+        }
+        ["big", n] => {
+            let n: usize = n.parse().unwrap_or(0);
+            let body: Vec<u8> = (0..n).map(pattern).collect();
+            Response::new(full(body))
+        }
+        ["text", n] => Response::builder()
+            .header("content-type", "text/plain; charset=utf-8")
+            .body(full(text(n.parse().unwrap_or(0))))
+            .expect("resp"),
+        ["rand", n] => Response::builder()
+            .header("content-type", "text/plain")
+            .body(full(random(n.parse().unwrap_or(0), 99)))
+            .expect("resp"),
+        ["png", n] => Response::builder()
+            .header("content-type", "image/png")
+            .body(full(text(n.parse().unwrap_or(0))))
+            .expect("resp"),
+        ["encoded"] => Response::builder()
+            .header("content-type", "text/plain")
+            .header("content-encoding", "gzip")
+            .body(full(ENCODED))
+            .expect("resp"),
         ["hop"] => Response::builder()
             .header("connection", "x-secret, keep-alive")
             .header("x-secret", "hop")
