@@ -97,14 +97,33 @@ async fn one(addr: &str, tls: &tokio_rustls::TlsConnector) -> Conn {
     s
 }
 
-async fn open(addr: &str, tls: &tokio_rustls::TlsConnector, n: usize) -> Vec<Conn> {
+/// `n` connections with one request answered each, over HTTP/2 with `h2` (else HTTP/1.1).
+async fn open(addr: &str, tls: &tokio_rustls::TlsConnector, n: usize, h2: bool) -> Vec<Conn> {
     let mut conns = Vec::with_capacity(n);
     // a few at a time, as a browser population would arrive
     for _ in 0..n / 10 {
-        let batch = (0..10).map(|_| one(addr, tls));
+        let batch = (0..10).map(|_| async move {
+            if h2 {
+                one_h2(addr, tls).await
+            } else {
+                one(addr, tls).await
+            }
+        });
         conns.extend(futures_util::future::join_all(batch).await);
     }
     conns
+}
+
+/// Asserts that `n` idle connections (`what`) added at most `kib_per_conn` each (plus
+/// [`MARGIN_KIB`]) to the resident memory, `before` -> `after` KiB.
+fn assert_idle_cost(before: u64, after: u64, n: usize, kib_per_conn: u64, what: &str) {
+    let per_conn = (after.saturating_sub(before)) as f64 / n as f64;
+    eprintln!("RSS {before} KiB -> {after} KiB with {n} idle {what}: {per_conn:.2} KiB each");
+    assert!(
+        after <= before + n as u64 * kib_per_conn + MARGIN_KIB,
+        "{per_conn:.2} KiB per idle {what} (RSS {before} -> {after} KiB), over \
+         {kib_per_conn} KiB + {MARGIN_KIB} KiB in all"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,23 +137,15 @@ async fn idle_tls_keepalive_connections_cost_at_most_10_kib_each() {
 
     // Warm up: one-time allocations (handshake tables, allocator pages, timer wheel levels)
     // are not per connection.
-    let warm = open(&addr, &tls, 100).await;
+    let warm = open(&addr, &tls, 100, false).await;
     drop(warm);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = rss_kib(pid);
 
-    let conns = open(&addr, &tls, N).await;
+    let conns = open(&addr, &tls, N, false).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = rss_kib(pid);
-    let per_conn = (after.saturating_sub(before)) as f64 / N as f64;
-    eprintln!(
-        "RSS {before} KiB -> {after} KiB with {N} idle TLS connections: {per_conn:.2} KiB each"
-    );
-    assert!(
-        after <= before + N as u64 * KIB_PER_CONN + MARGIN_KIB,
-        "{per_conn:.2} KiB per idle connection (RSS {before} -> {after} KiB), over \
-         {KIB_PER_CONN} KiB + {MARGIN_KIB} KiB in all"
-    );
+    assert_idle_cost(before, after, N, KIB_PER_CONN, "TLS connections");
 
     // The parked connections still close at keepalive_timeout (6 s after their request).
     let since = Instant::now();
@@ -442,35 +453,15 @@ async fn idle_h2_connections_cost_at_most_16_kib_each() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(N);
 
-    let open_h2 = |count: usize| {
-        let tls = &tls;
-        let addr = &addr;
-        async move {
-            let mut conns = Vec::with_capacity(count);
-            for _ in 0..count / 10 {
-                let batch = (0..10).map(|_| one_h2(addr, tls));
-                conns.extend(futures_util::future::join_all(batch).await);
-            }
-            conns
-        }
-    };
-    let warm = open_h2(100).await;
+    let warm = open(&addr, &tls, 100, true).await;
     drop(warm);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = rss_kib(pid);
 
-    let mut conns = open_h2(n).await;
+    let mut conns = open(&addr, &tls, n, true).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = rss_kib(pid);
-    let per_conn = (after.saturating_sub(before)) as f64 / n as f64;
-    eprintln!(
-        "RSS {before} KiB -> {after} KiB with {n} idle HTTP/2 TLS connections: {per_conn:.2} KiB each"
-    );
-    assert!(
-        after <= before + n as u64 * KIB_PER_H2_CONN + MARGIN_KIB,
-        "{per_conn:.2} KiB per idle HTTP/2 connection (RSS {before} -> {after} KiB), over \
-         {KIB_PER_H2_CONN} KiB + {MARGIN_KIB} KiB in all"
-    );
+    assert_idle_cost(before, after, n, KIB_PER_H2_CONN, "HTTP/2 TLS connections");
 
     // Still HTTP/2 connections that serve, with their buffers allocated again: a second
     // request on the 20 held longest.
