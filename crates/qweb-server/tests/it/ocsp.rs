@@ -201,7 +201,11 @@ fn dflt_unstapled(addr: SocketAddr) {
             .request(b"GET / HTTP/1.1\r\nHost: dflt.test\r\nConnection: close\r\n\r\n")
             .run();
         run.answered("hello");
-        assert!(run.stdout.contains("subject=CN = dflt.test"), "{}", run.stdout);
+        assert!(
+            run.stdout.contains("subject=CN = dflt.test"),
+            "{}",
+            run.stdout
+        );
         assert!(!stapled(&run.stdout), "{}", run.stdout);
     }
 }
