@@ -319,15 +319,17 @@ pub fn client_config_signing(
     tally: Arc<SignatureTally>,
 ) -> Result<Arc<ClientConfig>> {
     let mut provider = aws_lc_rs::default_provider();
-    provider.cipher_suites = vec![
-        aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256,
-        aws_lc_rs::cipher_suite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
-    ];
+    // ECDHE_ECDSA first, as browsers list it: a TLS 1.2 server that follows the client's
+    // suite order (nginx by default) then gives a dual-certificate client its ECDSA one
+    provider.cipher_suites = vec![aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256];
     if !rsa_only {
         provider
             .cipher_suites
             .push(aws_lc_rs::cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256);
     }
+    provider
+        .cipher_suites
+        .push(aws_lc_rs::cipher_suite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256);
     // X25519 is preferred for the key exchange; P-256 is listed too because in TLS 1.2 the
     // client's groups also name the curves it accepts for ECDSA certificates (RFC 8422), and
     // OpenSSL refuses an ECDSA P-256 certificate to a client that does not list P-256.

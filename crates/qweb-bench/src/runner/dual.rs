@@ -32,6 +32,7 @@ impl Runner {
         for (k, (name, kind)) in kinds.iter().enumerate() {
             for (s, (label, cert, twin, _)) in setups.iter().enumerate().take(3) {
                 server_of.insert((k, s), servers.len());
+                let label = label.split(',').next().unwrap_or(label);
                 servers.push(self.start_dual(&format!("{name} {label}"), kind, cert, *twin));
             }
             server_of.insert((k, 3), server_of[&(k, 2)]);
