@@ -367,6 +367,33 @@ fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// `aia.crt` (see [`aia_leaf`]) and `openssl ocsp` answering for it on the port its AIA
+/// names, listening when this returns.
+fn responder_for_aia_leaf(d: &Path) -> std::process::Child {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    aia_leaf(d, port, "aia");
+    let responder = Command::new("openssl")
+        .args(["ocsp", "-index", "index.txt", "-port", &port.to_string()])
+        .args([
+            "-rsigner", "ca.crt", "-rkey", "ca.key", "-CA", "ca.crt", "-ndays", "1",
+        ])
+        .current_dir(d)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(d.join("responder.log")).unwrap())
+        .spawn()
+        .unwrap();
+    // (a probe connection would hold the single-threaded responder: wait for its log line)
+    wait_for("the responder listens", 10, || {
+        std::fs::read_to_string(d.join("responder.log"))
+            .is_ok_and(|l| l.contains("waiting for OCSP client connections"))
+    });
+    responder
+}
+
 fn failures(server: &RunningServer) -> u64 {
     let m = metrics::of(server);
     let v = m
@@ -384,27 +411,7 @@ fn failures(server: &RunningServer) -> u64 {
 fn fetched_from_a_local_openssl_responder_and_served_without_one_when_it_is_down() {
     let dir = pki();
     let d = dir.path();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    aia_leaf(d, port, "aia");
-    let mut responder = Command::new("openssl")
-        .args(["ocsp", "-index", "index.txt", "-port", &port.to_string()])
-        .args([
-            "-rsigner", "ca.crt", "-rkey", "ca.key", "-CA", "ca.crt", "-ndays", "1",
-        ])
-        .current_dir(d)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(d.join("responder.log")).unwrap())
-        .spawn()
-        .unwrap();
-    // (a probe connection would hold the single-threaded responder: wait for its log line)
-    wait_for("the responder listens", 10, || {
-        std::fs::read_to_string(d.join("responder.log"))
-            .is_ok_and(|l| l.contains("waiting for OCSP client connections"))
-    });
+    let mut responder = responder_for_aia_leaf(d);
     let (a, a_addr) = serve_cert(d, "aia", "fetch");
     wait_for("a fetched staple", 15, || stapled(&status(a_addr, false)));
     assert!(stapled(&status(a_addr, true)));
@@ -493,26 +500,7 @@ fn a_site_certificate_fetches_its_staple() {
     let dir = pki();
     let d = dir.path();
     dflt_cert(d);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    aia_leaf(d, port, "aia");
-    let mut responder = Command::new("openssl")
-        .args(["ocsp", "-index", "index.txt", "-port", &port.to_string()])
-        .args([
-            "-rsigner", "ca.crt", "-rkey", "ca.key", "-CA", "ca.crt", "-ndays", "1",
-        ])
-        .current_dir(d)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(d.join("responder.log")).unwrap())
-        .spawn()
-        .unwrap();
-    wait_for("the responder listens", 10, || {
-        std::fs::read_to_string(d.join("responder.log"))
-            .is_ok_and(|l| l.contains("waiting for OCSP client connections"))
-    });
+    let mut responder = responder_for_aia_leaf(d);
     let (server, addr) = serve_site(d, "aia", "fetch");
     wait_for("a fetched staple", 15, || stapled(&status(addr, false)));
     assert!(stapled(&status(addr, true)));

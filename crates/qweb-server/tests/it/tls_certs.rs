@@ -647,7 +647,6 @@ async fn dual_rsa_and_ecdsa_certificates_choose_by_what_the_client_verifies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn site_certificates_with_keys_on_a_key_server_choose_by_what_the_client_verifies() {
     use common::openssl::TlsVersion::{V12, V13};
-    use std::os::unix::fs::MetadataExt;
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let mut keys = Vec::new();
@@ -657,18 +656,7 @@ async fn site_certificates_with_keys_on_a_key_server_choose_by_what_the_client_v
         keys.push(write(d, &format!("{stem}.key"), &g.key.serialize_pem()));
     }
     let sock = d.join("ks.sock");
-    let _ks = qweb_keyserver::server::start(qweb_keyserver::server::KeyserverConfig {
-        keys,
-        threads: 1,
-        queue: 64,
-        unix: Some((sock.clone(), vec![std::fs::metadata(d).unwrap().uid()])),
-        tls: None,
-        admin: None,
-        limits: Default::default(),
-        added_latency: Duration::ZERO,
-        ticket_rotation: Duration::from_secs(12 * 3600),
-    })
-    .unwrap();
+    let _ks = in_process_keyserver(keys, &sock);
     let p = d.display();
     let extra = format!(
         "[admin]\naddress = \"127.0.0.1:0\"\n\
@@ -705,4 +693,29 @@ async fn site_certificates_with_keys_on_a_key_server_choose_by_what_the_client_v
         signed >= tries.len() as f64,
         "{signed} key server ops:\n{m}"
     );
+}
+
+/// A key server in this process holding `keys`, on the Unix socket `sock` (for this user,
+/// the owner of the socket's folder), one signing thread.
+pub(crate) fn in_process_keyserver(
+    keys: Vec<PathBuf>,
+    sock: &Path,
+) -> qweb_keyserver::server::RunningKeyserver {
+    use std::os::unix::fs::MetadataExt;
+    let folder = sock.parent().expect("a socket in a folder");
+    qweb_keyserver::server::start(qweb_keyserver::server::KeyserverConfig {
+        keys,
+        threads: 1,
+        queue: 64,
+        unix: Some((
+            sock.to_owned(),
+            vec![std::fs::metadata(folder).unwrap().uid()],
+        )),
+        tls: None,
+        admin: None,
+        limits: Default::default(),
+        added_latency: Duration::ZERO,
+        ticket_rotation: Duration::from_secs(12 * 3600),
+    })
+    .unwrap()
 }
