@@ -3,26 +3,12 @@
 //! TLS listener that has `certificates`; a site certificate without `key` needs each of those
 //! listeners to sign on a key server.
 
+use super::offload::signs_on_keyserver;
 use super::raw::{RawCertificate, RawConfig};
 use super::{
-    CertificateConfig, ConfigError, EngineKind, ListenerConfig, ListenerOffload, OcspSource,
-    OffloadConfig, SitesConfig, TlsConfig, Validator,
+    CertificateConfig, ConfigError, ListenerConfig, OcspSource, OffloadConfig, SitesConfig,
+    TlsConfig, Validator,
 };
-
-/// Whether a listener with `offload` signs on a key server (a `kind = "keyserver"` engine in
-/// mode sync or async): then its certificates need no key file.
-pub(crate) fn signs_on_keyserver(
-    offload: Option<&ListenerOffload>,
-    engines: &OffloadConfig,
-) -> bool {
-    offload.is_some_and(|o| {
-        o.policy.mode.offloads()
-            && engines
-                .engines
-                .iter()
-                .any(|e| e.name == o.engine && matches!(e.kind, EngineKind::Keyserver(_)))
-    })
-}
 
 impl Validator<'_> {
     /// Validates the certificate at `key` (e.g. `listener[0].tls.certificates[1]`): its

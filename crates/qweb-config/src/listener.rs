@@ -116,7 +116,7 @@ impl Validator<'_> {
             None => None,
             Some(o) => Some(self.listener_offload(i, o, engines, l.tls.is_some())?),
         };
-        let keyserver = super::certificates::signs_on_keyserver(offload.as_ref(), engines);
+        let keyserver = super::offload::signs_on_keyserver(offload.as_ref(), engines);
         let tls = match &l.tls {
             None => None,
             Some(t) => {
