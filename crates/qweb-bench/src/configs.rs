@@ -61,6 +61,9 @@ pub struct QwebSpec {
     pub cert: PathBuf,
     /// Private key (PEM); `None` when a key server holds it.
     pub key: Option<PathBuf>,
+    /// A second certificate for the same names with a key of the other algorithm (dual
+    /// certificates: ECDSA for clients that verify it, RSA for the others), and its key.
+    pub twin: Option<(PathBuf, Option<PathBuf>)>,
     /// Document root.
     pub root: PathBuf,
     /// Private-key engine.
@@ -154,19 +157,15 @@ pub fn qweb_toml(spec: &QwebSpec) -> String {
     let _ = writeln!(t, "address = \"127.0.0.1:{}\"", spec.port);
     let _ = writeln!(t, "http2 = true");
     let _ = writeln!(t, "[listener.tls]");
-    match &spec.key {
-        Some(k) => {
-            let _ = writeln!(
-                t,
-                "certificates = [{{ cert = {}, key = {} }}]",
-                path_str(&spec.cert),
-                path_str(k)
-            );
-        }
-        None => {
-            let _ = writeln!(t, "certificates = [{{ cert = {} }}]", path_str(&spec.cert));
-        }
+    let entry = |cert: &std::path::Path, key: &Option<PathBuf>| match key {
+        Some(k) => format!("{{ cert = {}, key = {} }}", path_str(cert), path_str(k)),
+        None => format!("{{ cert = {} }}", path_str(cert)),
+    };
+    let mut certs = vec![entry(&spec.cert, &spec.key)];
+    if let Some((c, k)) = &spec.twin {
+        certs.push(entry(c, k));
     }
+    let _ = writeln!(t, "certificates = [{}]", certs.join(", "));
     if !spec.resumption {
         let _ = writeln!(t, "resumption = false");
     }
@@ -206,6 +205,7 @@ mod tests {
             port: 9443,
             admin_port: 9901,
             cert: "/d/c.crt".into(),
+            twin: None,
             key: Some("/d/k \"q\".key".into()),
             root: "/d/www".into(),
             offload,
@@ -238,6 +238,21 @@ mod tests {
         assert!(t.contains("[listener.tls]\ncertificates"));
         assert!(t.contains("resumption = false"));
         assert!(!t.contains("ticket_keys"));
+    }
+
+    #[test]
+    fn qweb_dual_certificates_list_both() {
+        let mut s = qspec(Offload::None);
+        s.twin = Some(("/d/e.crt".into(), Some("/d/e.key".into())));
+        let t = qweb_toml(&s);
+        assert!(
+            t.contains(r#"certificates = [{ cert = "/d/c.crt", key = "/d/k \"q\".key" }, { cert = "/d/e.crt", key = "/d/e.key" }]"#),
+            "{t}"
+        );
+        s.key = None;
+        s.twin = Some(("/d/e.crt".into(), None));
+        let t = qweb_toml(&s);
+        assert!(t.contains(r#"certificates = [{ cert = "/d/c.crt" }, { cert = "/d/e.crt" }]"#));
     }
 
     #[test]

@@ -33,7 +33,9 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use crate::stats::{summarize, LatencySummary};
-use crate::tls::{client_config, resuming_configs, HttpVersion, TlsVersion};
+use crate::tls::{
+    client_config_signing, resuming_configs, HttpVersion, SignatureTally, TlsVersion,
+};
 use crate::{Error, Result};
 
 mod spec;
@@ -95,6 +97,10 @@ struct Shared {
     connector: TlsConnector,
     /// With --resume-ratio: offers a stored session.
     resume_connector: Option<TlsConnector>,
+    /// With --rsa-only-ratio: offers only RSA signature schemes.
+    rsa_connector: Option<TlsConnector>,
+    /// Server signatures verified, by algorithm.
+    tally: Arc<SignatureTally>,
     start: Instant,
     warmup_end: Instant,
     /// End of the measured window (far away in count mode).
@@ -242,7 +248,11 @@ fn complete(
 /// `resume` (and there is a resume connector). A connection that offered none must have had
 /// a full handshake; one that offered a session may still get a full one (the server did
 /// not accept it), which is counted, not an error.
-async fn connect_tls(sh: &Shared, resume: bool) -> Result<(TlsStream<TcpStream>, HsKind), OpError> {
+async fn connect_tls(
+    sh: &Shared,
+    resume: bool,
+    rsa_only: bool,
+) -> Result<(TlsStream<TcpStream>, HsKind), OpError> {
     let target = if sh.others.is_empty() {
         &sh.target
     } else {
@@ -258,8 +268,9 @@ async fn connect_tls(sh: &Shared, resume: bool) -> Result<(TlsStream<TcpStream>,
         .map_err(|e| OpError::Connect(e.to_string()))?;
     let _ = tcp.set_nodelay(true);
     let _ = socket2::SockRef::from(&tcp).set_linger(Some(Duration::ZERO));
-    let (connector, asked) = match (&sh.resume_connector, resume) {
-        (Some(c), true) => (c, true),
+    let (connector, asked) = match (&sh.resume_connector, resume, &sh.rsa_connector) {
+        (Some(c), true, _) => (c, true),
+        (_, _, Some(c)) if rsa_only => (c, false),
         _ => (&sh.connector, false),
     };
     let tls = connector
@@ -412,8 +423,8 @@ async fn request(sh: &Shared, sender: &mut Sender) -> Result<u64, OpError> {
 }
 
 /// One handshake-mode operation.
-async fn handshake_op(sh: &Shared, resume: bool) -> Result<(u64, HsKind), OpError> {
-    let (mut tls, kind) = connect_tls(sh, resume).await?;
+async fn handshake_op(sh: &Shared, resume: bool, rsa_only: bool) -> Result<(u64, HsKind), OpError> {
+    let (mut tls, kind) = connect_tls(sh, resume, rsa_only).await?;
     if sh.spec.request {
         let (mut sender, conn) = http_handshake(sh, tls).await?;
         let n = request(sh, &mut sender).await;
@@ -442,9 +453,12 @@ async fn handshake_task(sh: Arc<Shared>, stats: Stats, index: usize) {
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
-        let resume = ((rng >> 11) as f64 / (1u64 << 53) as f64) < sh.spec.resume_ratio;
+        let draw = (rng >> 11) as f64 / (1u64 << 53) as f64;
+        // one draw for both: the two options are not used together
+        let resume = draw < sh.spec.resume_ratio;
+        let rsa_only = draw < sh.spec.rsa_only_ratio;
         let began = Instant::now();
-        match tokio::time::timeout(sh.timeout, handshake_op(&sh, resume)).await {
+        match tokio::time::timeout(sh.timeout, handshake_op(&sh, resume, rsa_only)).await {
             Ok(Ok((n, kind))) => complete(&sh, &stats, counted, began, n, Some(kind)),
             Ok(Err(e)) => {
                 record_error(&stats, e);
@@ -503,7 +517,7 @@ async fn keepalive_task(sh: Arc<Shared>, stats: Stats, index: usize) {
             return;
         }
         let setup = async {
-            let (tls, _) = connect_tls(&sh, false).await?;
+            let (tls, _) = connect_tls(&sh, false, false).await?;
             http_handshake(&sh, tls).await
         };
         let (mut sender, conn) = match tokio::time::timeout(sh.timeout, setup).await {
@@ -569,6 +583,15 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadReport> {
     if spec.resume_ratio > 0.0 && spec.mode != Mode::Handshake {
         return Err(Error::Arg("--resume-ratio needs --mode handshake".into()));
     }
+    if !(0.0..=1.0).contains(&spec.rsa_only_ratio) {
+        return Err(Error::Arg("--rsa-only-ratio must be within 0..=1".into()));
+    }
+    if spec.rsa_only_ratio > 0.0 && (spec.mode != Mode::Handshake || spec.resume_ratio > 0.0) {
+        return Err(Error::Arg(
+            "--rsa-only-ratio needs --mode handshake and no --resume-ratio".into(),
+        ));
+    }
+    let tally = Arc::new(SignatureTally::default());
     let target = parse_target(&spec.url)?;
     let others = spec
         .also
@@ -584,9 +607,24 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadReport> {
         )
     } else {
         (
-            TlsConnector::from(client_config(spec.tls, spec.http)?),
+            TlsConnector::from(client_config_signing(
+                spec.tls,
+                spec.http,
+                false,
+                tally.clone(),
+            )?),
             None,
         )
+    };
+    let rsa_connector = if spec.rsa_only_ratio > 0.0 {
+        Some(TlsConnector::from(client_config_signing(
+            spec.tls,
+            spec.http,
+            true,
+            tally.clone(),
+        )?))
+    } else {
+        None
     };
     crate::raise_fd_limit(spec.connections as u64 * 2 + 1024);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -599,7 +637,8 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadReport> {
         target,
         others,
         connector,
-        resume_connector,
+        (resume_connector, rsa_connector),
+        tally,
     ))
 }
 
@@ -608,7 +647,8 @@ async fn run_async(
     target: Target,
     others: Vec<Target>,
     connector: TlsConnector,
-    resume_connector: Option<TlsConnector>,
+    (resume_connector, rsa_connector): (Option<TlsConnector>, Option<TlsConnector>),
+    tally: Arc<SignatureTally>,
 ) -> Result<LoadReport> {
     let start = Instant::now();
     let warmup_end = start + Duration::from_secs_f64(spec.warmup);
@@ -625,6 +665,8 @@ async fn run_async(
         next_target: AtomicU64::new(0),
         connector,
         resume_connector,
+        rsa_connector,
+        tally,
         start,
         warmup_end,
         end,
@@ -697,6 +739,8 @@ async fn run_async(
         latency: summarize(&mut total.samples),
         errors: total.errors,
         error_samples: total.messages,
+        ecdsa_signed: sh.tally.ecdsa.load(Relaxed),
+        rsa_signed: sh.tally.rsa.load(Relaxed),
     })
 }
 

@@ -47,12 +47,56 @@ pub enum HttpVersion {
 /// must hold the private key of the certificate it presented. The one accept-any verifier of
 /// the workspace.
 #[derive(Debug)]
-pub struct AcceptAnyCert(Arc<CryptoProvider>);
+pub struct AcceptAnyCert {
+    provider: Arc<CryptoProvider>,
+    /// Offer only RSA signature schemes (a client that cannot verify ECDSA).
+    rsa_only: bool,
+    tally: Arc<SignatureTally>,
+}
+
+/// Server handshake signatures a client verified, by algorithm: which certificate the servers
+/// chose (dual certificates). Whole runs, warm-up included.
+#[derive(Debug, Default)]
+pub struct SignatureTally {
+    /// ECDSA signatures.
+    pub ecdsa: std::sync::atomic::AtomicU64,
+    /// RSA (PKCS#1 v1.5 or PSS) signatures.
+    pub rsa: std::sync::atomic::AtomicU64,
+}
+
+impl SignatureTally {
+    fn count(&self, scheme: SignatureScheme) {
+        use std::sync::atomic::Ordering::Relaxed;
+        match scheme {
+            SignatureScheme::ECDSA_NISTP256_SHA256
+            | SignatureScheme::ECDSA_NISTP384_SHA384
+            | SignatureScheme::ECDSA_NISTP521_SHA512 => self.ecdsa.fetch_add(1, Relaxed),
+            s if is_rsa(s) => self.rsa.fetch_add(1, Relaxed),
+            _ => 0,
+        };
+    }
+}
+
+fn is_rsa(s: SignatureScheme) -> bool {
+    matches!(
+        s,
+        SignatureScheme::RSA_PSS_SHA256
+            | SignatureScheme::RSA_PSS_SHA384
+            | SignatureScheme::RSA_PSS_SHA512
+            | SignatureScheme::RSA_PKCS1_SHA256
+            | SignatureScheme::RSA_PKCS1_SHA384
+            | SignatureScheme::RSA_PKCS1_SHA512
+    )
+}
 
 impl AcceptAnyCert {
     /// Verifies handshake signatures with `provider`'s algorithms.
     pub fn new(provider: Arc<CryptoProvider>) -> Self {
-        AcceptAnyCert(provider)
+        AcceptAnyCert {
+            provider,
+            rsa_only: false,
+            tally: Arc::default(),
+        }
     }
 }
 
@@ -74,11 +118,12 @@ impl ServerCertVerifier for AcceptAnyCert {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.tally.count(dss.scheme);
         rustls::crypto::verify_tls12_signature(
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
@@ -88,16 +133,24 @@ impl ServerCertVerifier for AcceptAnyCert {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.tally.count(dss.scheme);
         rustls::crypto::verify_tls13_signature(
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        let mut all = self
+            .provider
+            .signature_verification_algorithms
+            .supported_schemes();
+        if self.rsa_only {
+            all.retain(|s| is_rsa(*s));
+        }
+        all
     }
 }
 
@@ -252,12 +305,31 @@ pub fn resuming_configs(
 /// offered), no resumption (no
 /// session cache, no tickets: every connection is a full handshake), ALPN for `http`.
 pub fn client_config(version: TlsVersion, http: HttpVersion) -> Result<Arc<ClientConfig>> {
+    client_config_signing(version, http, false, Arc::default())
+}
+
+/// [`client_config`], offering only RSA signature schemes (and, on TLS 1.2, only the
+/// ECDHE_RSA suite) when `rsa_only`: a client that cannot verify ECDSA, which a server with
+/// dual certificates must give its RSA one. The server signatures it verifies are counted
+/// in `tally`.
+pub fn client_config_signing(
+    version: TlsVersion,
+    http: HttpVersion,
+    rsa_only: bool,
+    tally: Arc<SignatureTally>,
+) -> Result<Arc<ClientConfig>> {
     let mut provider = aws_lc_rs::default_provider();
-    provider.cipher_suites = vec![
-        aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256,
-        aws_lc_rs::cipher_suite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
-        aws_lc_rs::cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
-    ];
+    // ECDHE_ECDSA first, as browsers list it: a TLS 1.2 server that follows the client's
+    // suite order (nginx by default) then gives a dual-certificate client its ECDSA one
+    provider.cipher_suites = vec![aws_lc_rs::cipher_suite::TLS13_AES_128_GCM_SHA256];
+    if !rsa_only {
+        provider
+            .cipher_suites
+            .push(aws_lc_rs::cipher_suite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256);
+    }
+    provider
+        .cipher_suites
+        .push(aws_lc_rs::cipher_suite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256);
     // X25519 is preferred for the key exchange; P-256 is listed too because in TLS 1.2 the
     // client's groups also name the curves it accepts for ECDSA certificates (RFC 8422), and
     // OpenSSL refuses an ECDSA P-256 certificate to a client that does not list P-256.
@@ -271,7 +343,11 @@ pub fn client_config(version: TlsVersion, http: HttpVersion) -> Result<Arc<Clien
         .with_protocol_versions(versions)
         .map_err(|e| Error::Tls(e.to_string()))?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnyCert(provider)))
+        .with_custom_certificate_verifier(Arc::new(AcceptAnyCert {
+            provider,
+            rsa_only,
+            tally,
+        }))
         .with_no_client_auth();
     cfg.resumption = Resumption::disabled();
     cfg.enable_early_data = false;

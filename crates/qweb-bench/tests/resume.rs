@@ -8,6 +8,11 @@
 //! - two servers behind the client's round-robin with different ticket keys: only tickets
 //!   from the same server resume (about half of the asked);
 //! - without --resume-ratio every handshake is full.
+//!
+//! And its `--rsa-only-ratio` (clients that cannot verify ECDSA): against a server with an
+//! RSA and an ECDSA certificate that picks by the client's signature schemes, about that
+//! share of the verified server signatures is RSA; against an ECDSA-only server those
+//! clients fail.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -55,7 +60,80 @@ fn server_config(sessions: Sessions) -> Arc<ServerConfig> {
 
 /// A TLS server on 127.0.0.1:0 in its own thread: handshake, read to EOF, close.
 fn serve(sessions: Sessions) -> SocketAddr {
-    let cfg = server_config(sessions);
+    serve_config(server_config(sessions))
+}
+
+/// Picks the ECDSA certificate for clients that offer ECDSA P-256 signatures, else the RSA
+/// one (dual certificates); without `ecdsa`, `rsa` is given to every client (whatever its
+/// key).
+#[derive(Debug)]
+struct Dual {
+    rsa: Arc<rustls::sign::CertifiedKey>,
+    ecdsa: Option<Arc<rustls::sign::CertifiedKey>>,
+}
+
+impl rustls::server::ResolvesServerCert for Dual {
+    fn resolve(
+        &self,
+        hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        let ecdsa_ok = hello
+            .signature_schemes()
+            .contains(&rustls::SignatureScheme::ECDSA_NISTP256_SHA256);
+        match &self.ecdsa {
+            Some(e) if ecdsa_ok => Some(e.clone()),
+            _ => Some(self.rsa.clone()),
+        }
+    }
+}
+
+fn certified(alg: &'static rcgen::SignatureAlgorithm) -> Arc<rustls::sign::CertifiedKey> {
+    let kp = if alg == &rcgen::PKCS_RSA_SHA256 {
+        rcgen::KeyPair::generate_rsa_for(alg, rcgen::RsaKeySize::_2048)
+    } else {
+        rcgen::KeyPair::generate_for(alg)
+    }
+    .expect("key");
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".into()])
+        .expect("params")
+        .self_signed(&kp)
+        .expect("certificate");
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(kp.serialize_der()));
+    let provider = rustls::crypto::aws_lc_rs::default_provider();
+    Arc::new(
+        rustls::sign::CertifiedKey::from_der(vec![cert.der().clone()], key, &provider)
+            .expect("certified key"),
+    )
+}
+
+/// A server with an ECDSA certificate for clients that verify it and an RSA one for the
+/// others (`rsa`), or with the ECDSA one only.
+fn serve_signing(rsa: bool) -> SocketAddr {
+    let ecdsa = certified(&rcgen::PKCS_ECDSA_P256_SHA256);
+    let resolver = if rsa {
+        Dual {
+            rsa: certified(&rcgen::PKCS_RSA_SHA256),
+            ecdsa: Some(ecdsa),
+        }
+    } else {
+        Dual {
+            rsa: ecdsa,
+            ecdsa: None,
+        }
+    };
+    let mut cfg = ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_no_client_auth()
+    .with_cert_resolver(Arc::new(resolver));
+    cfg.session_storage = Arc::new(NoServerSessionStorage {});
+    cfg.send_tls13_tickets = 0;
+    serve_config(Arc::new(cfg))
+}
+
+fn serve_config(cfg: Arc<ServerConfig>) -> SocketAddr {
     let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = std_listener.local_addr().expect("addr");
     std_listener.set_nonblocking(true).expect("nonblocking");
@@ -193,5 +271,40 @@ fn a_ratio_outside_zero_to_one_is_refused() {
     assert!(run_load(&s).is_err());
     s.resume_ratio = 0.5;
     s.mode = Mode::Keepalive;
+    assert!(run_load(&s).is_err());
+}
+
+#[test]
+fn rsa_only_clients_get_the_rsa_certificate_of_a_dual_server() {
+    let addr = serve_signing(true);
+    for tls in [TlsVersion::Tls13, TlsVersion::Tls12] {
+        let mut s = spec(addr, tls, 0.0);
+        s.rsa_only_ratio = 0.5;
+        let r = run_load(&s).expect("run");
+        assert_eq!(r.errors.total(), 0, "{:?} {:?}", r.errors, r.error_samples);
+        let all = r.ecdsa_signed + r.rsa_signed;
+        assert_eq!(all, r.handshakes_all, "every signature counted once");
+        let share = r.rsa_signed as f64 / all as f64;
+        assert!((0.4..=0.6).contains(&share), "{tls:?}: RSA share {share}");
+        assert!(s.command_line().contains("--rsa-only-ratio 0.5"));
+        // without the option every client verifies ECDSA, and gets it
+        let r = run_load(&spec(addr, tls, 0.0)).expect("run");
+        assert_eq!((r.rsa_signed, r.ecdsa_signed), (0, r.handshakes_all));
+    }
+}
+
+#[test]
+fn rsa_only_clients_fail_on_an_ecdsa_only_server_and_bad_ratios_are_refused() {
+    let addr = serve_signing(false);
+    let mut s = spec(addr, TlsVersion::Tls13, 0.0);
+    s.rsa_only_ratio = 1.0;
+    s.count = None;
+    s.duration = 0.3;
+    let r = run_load(&s).expect("run");
+    assert!(r.errors.tls > 0 && r.handshakes == 0, "{:?}", r.errors);
+    s.rsa_only_ratio = 1.5;
+    assert!(run_load(&s).is_err());
+    s.rsa_only_ratio = 0.5;
+    s.resume_ratio = 0.5;
     assert!(run_load(&s).is_err());
 }

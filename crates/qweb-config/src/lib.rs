@@ -9,6 +9,7 @@
 //! file as written is `raw`. This module holds [`Config`], its entry points and defaults, and
 //! `Validator` with its shared helpers.
 
+mod certificates;
 mod compression;
 mod error;
 mod file_cache;
@@ -262,7 +263,7 @@ impl Validator<'_> {
         let routes = self.routes(&raw.routes, &state_dir)?;
 
         let compression = self.compression(raw.compression.as_ref(), &offload)?;
-        let sites = self.sites(&raw, &mut listeners)?;
+        let sites = self.sites(&raw, &mut listeners, &offload)?;
         let file_cache = self.file_cache(&raw.file_cache)?;
         Ok(Config {
             source: self.file.map(absolute),

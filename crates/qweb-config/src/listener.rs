@@ -7,8 +7,8 @@ use toml::Spanned;
 
 use super::raw::RawListener;
 use super::{
-    ConfigError, EngineKind, ListenerOffload, OcspSource, OffloadConfig, RedirectConfig,
-    SessionConfig, Validator,
+    ConfigError, ListenerOffload, OcspSource, OffloadConfig, RedirectConfig, SessionConfig,
+    Validator,
 };
 
 /// One listening address.
@@ -116,13 +116,7 @@ impl Validator<'_> {
             None => None,
             Some(o) => Some(self.listener_offload(i, o, engines, l.tls.is_some())?),
         };
-        let keyserver = offload.as_ref().is_some_and(|o| {
-            o.policy.mode.offloads()
-                && engines
-                    .engines
-                    .iter()
-                    .any(|e| e.name == o.engine && matches!(e.kind, EngineKind::Keyserver(_)))
-        });
+        let keyserver = super::offload::signs_on_keyserver(offload.as_ref(), engines);
         let tls = match &l.tls {
             None => None,
             Some(t) => {
@@ -146,57 +140,18 @@ impl Validator<'_> {
                         ))
                     }
                     (false, false) => {
-                        let provider = qweb_tls::provider();
+                        let keyless = if keyserver {
+                            Ok(())
+                        } else {
+                            Err("missing: only a listener whose offload engine is a key server (mode sync or async) may omit the key")
+                        };
                         let mut certs = Vec::new();
                         for (j, c) in tr.certificates.iter().enumerate() {
-                            let cert = self.path(c.cert.get_ref(), c.cert.span());
-                            let Some(ck) = &c.key else {
-                                // no key file: only with a key server holding the key
-                                if !keyserver {
-                                    return Err(self.err(
-                                        Some(c.cert.span()),
-                                        format!("{key}.certificates[{j}].key"),
-                                        "missing: only a listener whose offload engine is a key server (mode sync or async) may omit the key",
-                                    ));
-                                }
-                                if let Err(e) = qweb_tls::cert_key_id(&cert) {
-                                    return Err(self.err(
-                                        Some(c.cert.span()),
-                                        format!("{key}.certificates[{j}].cert"),
-                                        e.to_string(),
-                                    ));
-                                }
-                                let ocsp = self.ocsp(i, j, c)?;
-                                certs.push(CertificateConfig {
-                                    cert,
-                                    key: None,
-                                    ocsp,
-                                });
-                                continue;
-                            };
-                            let keyp = self.path(ck.get_ref(), ck.span());
-                            if let Err(e) = qweb_tls::load_certified_key(&cert, &keyp, &provider) {
-                                let (span, which) = match &e {
-                                    qweb_tls::TlsError::Key { .. } => (ck.span(), "key"),
-                                    qweb_tls::TlsError::Read { path, .. }
-                                    | qweb_tls::TlsError::Pem { path, .. }
-                                        if *path == keyp =>
-                                    {
-                                        (ck.span(), "key")
-                                    }
-                                    _ => (c.cert.span(), "cert"),
-                                };
-                                return Err(self.err(
-                                    Some(span),
-                                    format!("{key}.certificates[{j}].{which}"),
-                                    e.to_string(),
-                                ));
-                            }
-                            certs.push(CertificateConfig {
-                                cert,
-                                key: Some(keyp),
-                                ocsp: self.ocsp(i, j, c)?,
-                            });
+                            certs.push(self.certificate(
+                                &format!("{key}.certificates[{j}]"),
+                                c,
+                                keyless,
+                            )?);
                         }
                         Some(TlsConfig::Certificates(certs))
                     }

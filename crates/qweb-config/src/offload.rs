@@ -96,6 +96,21 @@ pub struct ListenerOffload {
     pub policy: Policy,
 }
 
+/// Whether a listener with `offload` signs on a key server (a `kind = "keyserver"` engine in
+/// mode sync or async): then its certificates need no key file.
+pub(crate) fn signs_on_keyserver(
+    offload: Option<&ListenerOffload>,
+    engines: &OffloadConfig,
+) -> bool {
+    offload.is_some_and(|o| {
+        o.policy.mode.offloads()
+            && engines
+                .engines
+                .iter()
+                .any(|e| e.name == o.engine && matches!(e.kind, EngineKind::Keyserver(_)))
+    })
+}
+
 impl Validator<'_> {
     /// Validates `[offload]` and its `[offload.engines.NAME]` tables.
     pub(super) fn offload(&self, raw: &RawOffload) -> Result<OffloadConfig, ConfigError> {

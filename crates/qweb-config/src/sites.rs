@@ -8,7 +8,9 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::raw::{RawCertificate, RawConfig, RawRoute};
-use super::{CertificateConfig, ConfigError, ListenerConfig, RouteConfig, TlsConfig, Validator};
+use super::{
+    CertificateConfig, ConfigError, ListenerConfig, OffloadConfig, RouteConfig, Validator,
+};
 
 /// Longest server name (RFC 1035: 253 characters in text form).
 const MAX_NAME: usize = 253;
@@ -260,6 +262,7 @@ impl Validator<'_> {
         &self,
         raw: &RawConfig,
         listeners: &mut [ListenerConfig],
+        engines: &OffloadConfig,
     ) -> Result<SitesConfig, ConfigError> {
         let mut out = SitesConfig::default();
         // name -> the key that claimed it
@@ -341,7 +344,11 @@ impl Validator<'_> {
             routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
             let mut certificates = Vec::new();
             for (j, c) in sr.certificates.iter().enumerate() {
-                certificates.push(self.site_certificate(&format!("{key}.certificates[{j}]"), c)?);
+                certificates.push(self.certificate(
+                    &format!("{key}.certificates[{j}]"),
+                    c,
+                    Ok(()),
+                )?);
             }
             let headers = match &sr.headers {
                 Some(h) => self.header_edits(&format!("{key}.headers"), h)?,
@@ -383,7 +390,7 @@ impl Validator<'_> {
         if out.default.is_none() && raw.routes.is_empty() && !out.sites.is_empty() {
             out.default = Some(0);
         }
-        self.add_site_certificates(raw, &out, listeners)?;
+        self.add_site_certificates(raw, &out, listeners, engines)?;
         Ok(out)
     }
 
@@ -674,93 +681,6 @@ impl Validator<'_> {
                 .sort_by_key(|(t, _)| (t == "*", t.ends_with("/*")));
         }
         Ok(out)
-    }
-
-    fn site_certificate(
-        &self,
-        key: &str,
-        c: &RawCertificate,
-    ) -> Result<CertificateConfig, ConfigError> {
-        let cert = self.path(c.cert.get_ref(), c.cert.span());
-        let Some(k) = &c.key else {
-            return Err(self.err(
-                Some(c.cert.span()),
-                format!("{key}.key"),
-                "missing: a site's certificate needs its key file",
-            ));
-        };
-        let keyp = self.path(k.get_ref(), k.span());
-        if let Err(e) = qweb_tls::load_certified_key(&cert, &keyp, &qweb_tls::provider()) {
-            let (span, which) = match &e {
-                qweb_tls::TlsError::Key { .. } => (k.span(), "key"),
-                qweb_tls::TlsError::Read { path, .. } | qweb_tls::TlsError::Pem { path, .. }
-                    if *path == keyp =>
-                {
-                    (k.span(), "key")
-                }
-                _ => (c.cert.span(), "cert"),
-            };
-            return Err(self.err(Some(span), format!("{key}.{which}"), e.to_string()));
-        }
-        Ok(CertificateConfig {
-            cert,
-            key: Some(keyp),
-            // a site's certificates are not stapled (listener certificates only, for now)
-            ocsp: None,
-        })
-    }
-
-    fn add_site_certificates(
-        &self,
-        raw: &RawConfig,
-        sites: &SitesConfig,
-        listeners: &mut [ListenerConfig],
-    ) -> Result<(), ConfigError> {
-        let order = sites
-            .default
-            .into_iter()
-            .chain((0..sites.sites.len()).filter(|i| Some(*i) != sites.default));
-        let mut all: Vec<&CertificateConfig> = Vec::new();
-        let mut first_with: Option<usize> = None;
-        for s in order {
-            for c in &sites.sites[s].certificates {
-                first_with.get_or_insert(s);
-                if !all.iter().any(|o| o.cert == c.cert) {
-                    all.push(c);
-                }
-            }
-        }
-        if all.is_empty() {
-            return Ok(());
-        }
-        for (i, l) in listeners.iter_mut().enumerate() {
-            match &mut l.tls {
-                Some(TlsConfig::Certificates(list)) => {
-                    for c in &all {
-                        if !list.iter().any(|o| o.cert == c.cert) {
-                            list.push((*c).clone());
-                        }
-                    }
-                }
-                Some(TlsConfig::SelfSigned) => {
-                    let s = first_with.unwrap_or(0);
-                    let span = raw
-                        .sites
-                        .get(s)
-                        .and_then(|site| site.get_ref().certificates.first())
-                        .map(|c| c.cert.span());
-                    return Err(self.err(
-                        span,
-                        format!("site[{s}].certificates"),
-                        format!(
-                            "listener[{i}] uses `self_signed = true`; sites' certificates need TLS listeners with `certificates` (an empty list takes the sites')"
-                        ),
-                    ));
-                }
-                None => {}
-            }
-        }
-        Ok(())
     }
 }
 

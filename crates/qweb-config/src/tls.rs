@@ -110,61 +110,6 @@ impl Validator<'_> {
         Ok(cfg)
     }
 
-    /// `ocsp` of `listener[i].tls.certificates[j]`: a readable DER file.
-    pub(super) fn ocsp(
-        &self,
-        i: usize,
-        j: usize,
-        c: &super::raw::RawCertificate,
-    ) -> Result<Option<OcspSource>, ConfigError> {
-        let Some(o) = &c.ocsp else { return Ok(None) };
-        let key = format!("listener[{i}].tls.certificates[{j}].ocsp");
-        let v = o.get_ref().trim();
-        if v == "fetch" {
-            let cert = self.path(c.cert.get_ref(), c.cert.span());
-            let chain = qweb_tls::load_certs(&cert)
-                .map_err(|e| self.err(Some(o.span()), key.as_str(), e.to_string()))?;
-            let url = qweb_tls::ocsp::responder_url(chain[0].as_ref())
-                .map_err(|e| self.err(Some(o.span()), key.as_str(), e.to_string()))?;
-            if url.is_none() {
-                return Err(self.err(
-                    Some(o.span()),
-                    key,
-                    format!(
-                        "{} has no http:// OCSP responder (Authority Information Access)",
-                        cert.display()
-                    ),
-                ));
-            }
-            if chain.len() < 2 {
-                return Err(self.err(
-                    Some(o.span()),
-                    key,
-                    format!("{} must hold the issuer's certificate after the leaf (the OCSP request names the issuer's key)", cert.display()),
-                ));
-            }
-            return Ok(Some(OcspSource::Fetch));
-        }
-        if v.is_empty() {
-            return Err(self.err(Some(o.span()), key, "a DER OCSP response file"));
-        }
-        let path = self.path(std::path::Path::new(v), o.span());
-        if let Err(e) = std::fs::metadata(&path).and_then(|m| {
-            if m.is_file() {
-                Ok(())
-            } else {
-                Err(std::io::Error::other("not a file"))
-            }
-        }) {
-            return Err(self.err(
-                Some(o.span()),
-                key,
-                format!("cannot read {}: {e}", path.display()),
-            ));
-        }
-        Ok(Some(OcspSource::File(path)))
-    }
-
     fn ticket_keys(
         &self,
         tk: &Spanned<String>,

@@ -18,7 +18,7 @@ impl IdleSet {
     /// checked request.
     pub fn open(spec: &LoadSpec, n: usize) -> Result<IdleSet> {
         let target = parse_target(&spec.url)?;
-        let connector = TlsConnector::from(client_config(spec.tls, spec.http)?);
+        let connector = TlsConnector::from(crate::tls::client_config(spec.tls, spec.http)?);
         crate::raise_fd_limit(n as u64 * 2 + 1024);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(spec.threads.unwrap_or_else(crate::cpus).max(1))
@@ -35,6 +35,8 @@ impl IdleSet {
             next_target: AtomicU64::new(0),
             connector,
             resume_connector: None,
+            rsa_connector: None,
+            tally: Arc::default(),
             start: now,
             warmup_end: now,
             end: now,
@@ -50,7 +52,7 @@ impl IdleSet {
                 set.spawn(async move {
                     let _permit = sem.acquire_owned().await.ok()?;
                     let open = async {
-                        let (tls, _) = connect_tls(&sh, false).await?;
+                        let (tls, _) = connect_tls(&sh, false, false).await?;
                         let (mut s, c) = http_handshake(&sh, tls).await?;
                         match request(&sh, &mut s).await {
                             Ok(_) => Ok((s, c)),

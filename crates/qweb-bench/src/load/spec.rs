@@ -87,6 +87,11 @@ pub struct LoadSpec {
     /// and these, like a load balancer; sessions from one may be offered to another.
     #[arg(long)]
     pub also: Vec<String>,
+    /// Handshake mode: this fraction of new connections (drawn per connection) offer only
+    /// RSA signature schemes (and, on TLS 1.2, only the ECDHE_RSA suite), as clients that
+    /// cannot verify ECDSA: a server with dual certificates must give them its RSA one.
+    #[arg(long, default_value_t = 0.0)]
+    pub rsa_only_ratio: f64,
 }
 
 impl LoadSpec {
@@ -114,6 +119,7 @@ impl LoadSpec {
             timeout: 10.0,
             resume_ratio: 0.0,
             also: vec![],
+            rsa_only_ratio: 0.0,
         }
     }
 
@@ -179,6 +185,9 @@ impl LoadSpec {
         }
         for u in &self.also {
             a.push(format!("--also {u}"));
+        }
+        if self.rsa_only_ratio > 0.0 {
+            a.push(format!("--rsa-only-ratio {}", self.rsa_only_ratio));
         }
         a.join(" ")
     }
@@ -265,6 +274,12 @@ pub struct LoadReport {
     pub errors: ErrorCounts,
     /// The first few error messages.
     pub error_samples: Vec<String>,
+    /// Server handshake signatures verified with ECDSA, whole run (warm-up included).
+    #[serde(default)]
+    pub ecdsa_signed: u64,
+    /// Server handshake signatures verified with RSA, whole run (warm-up included).
+    #[serde(default)]
+    pub rsa_signed: u64,
 }
 
 impl LoadReport {

@@ -45,6 +45,9 @@ pub struct NginxSpec {
     pub cert: PathBuf,
     /// Private key (PEM).
     pub key: PathBuf,
+    /// A second certificate and key for the same names, of the other key algorithm (nginx
+    /// serves each client the one it can verify).
+    pub twin: Option<(PathBuf, PathBuf)>,
     /// Document root.
     pub root: PathBuf,
     /// The prefix directory (pid file, logs, temp folders).
@@ -148,6 +151,10 @@ pub fn nginx_conf(spec: &NginxSpec) -> String {
     let _ = writeln!(t, "        server_name localhost;");
     let _ = writeln!(t, "        ssl_certificate {};", spec.cert.display());
     let _ = writeln!(t, "        ssl_certificate_key {};", spec.key.display());
+    if let Some((c, k)) = &spec.twin {
+        let _ = writeln!(t, "        ssl_certificate {};", c.display());
+        let _ = writeln!(t, "        ssl_certificate_key {};", k.display());
+    }
     let _ = writeln!(t, "        root {};", spec.root.display());
     let _ = writeln!(t, "    }}");
     let _ = writeln!(t, "}}");
@@ -182,6 +189,7 @@ mod tests {
             workers: 2,
             port: 9444,
             cert: "/d/c.crt".into(),
+            twin: None,
             key: "/d/k.key".into(),
             root: "/d/www".into(),
             prefix: "/d/nginx".into(),
@@ -210,6 +218,16 @@ mod tests {
         assert!(!c.contains("user root;"));
         // Braces balance.
         assert_eq!(c.matches('{').count(), c.matches('}').count());
+    }
+
+    #[test]
+    fn nginx_dual_certificates() {
+        let mut s = nspec();
+        s.twin = Some(("/d/e.crt".into(), "/d/e.key".into()));
+        let c = nginx_conf(&s);
+        assert!(c.contains(
+            "ssl_certificate /d/c.crt;\n        ssl_certificate_key /d/k.key;\n        ssl_certificate /d/e.crt;\n        ssl_certificate_key /d/e.key;\n"
+        ), "{c}");
     }
 
     #[test]

@@ -19,6 +19,18 @@ impl Runner {
         kind: &ServerKind,
         cert: &CertFiles,
     ) -> Option<ServerProc> {
+        self.start_dual(label, kind, cert, None)
+    }
+
+    /// [`Runner::start`] with a `twin` certificate for the same names (dual certificates;
+    /// qweb and nginx only).
+    pub(super) fn start_dual(
+        &mut self,
+        label: &str,
+        kind: &ServerKind,
+        cert: &CertFiles,
+        twin: Option<&CertFiles>,
+    ) -> Option<ServerProc> {
         self.server_seq += 1;
         let seq = self.server_seq;
         let slug: String = label
@@ -37,6 +49,7 @@ impl Runner {
                 log: self.out.join("logs").join(format!("{name}.log")),
                 name,
                 root,
+                twin,
             };
             let mut p = match kind {
                 ServerKind::Qweb {
@@ -119,6 +132,10 @@ impl Runner {
             port: at.port,
             admin_port: admin,
             cert: cert.cert.clone(),
+            twin: at.twin.map(|t| {
+                let k = key.as_ref().map(|_| t.key.clone());
+                (t.cert.clone(), k)
+            }),
             key,
             root: self.files.www.clone(),
             offload: offload.clone(),
@@ -169,6 +186,7 @@ impl Runner {
             port: at.port,
             cert: cert.cert.clone(),
             key: cert.key.clone(),
+            twin: at.twin.map(|t| (t.cert.clone(), t.key.clone())),
             root: self.files.www.clone(),
             prefix: prefix.clone(),
             gzip_level,
@@ -480,4 +498,6 @@ struct Slot<'a> {
     log: PathBuf,
     /// Running as root (nginx and h2o then need a `user` line).
     root: bool,
+    /// A second certificate for the same names (dual certificates; qweb and nginx).
+    twin: Option<&'a CertFiles>,
 }

@@ -2,7 +2,8 @@
 //! in the output folder, starts qweb and its peers (nginx, h2o, Caddy) on 127.0.0.1, runs the
 //! matrix (A handshakes, the engine-latency sweep, B throughput, C compression, D TLS +
 //! compression, E latency under a handshake storm, F memory with idle connections, G
-//! per-request cost with wrk/h2load/strace, H resumption, I two nodes sharing ticket keys)
+//! per-request cost with wrk/h2load/strace, H resumption, I two nodes sharing ticket keys,
+//! J dual certificates)
 //! with the rows of a table interleaved, checks every run (client errors, status and byte
 //! counts, qweb's handshake, resumption and offload counters), and writes `results.md`,
 //! `results.json` and SVG charts.
@@ -30,6 +31,7 @@ use crate::tls::{HttpVersion, TlsVersion};
 use crate::{Error, Result};
 
 mod compression;
+mod dual;
 mod handshakes;
 mod latency;
 mod measure;
@@ -78,7 +80,7 @@ pub struct RunArgs {
     /// `GOMAXPROCS`; default: one per CPU).
     #[arg(long)]
     pub workers: Option<usize>,
-    /// Only these experiments (comma-separated: A,sweep,B,C,D,E,F,G,H,I).
+    /// Only these experiments (comma-separated: A,sweep,B,C,D,E,F,G,H,I,J).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -433,7 +435,7 @@ pub fn run(args: RunArgs) -> Result<PathBuf> {
         fd_limit: limit,
     };
     type Experiment = fn(&mut Runner) -> Result<()>;
-    let experiments: [(&str, Experiment); 10] = [
+    let experiments: [(&str, Experiment); 11] = [
         ("A", Runner::exp_a),
         ("sweep", Runner::exp_sweep),
         ("B", Runner::exp_b),
@@ -444,6 +446,7 @@ pub fn run(args: RunArgs) -> Result<PathBuf> {
         ("G", Runner::exp_g),
         ("H", Runner::exp_h),
         ("I", Runner::exp_i),
+        ("J", Runner::exp_j),
     ];
     for (name, f) in experiments {
         if !r.args.only.is_empty() && !r.args.only.iter().any(|o| o.eq_ignore_ascii_case(name)) {
@@ -612,6 +615,8 @@ mod tests {
             latency: Default::default(),
             errors: Default::default(),
             error_samples: vec![],
+            ecdsa_signed: 0,
+            rsa_signed: 0,
         };
         let a = r.clone();
         r.ops_per_sec = 30.0;

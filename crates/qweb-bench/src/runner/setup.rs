@@ -228,6 +228,7 @@ pub(super) fn detect_compression(
             port: 1,
             admin_port: 2,
             cert: cert.cert.clone(),
+            twin: None,
             key: Some(cert.key.clone()),
             root: files.www.clone(),
             offload: Offload::None,

@@ -103,3 +103,109 @@ fn names_are_checked_and_lowered() {
     }
     assert!(server_name(&"a".repeat(64)).is_err());
 }
+
+/// A site's certificates take `ocsp` and, on key-server listeners, no `key`, as a listener's
+/// do; a key-less site certificate on a listener that does not sign on a key server is
+/// refused at its `key`, naming that listener.
+#[test]
+fn site_certificates_take_ocsp_and_keyserver_keys_like_listener_ones() {
+    use crate::{OcspSource, TlsConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let c = rcgen::CertificateParams::new(vec!["a.test".into()])
+        .unwrap()
+        .self_signed(&kp)
+        .unwrap();
+    std::fs::write(dir.path().join("a.crt"), c.pem()).unwrap();
+    std::fs::write(dir.path().join("a.key"), kp.serialize_pem()).unwrap();
+    std::fs::write(dir.path().join("a.der"), b"read at start").unwrap();
+    let file = dir.path().join("q.toml");
+    let engine = "[offload.engines.ks]\nkind = \"keyserver\"\nservers = [\"unix:/tmp/x.sock\"]\n";
+    let listener = |offload: &str| {
+        format!(
+            "[[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\ncertificates = []\n{offload}"
+        )
+    };
+    let ks = "[listener.offload]\nengine = \"ks\"\n";
+    let site = |cert: &str| {
+        format!(
+            "[[site]]\nserver_names = [\"a.test\"]\ncertificates = [{cert}]\n[[site.route]]\nprefix = \"/\"\nroot = \"{}\"\n",
+            dir.path().display()
+        )
+    };
+    let parse = |text: String| Config::from_str_at(&text, Some(&file));
+    let cfg = parse(format!(
+        "{engine}{}{}",
+        listener(ks),
+        site("{ cert = \"a.crt\", key = \"a.key\", ocsp = \"a.der\" }")
+    ))
+    .unwrap();
+    let Some(TlsConfig::Certificates(list)) = &cfg.listeners[0].tls else {
+        panic!("{:?}", cfg.listeners[0].tls)
+    };
+    assert_eq!(
+        list[0].ocsp,
+        Some(OcspSource::File(dir.path().join("a.der")))
+    );
+    let cfg = parse(format!(
+        "{engine}{}{}",
+        listener(ks),
+        site("{ cert = \"a.crt\" }")
+    ))
+    .unwrap();
+    let Some(TlsConfig::Certificates(list)) = &cfg.listeners[0].tls else {
+        panic!("{:?}", cfg.listeners[0].tls)
+    };
+    assert_eq!(list[0].key, None);
+    // a second TLS listener that signs in place cannot serve it
+    let e = parse(format!(
+        "{engine}{}{}{}",
+        listener(ks),
+        listener(""),
+        site("{ cert = \"a.crt\" }")
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("key `site[0].certificates[0].key`")
+            && e.contains("listener[1]")
+            && e.contains("not a key server"),
+        "{e}"
+    );
+    // an engine that is not a key server, or none at all
+    let pool = "[offload.engines.ks]\nkind = \"pool\"\n";
+    for head in [pool, ""] {
+        let offload = if head.is_empty() { "" } else { ks };
+        let e = parse(format!(
+            "{head}{}{}",
+            listener(offload),
+            site("{ cert = \"a.crt\" }")
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("key `site[0].certificates[0].key`"), "{e}");
+    }
+    // a bad `ocsp` is refused at the site's key
+    let e = parse(format!(
+        "{}{}",
+        listener(""),
+        site("{ cert = \"a.crt\", key = \"a.key\", ocsp = \"missing.der\" }")
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("key `site[0].certificates[0].ocsp`") && e.contains("cannot read"),
+        "{e}"
+    );
+    let e = parse(format!(
+        "{}{}",
+        listener(""),
+        site("{ cert = \"a.crt\", key = \"a.key\", ocsp = \"fetch\" }")
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("key `site[0].certificates[0].ocsp`") && e.contains("no http:// OCSP responder"),
+        "{e}"
+    );
+}

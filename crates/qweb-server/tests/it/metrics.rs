@@ -2,11 +2,8 @@
 //! key server on a real Unix socket) and compression, checked by a strict OpenMetrics parser
 //! (python's `prometheus_client.openmetrics.parser`, from the `python3-prometheus-client`
 //! package that `.ci/run` installs).
-#![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
 
 use qweb_testkit as common;
-
-use std::time::Duration;
 
 use common::Proto;
 
@@ -26,19 +23,7 @@ async fn metrics_with_pool_keyserver_and_compression_parse_strictly() {
     let dir = tempfile::tempdir().unwrap();
     write_key_and_cert(dir.path(), "ks");
     let sock = dir.path().join("ks.sock");
-    let ks = qweb_keyserver::server::start(qweb_keyserver::server::KeyserverConfig {
-        keys: vec![dir.path().join("ks.key")],
-        threads: 1,
-        queue: 64,
-        // SAFETY: getuid(2) has no preconditions.
-        unix: Some((sock.clone(), vec![unsafe { libc::getuid() }])),
-        tls: None,
-        admin: None,
-        limits: Default::default(),
-        added_latency: Duration::ZERO,
-        ticket_rotation: Duration::from_secs(12 * 3600),
-    })
-    .unwrap();
+    let ks = super::tls_certs::in_process_keyserver(vec![dir.path().join("ks.key")], &sock);
     let ksdir = dir.path().display().to_string();
     let extra = format!(
         "workers = 2\n[admin]\naddress = \"127.0.0.1:0\"\n\

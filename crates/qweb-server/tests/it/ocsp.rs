@@ -2,7 +2,7 @@
 //! PKI and the responses made by the `openssl` command (`openssl ocsp` answering from an
 //! index file): a good response is stapled on TLS 1.2 and 1.3; an expired one, or one for
 //! another certificate, never is (the server serves without a staple); a new file is picked
-//! up while running.
+//! up while running. A site's certificate staples the same way.
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -142,6 +142,72 @@ fn pki() -> tempfile::TempDir {
     std::fs::create_dir_all(d.join("site")).unwrap();
     std::fs::write(d.join("site/index.html"), "hello").unwrap();
     dir
+}
+
+/// A self-signed ECDSA certificate for `dflt.test` (`dflt.crt`, `dflt.key`): the listener's
+/// own, when `localhost` is a site's.
+fn dflt_cert(d: &Path) {
+    openssl(
+        d,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "dflt.key",
+            "-out",
+            "dflt.crt",
+            "-subj",
+            "/CN=dflt.test",
+            "-addext",
+            "subjectAltName=DNS:dflt.test",
+            "-days",
+            "5",
+        ],
+    );
+}
+
+/// Serves `dflt.crt` on the listener and `<name>.crt` (with `<name>.key`, stapling `ocsp`)
+/// as the certificate of a site for `localhost`.
+fn serve_site(dir: &Path, name: &str, ocsp: &str) -> (RunningServer, SocketAddr) {
+    let d = dir.display();
+    let text = format!(
+        "workers = 1\nstate_dir = \"{d}/state-site-{name}\"\n[log]\naccess = false\n\
+         [admin]\naddress = \"127.0.0.1:0\"\n\
+         [[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\n\
+         certificates = [{{ cert = \"dflt.crt\", key = \"dflt.key\" }}]\n\
+         [[route]]\nprefix = \"/\"\nroot = \"site\"\n\
+         [[site]]\nserver_names = [\"localhost\"]\n\
+         certificates = [{{ cert = \"{name}.crt\", key = \"{name}.key\", ocsp = \"{ocsp}\" }}]\n\
+         [[site.route]]\nprefix = \"/\"\nroot = \"site\"\n"
+    );
+    start_text(
+        dir,
+        &format!("site-{name}-{}", ocsp.replace('.', "-")),
+        &text,
+    )
+}
+
+/// The listener's own name (`dflt.test`): its certificate has no staple.
+fn dflt_unstapled(addr: SocketAddr) {
+    for v in [TlsVersion::V12, TlsVersion::V13] {
+        let run = SClient::new(addr, v)
+            .servername("dflt.test")
+            .arg("-status")
+            .request(b"GET / HTTP/1.1\r\nHost: dflt.test\r\nConnection: close\r\n\r\n")
+            .run();
+        run.answered("hello");
+        assert!(
+            run.stdout.contains("subject=CN = dflt.test"),
+            "{}",
+            run.stdout
+        );
+        assert!(!stapled(&run.stdout), "{}", run.stdout);
+    }
 }
 
 fn serve(dir: &Path, ocsp: &str) -> (RunningServer, SocketAddr) {
@@ -301,6 +367,33 @@ fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// `aia.crt` (see [`aia_leaf`]) and `openssl ocsp` answering for it on the port its AIA
+/// names, listening when this returns.
+fn responder_for_aia_leaf(d: &Path) -> std::process::Child {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    aia_leaf(d, port, "aia");
+    let responder = Command::new("openssl")
+        .args(["ocsp", "-index", "index.txt", "-port", &port.to_string()])
+        .args([
+            "-rsigner", "ca.crt", "-rkey", "ca.key", "-CA", "ca.crt", "-ndays", "1",
+        ])
+        .current_dir(d)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(d.join("responder.log")).unwrap())
+        .spawn()
+        .unwrap();
+    // (a probe connection would hold the single-threaded responder: wait for its log line)
+    wait_for("the responder listens", 10, || {
+        std::fs::read_to_string(d.join("responder.log"))
+            .is_ok_and(|l| l.contains("waiting for OCSP client connections"))
+    });
+    responder
+}
+
 fn failures(server: &RunningServer) -> u64 {
     let m = metrics::of(server);
     let v = m
@@ -318,27 +411,7 @@ fn failures(server: &RunningServer) -> u64 {
 fn fetched_from_a_local_openssl_responder_and_served_without_one_when_it_is_down() {
     let dir = pki();
     let d = dir.path();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    aia_leaf(d, port, "aia");
-    let mut responder = Command::new("openssl")
-        .args(["ocsp", "-index", "index.txt", "-port", &port.to_string()])
-        .args([
-            "-rsigner", "ca.crt", "-rkey", "ca.key", "-CA", "ca.crt", "-ndays", "1",
-        ])
-        .current_dir(d)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(d.join("responder.log")).unwrap())
-        .spawn()
-        .unwrap();
-    // (a probe connection would hold the single-threaded responder: wait for its log line)
-    wait_for("the responder listens", 10, || {
-        std::fs::read_to_string(d.join("responder.log"))
-            .is_ok_and(|l| l.contains("waiting for OCSP client connections"))
-    });
+    let mut responder = responder_for_aia_leaf(d);
     let (a, a_addr) = serve_cert(d, "aia", "fetch");
     wait_for("a fetched staple", 15, || stapled(&status(a_addr, false)));
     assert!(stapled(&status(a_addr, true)));
@@ -390,5 +463,50 @@ fn lying_responders_are_counted_and_nothing_is_stapled() {
     for tls13 in [false, true] {
         assert!(!stapled(&status(addr, tls13)));
     }
+    server.shutdown();
+}
+
+/// A site's certificate (chosen by SNI `localhost`, the listener holding another) staples
+/// like a listener's: a response for another certificate is refused and counted, a good
+/// file replacing it is picked up, TLS 1.2 and 1.3; the listener's own name gets none.
+#[test]
+fn a_site_certificate_staples_its_file_and_refuses_a_foreign_response() {
+    let dir = pki();
+    let d = dir.path();
+    dflt_cert(d);
+    std::fs::copy(d.join("other.der"), d.join("site.der")).unwrap();
+    let (server, addr) = serve_site(d, "leaf", "site.der");
+    for tls13 in [false, true] {
+        assert!(!stapled(&status(addr, tls13)), "foreign, tls13={tls13}");
+    }
+    assert!(
+        metrics::of(&server).text.contains("cert=\"localhost\"} 1"),
+        "the foreign response is counted:\n{}",
+        metrics::of(&server)
+    );
+    std::fs::copy(d.join("good.der"), d.join("site.der")).unwrap();
+    wait_for("the good file picked up", 10, || {
+        stapled(&status(addr, false))
+    });
+    assert!(stapled(&status(addr, true)));
+    dflt_unstapled(addr);
+    server.shutdown();
+}
+
+/// `ocsp = "fetch"` on a site's certificate: asked of the certificate's own responder (a
+/// local `openssl ocsp`) and stapled for the site's name.
+#[test]
+fn a_site_certificate_fetches_its_staple() {
+    let dir = pki();
+    let d = dir.path();
+    dflt_cert(d);
+    let mut responder = responder_for_aia_leaf(d);
+    let (server, addr) = serve_site(d, "aia", "fetch");
+    wait_for("a fetched staple", 15, || stapled(&status(addr, false)));
+    assert!(stapled(&status(addr, true)));
+    assert_eq!(failures(&server), 0);
+    dflt_unstapled(addr);
+    let _ = responder.kill();
+    let _ = responder.wait();
     server.shutdown();
 }

@@ -639,3 +639,83 @@ async fn dual_rsa_and_ecdsa_certificates_choose_by_what_the_client_verifies() {
         assert_ne!(signed_with(addr, name, V12, &rsa_only), "ECDSA", "{name}");
     }
 }
+
+/// A site's certificates without key files, their keys on a key server (in process, on a
+/// real Unix socket): an RSA and an ECDSA certificate for `dual.test`, chosen by what
+/// OpenSSL offers as for listener certificates; every handshake was signed by the key
+/// server (qweb holds no key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn site_certificates_with_keys_on_a_key_server_choose_by_what_the_client_verifies() {
+    use common::openssl::TlsVersion::{V12, V13};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut keys = Vec::new();
+    for (stem, key) in [("s-rsa", rsa_key()), ("s-ec", ecdsa_key())] {
+        let g = self_signed(&["dual.test"], key);
+        write(d, &format!("{stem}.crt"), &g.cert.pem());
+        keys.push(write(d, &format!("{stem}.key"), &g.key.serialize_pem()));
+    }
+    let sock = d.join("ks.sock");
+    let _ks = in_process_keyserver(keys, &sock);
+    let p = d.display();
+    let extra = format!(
+        "[admin]\naddress = \"127.0.0.1:0\"\n\
+         [offload.engines.ks]\nkind = \"keyserver\"\nservers = [\"unix:{}\"]\n\
+         [[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\ncertificates = []\n\
+         [listener.offload]\nengine = \"ks\"\n\
+         [[site]]\nserver_names = [\"dual.test\"]\n\
+         certificates = [{{ cert = \"{p}/s-rsa.crt\" }}, {{ cert = \"{p}/s-ec.crt\" }}]\n\
+         [[site.route]]\nprefix = \"/\"\nroot = \"{{dir}}/site\"\n",
+        sock.display()
+    );
+    let t = common::start_with(&extra, |dir| {
+        std::fs::write(dir.join("site/index.html"), "dual").unwrap()
+    });
+    let addr = t.addrs[0];
+    let name = "dual.test";
+    let rsa_only = ["-sigalgs", "RSA-PSS+SHA256:RSA+SHA256"];
+    let ec_suite = ["-cipher", "ECDHE-ECDSA-AES128-GCM-SHA256"];
+    let rsa_suite = ["-cipher", "ECDHE-RSA-AES128-GCM-SHA256"];
+    let tries: [(_, &[&str], &str); 5] = [
+        (V13, &[], "ECDSA"),
+        (V13, &rsa_only, "RSA"),
+        (V12, &[], "ECDSA"),
+        (V12, &ec_suite, "ECDSA"),
+        (V12, &rsa_suite, "RSA"),
+    ];
+    for (v, args, want) in tries {
+        let got = signed_with(addr, name, v, args);
+        assert!(got.starts_with(want), "{v:?} {args:?}: {got}");
+    }
+    let m = common::metrics::scrape(t.admin.unwrap()).await;
+    let signed = m.sum("qweb_offload_ops_completed_total", &[("engine", "ks")]);
+    assert!(
+        signed >= tries.len() as f64,
+        "{signed} key server ops:\n{m}"
+    );
+}
+
+/// A key server in this process holding `keys`, on the Unix socket `sock` (for this user,
+/// the owner of the socket's folder), one signing thread.
+pub(crate) fn in_process_keyserver(
+    keys: Vec<PathBuf>,
+    sock: &Path,
+) -> qweb_keyserver::server::RunningKeyserver {
+    use std::os::unix::fs::MetadataExt;
+    let folder = sock.parent().expect("a socket in a folder");
+    qweb_keyserver::server::start(qweb_keyserver::server::KeyserverConfig {
+        keys,
+        threads: 1,
+        queue: 64,
+        unix: Some((
+            sock.to_owned(),
+            vec![std::fs::metadata(folder).unwrap().uid()],
+        )),
+        tls: None,
+        admin: None,
+        limits: Default::default(),
+        added_latency: Duration::ZERO,
+        ticket_rotation: Duration::from_secs(12 * 3600),
+    })
+    .unwrap()
+}
