@@ -1,0 +1,173 @@
+//! HTTP/3 (`http3 = true`): python's aioquic client against static files and the proxy,
+//! `Alt-Svc` over HTTPS/TCP, and hostile QUIC input (a flood of garbage Initial packets, a
+//! client opening more streams than allowed): the server stays up and serves another client.
+
+use qweb_testkit as common;
+
+use common::h3::{aioquic, aioquic_available, initial_flood, H3Request};
+use common::{client, upstream, Proto};
+
+/// A TLS listener with HTTP/3 (and `extra` listener keys), then a plain one.
+fn h3_listeners(extra: &str) -> String {
+    format!(
+        "[[listener]]\naddress = \"127.0.0.1:0\"\nhttp3 = true\n{extra}\n[listener.tls]\nself_signed = true\n\
+         [[listener]]\naddress = \"127.0.0.1:0\"\n"
+    )
+}
+
+/// `false` (and a line saying why) where aioquic is missing; `.ci/run` installs it.
+fn have_client() -> bool {
+    let ok = aioquic_available();
+    if !ok {
+        eprintln!("SKIPPED: python3 with aioquic is needed (pip install aioquic)");
+    }
+    ok
+}
+
+#[test]
+fn static_get_head_and_404_over_h3() {
+    if !have_client() {
+        return;
+    }
+    let body = common::upstream::random(150_000, 7);
+    let t = common::start_with(&h3_listeners(""), |_| {});
+    std::fs::write(t.site().join("big.bin"), &body).unwrap();
+    std::fs::write(t.site().join("a.txt"), "hello h3").unwrap();
+    let reqs = [
+        H3Request::get("/big.bin"),
+        H3Request::head("/big.bin"),
+        H3Request::get("/a.txt"),
+        H3Request::get("/missing"),
+    ];
+    let out = aioquic(t.addrs[0], &t.cert(), &reqs, false).expect("aioquic connects");
+    let big = out[0].as_ref().expect("GET");
+    assert_eq!(big.status, 200);
+    assert!(big.body == body, "body differs: {} bytes", big.body.len());
+    assert_eq!(big.header("content-length"), Some("150000"));
+    let head = out[1].as_ref().expect("HEAD");
+    assert_eq!(head.status, 200);
+    assert_eq!(head.header("content-length"), Some("150000"));
+    assert!(head.body.is_empty());
+    let small = out[2].as_ref().expect("GET a.txt");
+    assert_eq!(small.body, b"hello h3");
+    let port = t.addrs[0].port();
+    assert_eq!(
+        small.header("alt-svc"),
+        Some(format!("h3=\":{port}\"; ma=86400").as_str())
+    );
+    assert_eq!(out[3].as_ref().expect("GET missing").status, 404);
+}
+
+#[tokio::test]
+async fn proxy_to_an_http11_upstream_over_h3() {
+    if !have_client() {
+        return;
+    }
+    let up = upstream::start("u1").await;
+    let route = format!(
+        "[[route]]\nprefix = \"/api\"\nupstreams = [\"{}\"]\n",
+        up.addr
+    );
+    let t = common::start_with(&format!("{}\n{route}", h3_listeners("")), |_| {});
+    let (addr, ca) = (t.addrs[0], t.cert());
+    let out = tokio::task::spawn_blocking(move || {
+        aioquic(
+            addr,
+            &ca,
+            &[
+                H3Request::get("/api/echo/x?q=1"),
+                H3Request::get("/api/hello"),
+            ],
+            false,
+        )
+    })
+    .await
+    .unwrap()
+    .expect("aioquic connects");
+    let echo = out[0].as_ref().expect("echo");
+    assert_eq!(echo.status, 200);
+    assert_eq!(echo.header("x-up-uri"), Some("/api/echo/x?q=1"));
+    assert_eq!(echo.header("x-up-h-x-forwarded-for"), Some("127.0.0.1"));
+    let hello = out[1].as_ref().expect("hello");
+    assert_eq!(hello.status, 200);
+    assert_eq!(hello.body, b"up:u1:/api/hello");
+}
+
+#[tokio::test]
+async fn alt_svc_over_https_only_where_http3_is_on() {
+    let t = common::start_with(&h3_listeners("alt_svc_max_age = 60"), |_| {});
+    std::fs::write(t.site().join("a.txt"), "a").unwrap();
+    let port = t.addrs[0].port();
+    for proto in [Proto::H1, Proto::H2] {
+        let r = client(&t.cert(), proto)
+            .get(format!("{}/a.txt", t.https()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(
+            r.headers()["alt-svc"],
+            format!("h3=\":{port}\"; ma=60").as_str()
+        );
+    }
+    // the plain listener beside it, and a TLS listener without http3: none
+    let r = common::plain_client()
+        .get(format!("{}/a.txt", t.http()))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("alt-svc").is_none());
+    let plain = common::start();
+    std::fs::write(plain.site().join("a.txt"), "a").unwrap();
+    let r = client(&plain.cert(), Proto::H2)
+        .get(format!("{}/a.txt", plain.https()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("alt-svc").is_none());
+}
+
+#[test]
+fn garbage_initial_flood_then_another_client_is_served() {
+    if !have_client() {
+        return;
+    }
+    let t = common::start_with(&h3_listeners(""), |_| {});
+    std::fs::write(t.site().join("a.txt"), "still here").unwrap();
+    initial_flood(t.addrs[0], 5_000);
+    let out = aioquic(t.addrs[0], &t.cert(), &[H3Request::get("/a.txt")], false)
+        .expect("served after the flood");
+    let r = out[0].as_ref().expect("GET");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"still here"[..]));
+}
+
+#[test]
+fn more_streams_than_allowed_ends_that_connection_only() {
+    if !have_client() {
+        return;
+    }
+    let t = common::start_with(
+        &format!("[limits]\nmax_concurrent_streams = 4\n{}", h3_listeners("")),
+        |_| {},
+    );
+    std::fs::write(t.site().join("a.txt"), "a").unwrap();
+    let many: Vec<H3Request> = (0..40).map(|_| H3Request::get("/a.txt")).collect();
+    // past the limit the server closes the connection (STREAM_LIMIT_ERROR): some requests fail
+    let greedy = aioquic(t.addrs[0], &t.cert(), &many, true);
+    let failed = match &greedy {
+        Err(_) => true,
+        Ok(list) => list.iter().any(|r| r.is_err()),
+    };
+    assert!(
+        failed,
+        "40 streams over a limit of 4 all answered: {greedy:?}"
+    );
+    // a client keeping to the limit gets every answer, on one connection
+    let out = aioquic(t.addrs[0], &t.cert(), &many, false).expect("a polite client connects");
+    assert!(
+        out.iter()
+            .all(|r| r.as_ref().is_ok_and(|r| r.status == 200)),
+        "{out:?}"
+    );
+}
