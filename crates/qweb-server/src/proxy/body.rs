@@ -177,7 +177,7 @@ impl HttpBody for ClientBody {
             }
             Poll::Ready(Some(Err(e))) => {
                 p.client_error.set(Some(ClientBodyError::Malformed));
-                Poll::Ready(Some(Err(e.into())))
+                Poll::Ready(Some(Err(e)))
             }
             Poll::Pending => {
                 p.waiting_on_client.set(true);
