@@ -1,9 +1,10 @@
 //! HTTP/3 clients others wrote: python's `aioquic` (`pip install aioquic`), driven by a small
 //! script, and a flood of garbage QUIC Initial packets.
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 /// One request of [`aioquic`].
 #[derive(Debug, Clone)]
@@ -12,6 +13,10 @@ pub struct H3Request {
     pub method: &'static str,
     /// The `:path`.
     pub path: String,
+    /// Extra header fields.
+    pub headers: Vec<(String, String)>,
+    /// A request body (sent in one DATA frame, then the stream's end).
+    pub body: Option<Vec<u8>>,
 }
 
 impl H3Request {
@@ -20,6 +25,8 @@ impl H3Request {
         H3Request {
             method: "GET",
             path: path.into(),
+            headers: Vec::new(),
+            body: None,
         }
     }
 
@@ -27,8 +34,23 @@ impl H3Request {
     pub fn head(path: &str) -> Self {
         H3Request {
             method: "HEAD",
-            path: path.into(),
+            ..H3Request::get(path)
         }
+    }
+
+    /// A POST of `body` to `path`.
+    pub fn post(path: &str, body: &[u8]) -> Self {
+        H3Request {
+            method: "POST",
+            body: Some(body.to_vec()),
+            ..H3Request::get(path)
+        }
+    }
+
+    /// With header field `name: value`.
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
     }
 }
 
@@ -66,7 +88,7 @@ pub fn aioquic_available() -> bool {
 /// stream limit (a hostile client opening more streams than allowed). Prints one JSON line:
 /// `{"ok": [...responses...]}` or `{"error": "..."}`.
 const CLIENT: &str = r#"
-import asyncio, base64, json, sys
+import asyncio, json, sys
 from aioquic.asyncio.client import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.h3.connection import H3_ALPN, H3Connection
@@ -75,7 +97,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.events import ConnectionTerminated
 
 host, port, ca, greedy = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
-reqs = json.loads(sys.argv[5])
+reqs = json.loads(sys.stdin.read())
 
 class H3(H3Connection):
     # aioquic checks a response's Content-Length against its body even for HEAD, whose
@@ -115,13 +137,16 @@ class Client(QuicConnectionProtocol):
                 if not self.waiters[e.stream_id].done():
                     self.waiters[e.stream_id].set_result(r)
 
-    async def request(self, method, path):
+    async def request(self, method, path, headers, body):
         sid = self._quic.get_next_available_stream_id()
         if method == "HEAD":
             self.h3.heads.add(sid)
         self.h3.send_headers(sid, [(b":method", method.encode()), (b":scheme", b"https"),
             (b":authority", f"localhost:{port}".encode()), (b":path", path.encode()),
-            (b"user-agent", b"aioquic")], end_stream=True)
+            (b"user-agent", b"aioquic")] + [(n.encode(), v.encode()) for n, v in headers],
+            end_stream=body is None)
+        if body is not None:
+            self.h3.send_data(sid, bytes.fromhex(body), end_stream=True)
         w = asyncio.get_event_loop().create_future()
         self.waiters[sid] = w
         self.transmit()
@@ -133,14 +158,14 @@ async def main():
     async with connect(host, port, configuration=cfg, create_protocol=Client, wait_connected=True) as c:
         if greedy:
             c._quic._remote_max_streams_bidi = 10_000
-        out = await asyncio.gather(*(c.request(r[0], r[1]) for r in reqs), return_exceptions=True)
+        out = await asyncio.gather(*(c.request(r[0], r[1], r[2], r[3]) for r in reqs), return_exceptions=True)
         res = []
         for o in out:
             if isinstance(o, BaseException):
                 res.append({"error": str(o) or type(o).__name__})
             else:
                 res.append({"status": o["status"], "headers": o["headers"],
-                            "body": base64.b64encode(o["body"]).decode()})
+                            "body": o["body"].hex()})
         return res
 
 try:
@@ -159,17 +184,29 @@ pub fn aioquic(
 ) -> Result<Vec<Result<H3Response, String>>, String> {
     let list: Vec<serde_json::Value> = reqs
         .iter()
-        .map(|r| serde_json::json!([r.method, r.path]))
+        .map(|r| {
+            let body = r.body.as_deref().map(hex);
+            serde_json::json!([r.method, r.path, r.headers, body])
+        })
         .collect();
-    let out = Command::new("python3")
+    // the requests (bodies included) on stdin: an argument is limited in size
+    let mut child = Command::new("python3")
         .args(["-c", CLIENT])
         .arg(addr.ip().to_string())
         .arg(addr.port().to_string())
         .arg(ca)
         .arg(if greedy { "1" } else { "0" })
-        .arg(serde_json::Value::Array(list).to_string())
-        .output()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("python3 runs");
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(serde_json::Value::Array(list).to_string().as_bytes())
+            .expect("requests written");
+    }
+    let out = child.wait_with_output().expect("python3 runs");
     let text = String::from_utf8_lossy(&out.stdout);
     let v: serde_json::Value = serde_json::from_str(text.trim()).map_err(|e| {
         format!(
@@ -203,32 +240,26 @@ fn parse(v: serde_json::Value) -> Result<H3Response, String> {
                     .collect()
             })
             .unwrap_or_default(),
-        body: base64_decode(v["body"].as_str().unwrap_or("")),
+        body: unhex(v["body"].as_str().unwrap_or("")),
     })
 }
 
-/// Standard base64 with padding, decoded (the script's bodies).
-fn base64_decode(s: &str) -> Vec<u8> {
-    let val = |c: u8| -> u32 {
-        match c {
-            b'A'..=b'Z' => (c - b'A') as u32,
-            b'a'..=b'z' => (c - b'a' + 26) as u32,
-            b'0'..=b'9' => (c - b'0' + 52) as u32,
-            b'+' => 62,
-            _ => 63,
-        }
-    };
-    let mut out = Vec::new();
-    for chunk in s.as_bytes().chunks(4) {
-        let pad = chunk.iter().filter(|&&c| c == b'=').count();
-        let n = chunk
-            .iter()
-            .map(|&c| if c == b'=' { 0 } else { val(c) })
-            .fold(0u32, |acc, v| (acc << 6) | v);
-        let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
-        out.extend_from_slice(&bytes[..3 - pad]);
-    }
-    out
+/// Lower-case hex (the script's bodies travel as hex).
+fn hex(data: &[u8]) -> String {
+    data.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Hex, decoded (invalid digits read as 0).
+fn unhex(s: &str) -> Vec<u8> {
+    s.as_bytes()
+        .chunks(2)
+        .map(|p| {
+            std::str::from_utf8(p)
+                .ok()
+                .and_then(|p| u8::from_str_radix(p, 16).ok())
+                .unwrap_or(0)
+        })
+        .collect()
 }
 
 /// Sends `count` datagrams of garbage shaped like QUIC Initial packets (long header, version
