@@ -11,7 +11,7 @@ use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
 
-use socket2::{Domain, Protocol, Socket, Type};
+use socket2::{Protocol, Type};
 
 /// Streams of other kinds than requests a client may have open at once: HTTP/3 needs three
 /// (control, QPACK encoder and decoder); the rest is room for reserved (grease) streams.
@@ -21,19 +21,6 @@ pub(crate) const MAX_UNI_STREAMS: u32 = 8;
 /// refusal (quinn's own default is 65 536): a flood of Initials from many ports holds at most
 /// this many half-open connections per worker, each for at most `tls_handshake_timeout`.
 pub(crate) const MAX_INCOMING: usize = 1024;
-
-/// A UDP socket on `addr` with `SO_REUSEPORT`, one per worker (as the listener's TCP sockets).
-fn bind_udp(addr: SocketAddr) -> io::Result<UdpSocket> {
-    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    socket.set_reuse_address(true)?;
-    socket.set_reuse_port(true)?;
-    if addr.is_ipv6() {
-        socket.set_only_v6(true)?;
-    }
-    socket.set_nonblocking(true)?;
-    socket.bind(&addr.into())?;
-    Ok(socket.into())
-}
 
 /// Why a listener's QUIC side could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -84,7 +71,9 @@ pub(crate) fn endpoint(
     addr: SocketAddr,
     config: quinn::ServerConfig,
 ) -> Result<quinn::Endpoint, QuicError> {
-    let socket = bind_udp(addr)?;
+    // one per worker, as the listener's TCP sockets
+    let socket: UdpSocket =
+        crate::runtime::listen::bind_reusing_port(addr, Type::DGRAM, Protocol::UDP)?.into();
     Ok(quinn::Endpoint::new(
         quinn::EndpointConfig::default(),
         Some(config),
