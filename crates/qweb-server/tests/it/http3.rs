@@ -217,3 +217,30 @@ fn more_streams_than_allowed_ends_that_connection_only() {
         "{out:?}"
     );
 }
+
+#[test]
+fn two_workers_serve_http3_before_and_after_a_reload() {
+    if !have_client() {
+        return;
+    }
+    let mut t = common::start_with(&format!("workers = 2\n{}", h3_listeners("")), |_| {});
+    std::fs::write(t.site().join("a.txt"), "a").unwrap();
+    let reqs: Vec<H3Request> = (0..4).map(|_| H3Request::get("/a.txt")).collect();
+    for _ in 0..4 {
+        // several connections (source ports): both workers' sockets take some
+        let out = aioquic(t.addrs[0], &t.cert(), &reqs, false).expect("before the reload");
+        assert!(out.iter().all(|r| r.as_ref().is_ok_and(|r| r.body == b"a")));
+    }
+    let config = qweb_server::Config::from_file(&t.dir.path().join("qweb.toml")).unwrap();
+    let server = t.server.as_mut().unwrap();
+    server.reload(config).unwrap();
+    // port 0 listeners are bound anew by a reload: the new address serves HTTP/3 and says so
+    let addr = server.local_addrs()[0];
+    let out = aioquic(addr, &t.cert(), &reqs, false).expect("after the reload");
+    for r in out {
+        let r = r.expect("GET");
+        assert_eq!(r.body, b"a");
+        let want = format!("h3=\":{}\"; ma=86400", addr.port());
+        assert_eq!(r.header("alt-svc"), Some(want.as_str()));
+    }
+}
