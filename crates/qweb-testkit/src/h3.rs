@@ -88,7 +88,7 @@ pub fn aioquic_available() -> bool {
 /// stream limit (a hostile client opening more streams than allowed). Prints one JSON line:
 /// `{"ok": [...responses...]}` or `{"error": "..."}`.
 const CLIENT: &str = r#"
-import asyncio, json, sys
+import asyncio, json, os, sys
 from aioquic.asyncio.client import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.h3.connection import H3_ALPN, H3Connection
@@ -166,10 +166,17 @@ async def main():
             else:
                 res.append({"status": o["status"], "headers": o["headers"],
                             "body": o["body"].hex()})
-        return res
+        # the answers are out before the close, which may wait on a server that is gone
+        print(json.dumps({"ok": res}), flush=True)
+        c.close()
+        try:
+            await asyncio.wait_for(c.wait_closed(), 2)
+        except BaseException:
+            pass
+        os._exit(0)
 
 try:
-    print(json.dumps({"ok": asyncio.run(asyncio.wait_for(main(), 30))}))
+    asyncio.run(asyncio.wait_for(main(), 30))
 except BaseException as e:
     print(json.dumps({"error": f"{type(e).__name__}: {e}"}))
 "#;
@@ -208,7 +215,8 @@ pub fn aioquic(
     }
     let out = child.wait_with_output().expect("python3 runs");
     let text = String::from_utf8_lossy(&out.stdout);
-    let v: serde_json::Value = serde_json::from_str(text.trim()).map_err(|e| {
+    let first = text.lines().next().unwrap_or("");
+    let v: serde_json::Value = serde_json::from_str(first.trim()).map_err(|e| {
         format!(
             "aioquic printed no JSON ({e}): {text} {}",
             String::from_utf8_lossy(&out.stderr)

@@ -88,8 +88,15 @@ pub(crate) async fn serve<H: Host, S: Handle>(
     };
     let svc = Rc::new(service(state.clone()));
     requests(h3, worker, svc, &state).await;
+    // The last responses may still be in flight (sent, not yet acknowledged: closing now
+    // would drop them). The client closes once it has them, or it gets `CLOSE_GRACE`.
+    let _ = tokio::time::timeout(CLOSE_GRACE, conn.closed()).await;
     conn.close(0u32.into(), b"");
 }
+
+/// How long a connection that stops serving (GOAWAY, all its requests answered) waits for the
+/// client to close it before closing it itself.
+const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Accepts the connection's requests until it ends; on shutdown or retirement sends GOAWAY
 /// and lets the requests in flight finish.

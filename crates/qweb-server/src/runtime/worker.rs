@@ -112,14 +112,15 @@ struct Accepting {
 }
 
 impl Accepting {
-    /// Stops accepting (connections already accepted go on).
-    fn stop_accepting(&mut self) {
+    /// Stops accepting (connections already accepted go on); returns the QUIC endpoint, if
+    /// any, whose connections may still be closing.
+    fn stop_accepting(&mut self) -> Option<quinn::Endpoint> {
         self.task.abort();
-        if let Some((endpoint, task)) = self.quic.take() {
-            task.abort();
-            // no new QUIC connections; those in flight keep the endpoint's driver running
-            endpoint.set_server_config(None);
-        }
+        let (endpoint, task) = self.quic.take()?;
+        task.abort();
+        // no new QUIC connections; those in flight keep the endpoint's driver running
+        endpoint.set_server_config(None);
+        Some(endpoint)
     }
 }
 
@@ -364,8 +365,9 @@ impl Worker {
     /// Shutdown: stops accepting, then waits for the connections of every generation (each
     /// within its deadline).
     async fn stop(&mut self) {
+        let mut endpoints = Vec::new();
         for (_, mut a) in self.accepting.drain() {
-            a.stop_accepting();
+            endpoints.extend(a.stop_accepting());
             let _ = a.task.await;
         }
         if let Some((ctx, deadline)) = self.ctx.take() {
@@ -374,8 +376,15 @@ impl Worker {
         for t in self.retiring.drain(..) {
             let _ = t.await;
         }
+        // the QUIC connections' last packets (CONNECTION_CLOSE) leave before the runtime ends
+        for e in endpoints {
+            let _ = tokio::time::timeout(QUIC_CLOSE_GRACE, e.wait_idle()).await;
+        }
     }
 }
+
+/// How long a stopping worker waits for its QUIC endpoints' closing connections.
+const QUIC_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// How long tunnels told to go away get to send their close frames and close.
 const GOING_AWAY_GRACE: Duration = Duration::from_secs(2);

@@ -244,3 +244,38 @@ fn two_workers_serve_http3_before_and_after_a_reload() {
         assert_eq!(r.header("alt-svc"), Some(want.as_str()));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_lets_an_http3_request_in_flight_finish() {
+    if !have_client() {
+        return;
+    }
+    let up = upstream::start("u1").await;
+    let route = format!(
+        "[[route]]\nprefix = \"/api\"\nstrip_prefix = true\nupstreams = [\"{}\"]\n",
+        up.addr
+    );
+    let mut t = common::start_with(&format!("{}\n{route}", h3_listeners("")), |_| {});
+    let (addr, ca) = (t.addrs[0], t.cert());
+    let client = tokio::task::spawn_blocking(move || {
+        aioquic(addr, &ca, &[H3Request::get("/api/slow/1000")], false)
+    });
+    // shut down once the request is at the upstream (python takes a while to start)
+    let waiting = std::time::Instant::now();
+    while up.connections.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            waiting.elapsed() < std::time::Duration::from_secs(20),
+            "no request came"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let started = std::time::Instant::now();
+    let server = t.server.take().unwrap();
+    tokio::task::spawn_blocking(move || server.shutdown())
+        .await
+        .unwrap();
+    let out = client.await.unwrap().expect("aioquic connects");
+    let r = out[0].as_ref().expect("the slow request is answered");
+    assert_eq!((r.status, r.body.as_slice()), (200, &b"slow"[..]));
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+}
