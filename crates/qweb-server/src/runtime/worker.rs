@@ -38,6 +38,24 @@ pub(crate) struct ListenerCtx {
     pub alt_svc: Option<http::HeaderValue>,
 }
 
+impl ListenerCtx {
+    /// The service of a connection accepted on this listener.
+    fn service(
+        &self,
+        worker: &Rc<WorkerCtx>,
+        state: Rc<crate::session::ConnState>,
+    ) -> crate::pipeline::service::Service {
+        crate::pipeline::service::Service::new(
+            worker.clone(),
+            state,
+            self.tls.is_some(),
+            self.local_addr,
+            self.redirect.clone(),
+            self.alt_svc.clone(),
+        )
+    }
+}
+
 /// One listener of a generation, as handed to a worker.
 pub(crate) struct GenListener {
     /// The address it is bound to (its identity across reloads).
@@ -520,17 +538,8 @@ async fn quic_accept_loop(
         let id = count.1;
         let task = tokio::task::spawn_local(async move {
             let worker = count.0.ctx.clone();
-            crate::conn::h3::serve(incoming, &*worker, |state| {
-                crate::pipeline::service::Service::new(
-                    worker.clone(),
-                    state,
-                    true,
-                    listener.local_addr,
-                    listener.redirect.clone(),
-                    listener.alt_svc.clone(),
-                )
-            })
-            .await;
+            crate::conn::h3::serve(incoming, &*worker, |state| listener.service(&worker, state))
+                .await;
             drop(count);
         });
         ctx.tasks.borrow_mut().insert(id, task.abort_handle());
@@ -576,14 +585,7 @@ async fn accept_loop(
                     let worker = ctx.ctx.clone();
                     let tls = listener.tls.as_ref();
                     crate::conn::serve(stream, peer, tls, &*worker, |state| {
-                        crate::pipeline::service::Service::new(
-                            worker.clone(),
-                            state,
-                            listener.tls.is_some(),
-                            listener.local_addr,
-                            listener.redirect.clone(),
-                            listener.alt_svc.clone(),
-                        )
+                        listener.service(&worker, state)
                     })
                     .await;
                     drop(count);

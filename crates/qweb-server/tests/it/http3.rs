@@ -15,6 +15,11 @@ fn h3_listeners(extra: &str) -> String {
     )
 }
 
+/// A proxy route `/api` to `up` with `extra` keys.
+fn api_route(up: std::net::SocketAddr, extra: &str) -> String {
+    format!("[[route]]\nprefix = \"/api\"\n{extra}upstreams = [\"{up}\"]\n")
+}
+
 /// `false` (and a line saying why) where aioquic is missing; `.ci/run` installs it.
 fn have_client() -> bool {
     let ok = aioquic_available();
@@ -64,10 +69,7 @@ async fn proxy_to_an_http11_upstream_over_h3() {
         return;
     }
     let up = upstream::start("u1").await;
-    let route = format!(
-        "[[route]]\nprefix = \"/api\"\nupstreams = [\"{}\"]\n",
-        up.addr
-    );
+    let route = api_route(up.addr, "");
     let t = common::start_with(&format!("{}\n{route}", h3_listeners("")), |_| {});
     let (addr, ca) = (t.addrs[0], t.cert());
     let out = tokio::task::spawn_blocking(move || {
@@ -251,10 +253,7 @@ async fn a_shutdown_lets_an_http3_request_in_flight_finish() {
         return;
     }
     let up = upstream::start("u1").await;
-    let route = format!(
-        "[[route]]\nprefix = \"/api\"\nstrip_prefix = true\nupstreams = [\"{}\"]\n",
-        up.addr
-    );
+    let route = api_route(up.addr, "strip_prefix = true\n");
     let mut t = common::start_with(&format!("{}\n{route}", h3_listeners("")), |_| {});
     let (addr, ca) = (t.addrs[0], t.cert());
     let client = tokio::task::spawn_blocking(move || {
