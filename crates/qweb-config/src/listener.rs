@@ -20,6 +20,11 @@ pub struct ListenerConfig {
     pub tls: Option<TlsConfig>,
     /// Offer HTTP/2 by ALPN (TLS listeners only).
     pub http2: bool,
+    /// Serve HTTP/3 over QUIC on the same address, UDP (TLS listeners only; default off).
+    pub http3: bool,
+    /// `ma` of the `Alt-Svc: h3=":PORT"` header the listener's responses carry when `http3`
+    /// is on, in seconds (default [`DEFAULT_ALT_SVC_MAX_AGE`]).
+    pub alt_svc_max_age: u64,
     /// Offload of the TLS private-key operations (`None`: rustls signs in place).
     pub offload: Option<ListenerOffload>,
     /// Every request on this listener is redirected (`redirect = { to = ... }`).
@@ -50,6 +55,9 @@ pub struct CertificateConfig {
     pub key: Option<PathBuf>,
 }
 
+/// How long a client may remember that a listener serves HTTP/3 (`Alt-Svc`'s `ma`): one day.
+pub const DEFAULT_ALT_SVC_MAX_AGE: u64 = 86_400;
+
 /// The listeners without a config: HTTPS on 127.0.0.1:8443 (self-signed), HTTP on
 /// 127.0.0.1:8080.
 pub(super) fn default_listeners() -> Vec<ListenerConfig> {
@@ -58,6 +66,8 @@ pub(super) fn default_listeners() -> Vec<ListenerConfig> {
             address: ([127, 0, 0, 1], 8443).into(),
             tls: Some(TlsConfig::SelfSigned),
             http2: true,
+            http3: false,
+            alt_svc_max_age: DEFAULT_ALT_SVC_MAX_AGE,
             offload: None,
             redirect: None,
             session: SessionConfig::default(),
@@ -66,6 +76,8 @@ pub(super) fn default_listeners() -> Vec<ListenerConfig> {
             address: ([127, 0, 0, 1], 8080).into(),
             tls: None,
             http2: false,
+            http3: false,
+            alt_svc_max_age: DEFAULT_ALT_SVC_MAX_AGE,
             offload: None,
             redirect: None,
             session: SessionConfig::default(),
@@ -173,9 +185,25 @@ impl Validator<'_> {
             }
         }
         let http2 = l.http2.as_ref().map(|h| *h.get_ref()).unwrap_or(true);
+        // HTTP/3 is QUIC, always TLS 1.3: on a plain listener it is a mistake
+        let http3 = l.http3.as_ref().is_some_and(|h| *h.get_ref());
+        if let (Some(h), None) = (&l.http3, &tls) {
+            if *h.get_ref() {
+                return Err(self.err(
+                    Some(h.span()),
+                    format!("listener[{i}].http3"),
+                    "HTTP/3 needs TLS: add [listener.tls] or remove http3",
+                ));
+            }
+        }
         Ok(ListenerConfig {
             address: *l.address.get_ref(),
             http2: http2 && tls.is_some(),
+            http3,
+            alt_svc_max_age: l
+                .alt_svc_max_age
+                .as_ref()
+                .map_or(DEFAULT_ALT_SVC_MAX_AGE, |m| *m.get_ref()),
             tls,
             offload,
             redirect: match &l.redirect {
@@ -206,5 +234,36 @@ mod plain_http2 {
         // said false, or left out: fine
         let text = "[[listener]]\naddress = \"127.0.0.1:0\"\nhttp2 = false\n";
         assert!(Config::from_str_at(text, None).is_ok());
+    }
+}
+
+#[cfg(test)]
+mod http3 {
+    use crate::Config;
+    use std::path::Path;
+
+    #[test]
+    fn http3_on_a_plain_listener_is_refused_with_its_place() {
+        let text = "[[listener]]\naddress = \"127.0.0.1:0\"\nhttp3 = true\n";
+        let e = Config::from_str_at(text, Some(Path::new("q.toml")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("q.toml:3:9") && e.contains("listener[0].http3"),
+            "{e}"
+        );
+        assert!(e.contains("HTTP/3 needs TLS"), "{e}");
+    }
+
+    #[test]
+    fn http3_is_off_by_default_and_alt_svc_max_age_defaults_to_a_day() {
+        let text = "[[listener]]\naddress = \"127.0.0.1:0\"\ntls = { self_signed = true }\n";
+        let c = Config::from_str_at(text, None).unwrap();
+        assert!(!c.listeners[0].http3);
+        assert_eq!(c.listeners[0].alt_svc_max_age, 86_400);
+        let text = "[[listener]]\naddress = \"127.0.0.1:0\"\nhttp3 = true\nalt_svc_max_age = 60\ntls = { self_signed = true }\n";
+        let c = Config::from_str_at(text, None).unwrap();
+        assert!(c.listeners[0].http3);
+        assert_eq!(c.listeners[0].alt_svc_max_age, 60);
     }
 }

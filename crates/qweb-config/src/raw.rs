@@ -142,6 +142,8 @@ pub(crate) struct RawLog {
 pub(crate) struct RawListener {
     pub address: Spanned<SocketAddr>,
     pub http2: Option<Spanned<bool>>,
+    pub http3: Option<Spanned<bool>>,
+    pub alt_svc_max_age: Option<Spanned<u64>>,
     pub tls: Option<Spanned<RawTls>>,
     pub offload: Option<Spanned<RawListenerOffload>>,
     pub redirect: Option<Spanned<super::sites::RawRedirect>>,

@@ -25,6 +25,7 @@
 pub mod browser;
 pub mod corpus;
 pub mod h2frames;
+pub mod h3;
 pub mod metrics;
 pub mod modgraph;
 pub mod openssl;

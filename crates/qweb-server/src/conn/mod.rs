@@ -10,6 +10,7 @@
 pub(crate) mod h1;
 pub(crate) mod h2;
 pub(crate) mod h2_flood;
+pub(crate) mod h3;
 pub(crate) mod idle;
 pub(crate) mod lazy_timer;
 pub(crate) mod plain_on_tls;
@@ -59,7 +60,7 @@ pub(crate) trait Handle: 'static {
     /// The response to `req`; its body logs the request when it ends.
     fn call(
         self: Rc<Self>,
-        req: hyper::Request<hyper::body::Incoming>,
+        req: hyper::Request<crate::http::request_body::RequestBody>,
     ) -> impl Future<Output = hyper::Response<crate::session::logged::Logged>> + 'static;
 }
 
@@ -456,7 +457,10 @@ async fn drive<T, H: Host, S: Handle>(
         let svc = svc.clone();
         // boxed: an HTTP/1 connection is polled without its shutdown (to be taken apart
         // after an upgrade), which needs an `Unpin` future
-        Box::pin(async move { Ok::<_, Infallible>(svc.call(req).await) }) as ServiceFuture
+        Box::pin(async move {
+            let req = req.map(crate::http::request_body::RequestBody::Hyper);
+            Ok::<_, Infallible>(svc.call(req).await)
+        }) as ServiceFuture
     });
     // A connection that completed its handshake after shutdown began (it was paused) still
     // gets its first request served.

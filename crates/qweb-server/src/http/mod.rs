@@ -3,6 +3,7 @@
 pub(crate) mod body;
 pub(crate) mod head_scan;
 pub(crate) mod path;
+pub(crate) mod request_body;
 pub(crate) mod request_rules;
 pub(crate) mod response;
 

@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Instant;
 
+use crate::http::request_body::RequestBody;
 use http::{header, HeaderValue, Request, Response, StatusCode, Version};
 use http_body::Body as _;
-use hyper::body::Incoming;
 
 use crate::http::body::{Body, DrainAfter};
 use crate::http::path::PathError;
@@ -27,6 +27,8 @@ pub(crate) struct Service {
     client: ClientInfo,
     /// The listener redirects every request.
     redirect: Option<Rc<crate::config::RedirectConfig>>,
+    /// `Alt-Svc` of every response (the listener serves HTTP/3).
+    alt_svc: Option<HeaderValue>,
 }
 
 impl Service {
@@ -36,6 +38,7 @@ impl Service {
         tls: bool,
         _local: SocketAddr,
         redirect: Option<Rc<crate::config::RedirectConfig>>,
+        alt_svc: Option<HeaderValue>,
     ) -> Self {
         let client = ClientInfo {
             addr: conn.peer,
@@ -49,12 +52,13 @@ impl Service {
             conn,
             client,
             redirect,
+            alt_svc,
         }
     }
 
     /// Handles one request: the request rules, path normalisation, routing, then static files
     /// or the proxy; compression and the access log wrap the response.
-    pub(crate) async fn handle(&self, mut req: Request<Incoming>) -> Response<Logged> {
+    pub(crate) async fn handle(&self, mut req: Request<RequestBody>) -> Response<Logged> {
         let guard = self.conn.request_started_guard();
         self.worker
             .metrics
@@ -101,6 +105,9 @@ impl Service {
         resp.headers_mut()
             .entry(header::SERVER)
             .or_insert(HeaderValue::from_static("qweb"));
+        if let Some(alt) = &self.alt_svc {
+            resp.headers_mut().insert(header::ALT_SVC, alt.clone());
+        }
         // A reload retired this connection's configuration: the client's next request goes
         // on a new connection (an idle one is not cut, so no request races a close).
         if version <= Version::HTTP_11 && *self.worker.retire.borrow() {
@@ -177,7 +184,7 @@ impl Service {
     async fn route(
         &self,
         mut req: Request<()>,
-        body: &mut Option<Incoming>,
+        body: &mut Option<RequestBody>,
         matched: &std::cell::Cell<Option<std::rc::Rc<crate::observe::metrics::RouteMetrics>>>,
     ) -> Response<Body> {
         let ahead = ReadAhead::of(&self.conn);
@@ -328,7 +335,7 @@ impl Service {
 }
 
 impl crate::conn::Handle for Service {
-    async fn call(self: Rc<Self>, req: Request<Incoming>) -> Response<Logged> {
+    async fn call(self: Rc<Self>, req: Request<RequestBody>) -> Response<Logged> {
         self.handle(req).await
     }
 }

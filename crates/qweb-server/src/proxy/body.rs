@@ -9,6 +9,7 @@ use std::rc::Rc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::http::request_body::RequestBody;
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -70,13 +71,17 @@ pub(crate) struct ClientBody {
 /// Where the body's bytes come from.
 enum Source {
     /// Streamed from the client as it arrives.
-    Stream(Incoming),
+    Stream(RequestBody),
     /// Read whole beforehand (`buffer_request_body`); `None` once sent.
     Buffered(Option<Bytes>),
 }
 
 impl ClientBody {
-    pub(super) fn new(inner: Incoming, idle: Duration, limit: Option<u64>) -> (Self, Rc<Progress>) {
+    pub(super) fn new(
+        inner: RequestBody,
+        idle: Duration,
+        limit: Option<u64>,
+    ) -> (Self, Rc<Progress>) {
         let progress = Progress::new(inner.is_end_stream());
         let body = ClientBody {
             inner: Source::Stream(inner),
@@ -107,7 +112,7 @@ impl ClientBody {
 /// Reads the client's whole body (`buffer_request_body`): at most `limit` bytes, no pause
 /// longer than `idle`.
 pub(super) async fn read_whole(
-    mut body: Incoming,
+    mut body: RequestBody,
     limit: u64,
     idle: Duration,
 ) -> Result<Bytes, ClientBodyError> {
@@ -172,7 +177,7 @@ impl HttpBody for ClientBody {
             }
             Poll::Ready(Some(Err(e))) => {
                 p.client_error.set(Some(ClientBodyError::Malformed));
-                Poll::Ready(Some(Err(e.into())))
+                Poll::Ready(Some(Err(e)))
             }
             Poll::Pending => {
                 p.waiting_on_client.set(true);

@@ -8,11 +8,11 @@
 use std::hash::{BuildHasher, Hasher};
 use std::rc::Rc;
 
+use crate::http::request_body::RequestBody;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
-use hyper::body::Incoming;
 
-use super::{ClientInfo, Proxy, RequestBody, Target};
+use super::{ClientInfo, Proxy, SendBody, Target};
 use crate::http::body::Body;
 use crate::http::response;
 
@@ -20,7 +20,7 @@ impl Proxy {
     /// An extended CONNECT from an HTTP/2 client.
     pub(super) async fn extended_connect(
         self: &Rc<Self>,
-        mut req: Request<Incoming>,
+        mut req: Request<RequestBody>,
         target: &Target<'_>,
         client: &ClientInfo,
         order: &[usize],
@@ -55,7 +55,7 @@ impl Proxy {
             h.insert("sec-websocket-version", HeaderValue::from_static("13"));
         }
         h.remove(header::CONTENT_LENGTH);
-        let req = Request::from_parts(parts, RequestBody::Whole(bytes::Bytes::new()));
+        let req = Request::from_parts(parts, SendBody::Whole(bytes::Bytes::new()));
         self.upgrade(req, token, target, client, order, Some(down))
             .await
     }

@@ -32,6 +32,7 @@ use std::net::SocketAddr;
 use std::pin::pin;
 use std::rc::Rc;
 
+use crate::http::request_body::RequestBody;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
@@ -129,7 +130,7 @@ impl Proxy {
     /// Forwards `req` to an upstream and returns the response to send to the client.
     pub(crate) async fn forward(
         self: &Rc<Self>,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         target: &Target<'_>,
         client: &ClientInfo,
     ) -> Response<Body> {
@@ -149,7 +150,7 @@ impl Proxy {
         };
         let trailers = h2::wants_trailers(req.headers());
         if let Some(token) = upgrade {
-            let req = req.map(RequestBody::Stream);
+            let req = req.map(SendBody::Stream);
             return self.upgrade(req, token, target, client, &order, None).await;
         }
         if req.method() == Method::CONNECT {
@@ -452,7 +453,7 @@ struct Asked {
 /// progress; a body of unknown length is sent chunked whatever the method (hyper would
 /// otherwise send a GET's body as empty).
 fn upstream_request(
-    req: Request<RequestBody>,
+    req: Request<SendBody>,
     target: &Target<'_>,
     client: &ClientInfo,
     cfg: &ProxyConfig,
@@ -467,10 +468,10 @@ fn upstream_request(
     let name = cfg.upstreams.first().map(|u| u.name.as_str()).unwrap_or("");
     headers::rewrite_request(&mut parts.headers, cfg, &from, name);
     let unknown_length = match &body {
-        RequestBody::Stream(b) => {
+        SendBody::Stream(b) => {
             !http_body::Body::is_end_stream(b) && http_body::Body::size_hint(b).exact().is_none()
         }
-        RequestBody::Whole(_) => false,
+        SendBody::Whole(_) => false,
     };
     if unknown_length {
         parts.headers.remove(header::CONTENT_LENGTH);
@@ -482,8 +483,8 @@ fn upstream_request(
     parts.uri = Uri::try_from(target.path_and_query).map_err(|_| StatusCode::BAD_REQUEST)?;
     parts.version = Version::HTTP_11;
     let (body, progress) = match body {
-        RequestBody::Stream(b) => ClientBody::new(b, cfg.client_body_timeout, cfg.max_body_size),
-        RequestBody::Whole(b) => {
+        SendBody::Stream(b) => ClientBody::new(b, cfg.client_body_timeout, cfg.max_body_size),
+        SendBody::Whole(b) => {
             parts.headers.remove(header::TRANSFER_ENCODING);
             parts
                 .headers
@@ -515,8 +516,8 @@ fn unbuffered(h: &mut http::HeaderMap) -> bool {
 }
 
 /// The client's request body, streamed or read whole beforehand.
-enum RequestBody {
-    Stream(Incoming),
+enum SendBody {
+    Stream(RequestBody),
     Whole(bytes::Bytes),
 }
 
@@ -543,7 +544,7 @@ fn refuse_closing(status: StatusCode, version: Version) -> Response<Body> {
 impl Proxy {
     /// 413 when the request's `Content-Length` is over `max_body_size`, before anything is
     /// read or sent upstream.
-    fn body_too_large(&self, req: &Request<Incoming>) -> Option<Response<Body>> {
+    fn body_too_large(&self, req: &Request<RequestBody>) -> Option<Response<Body>> {
         let limit = self.cfg.max_body_size?;
         let declared = http_body::Body::size_hint(req.body()).exact().or_else(|| {
             req.headers()
@@ -561,8 +562,8 @@ impl Proxy {
     /// With `buffer_request_body`, the whole body read before an upstream is chosen.
     async fn buffer_body(
         &self,
-        req: Request<Incoming>,
-    ) -> Result<Request<RequestBody>, Response<Body>> {
+        req: Request<RequestBody>,
+    ) -> Result<Request<SendBody>, Response<Body>> {
         let (parts, body) = req.into_parts();
         let limit = match self.cfg.max_body_size {
             Some(limit)
@@ -570,10 +571,10 @@ impl Proxy {
             {
                 limit
             }
-            _ => return Ok(Request::from_parts(parts, RequestBody::Stream(body))),
+            _ => return Ok(Request::from_parts(parts, SendBody::Stream(body))),
         };
         match body::read_whole(body, limit, self.cfg.client_body_timeout).await {
-            Ok(b) => Ok(Request::from_parts(parts, RequestBody::Whole(b))),
+            Ok(b) => Ok(Request::from_parts(parts, SendBody::Whole(b))),
             Err(e) => Err(refuse_closing(client_status(e), parts.version)),
         }
     }

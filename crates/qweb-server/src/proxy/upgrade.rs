@@ -35,7 +35,7 @@ use tokio::time::Instant;
 
 use super::body::ClientBody;
 use super::{
-    client_status, strip_hop_by_hop, upstream_request, ClientInfo, Proxy, RequestBody, Target,
+    client_status, strip_hop_by_hop, upstream_request, ClientInfo, Proxy, SendBody, Target,
 };
 use crate::http::body::Body;
 use crate::http::response;
@@ -215,7 +215,7 @@ impl Proxy {
     /// stream over.
     pub(super) async fn upgrade(
         self: &Rc<Self>,
-        req: Request<RequestBody>,
+        req: Request<SendBody>,
         token: HeaderValue,
         target: &Target<'_>,
         client: &ClientInfo,

@@ -7,16 +7,23 @@ use std::net::{SocketAddr, TcpListener};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-fn bind_one(addr: SocketAddr) -> io::Result<TcpListener> {
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+/// A non-blocking socket bound to `addr` with `SO_REUSEPORT` (and `SO_REUSEADDR`; IPv6 only
+/// on an IPv6 address): TCP listeners here, the UDP sockets of HTTP/3 in `runtime::quic`.
+pub(crate) fn bind_reusing_port(addr: SocketAddr, ty: Type, proto: Protocol) -> io::Result<Socket> {
+    let socket = Socket::new(Domain::for_address(addr), ty, Some(proto))?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
     if addr.is_ipv6() {
         socket.set_only_v6(true)?;
     }
-    socket.set_nodelay(true)?;
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
+    Ok(socket)
+}
+
+fn bind_one(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = bind_reusing_port(addr, Type::STREAM, Protocol::TCP)?;
+    socket.set_nodelay(true)?;
     socket.listen(4096)?;
     Ok(socket.into())
 }

@@ -6,6 +6,7 @@ pub mod fd_limit;
 pub(crate) mod listen;
 pub mod notify;
 pub(crate) mod ocsp_fetch;
+pub(crate) mod quic;
 pub(crate) mod server;
 pub(crate) mod status_page;
 pub(crate) mod tls_session;

@@ -458,6 +458,11 @@ fn generation_for_worker(
             async_engine: setup.async_engine.clone(),
             sessions: setup.session.as_ref().map(|s| s.stats.clone()),
             redirect: config.listeners.get(i).and_then(|c| c.redirect.clone()),
+            http3: config
+                .listeners
+                .get(i)
+                .filter(|c| c.http3)
+                .map(|c| c.alt_svc_max_age),
         })
         .collect();
     Generation {

@@ -34,6 +34,26 @@ pub(crate) struct ListenerCtx {
     pub local_addr: SocketAddr,
     /// Every request on this listener is redirected.
     pub redirect: Option<Rc<crate::config::RedirectConfig>>,
+    /// `Alt-Svc` of its responses (HTTP/3 on).
+    pub alt_svc: Option<http::HeaderValue>,
+}
+
+impl ListenerCtx {
+    /// The service of a connection accepted on this listener.
+    fn service(
+        &self,
+        worker: &Rc<WorkerCtx>,
+        state: Rc<crate::session::ConnState>,
+    ) -> crate::pipeline::service::Service {
+        crate::pipeline::service::Service::new(
+            worker.clone(),
+            state,
+            self.tls.is_some(),
+            self.local_addr,
+            self.redirect.clone(),
+            self.alt_svc.clone(),
+        )
+    }
 }
 
 /// One listener of a generation, as handed to a worker.
@@ -49,6 +69,8 @@ pub(crate) struct GenListener {
     pub redirect: Option<crate::config::RedirectConfig>,
     /// Full/resumed handshake counters of the listener (TLS listeners).
     pub sessions: Option<Arc<qweb_tls::HandshakeStats>>,
+    /// HTTP/3 on (a TLS listener): `Alt-Svc`'s max-age.
+    pub http3: Option<u64>,
 }
 
 /// A configuration generation for one worker.
@@ -103,6 +125,21 @@ struct Current {
 struct Accepting {
     current: Rc<RefCell<Current>>,
     task: JoinHandle<()>,
+    /// HTTP/3: this worker's QUIC endpoint on the listener's address, and its accept loop.
+    quic: Option<(quinn::Endpoint, JoinHandle<()>)>,
+}
+
+impl Accepting {
+    /// Stops accepting (connections already accepted go on); returns the QUIC endpoint, if
+    /// any, whose connections may still be closing.
+    fn stop_accepting(&mut self) -> Option<quinn::Endpoint> {
+        self.task.abort();
+        let (endpoint, task) = self.quic.take()?;
+        task.abort();
+        // no new QUIC connections; those in flight keep the endpoint's driver running
+        endpoint.set_server_config(None);
+        Some(endpoint)
+    }
 }
 
 /// The worker's state across generations.
@@ -219,10 +256,26 @@ impl Worker {
                     .async_engine
                     .map(|(engine, timeout)| Offloader::new(engine, batch, timeout)),
             });
+            let quic = match (&tls, l.http3) {
+                (Some(tls), Some(_)) => {
+                    match crate::runtime::quic::server_config(&tls.config, &config.limits) {
+                        Ok(c) => Some(c),
+                        Err(e) => {
+                            tracing::error!(worker = self.id, listener = %l.bound, "no HTTP/3 on this listener: {e}");
+                            None
+                        }
+                    }
+                }
+                _ => None,
+            };
             let lctx = Rc::new(ListenerCtx {
                 tls,
                 local_addr: l.bound,
                 redirect: l.redirect.map(Rc::new),
+                alt_svc: l
+                    .http3
+                    .filter(|_| quic.is_some())
+                    .map(|age| crate::runtime::quic::alt_svc(l.bound.port(), age)),
             });
             let current = Current {
                 listener: lctx,
@@ -248,13 +301,19 @@ impl Worker {
                         current.clone(),
                         self.shutdown.clone(),
                     ));
-                    Accepting { current, task }
+                    Accepting {
+                        current,
+                        task,
+                        quic: None,
+                    }
                 }
                 (None, None) => {
                     tracing::error!(worker = self.id, listener = %l.bound, "reload: no socket for this listener on this worker");
                     continue;
                 }
             };
+            let mut accepting = accepting;
+            self.quic(&mut accepting, l.bound, quic);
             next.insert(l.bound, accepting);
         }
         for r in ctx.routes.iter().chain(ctx.sites.all_routes()) {
@@ -263,9 +322,9 @@ impl Worker {
             }
         }
         // listeners the generation does not have: their sockets close now
-        for (addr, a) in self.accepting.drain() {
+        for (addr, mut a) in self.accepting.drain() {
             tracing::debug!(worker = self.id, listener = %addr, "listener closed by reload");
-            a.task.abort();
+            a.stop_accepting();
         }
         self.accepting = next;
         let previous = self.ctx.replace((gen, config.shutdown_timeout));
@@ -277,11 +336,39 @@ impl Worker {
         Ok(())
     }
 
+    /// Starts, keeps (with the new configuration) or stops the listener's QUIC endpoint on
+    /// this worker; `config`: HTTP/3 on.
+    fn quic(&self, a: &mut Accepting, bound: SocketAddr, config: Option<quinn::ServerConfig>) {
+        match (config, &a.quic) {
+            (Some(c), Some((endpoint, _))) => endpoint.set_server_config(Some(c)),
+            (Some(c), None) => match crate::runtime::quic::endpoint(bound, c) {
+                Ok(endpoint) => {
+                    let task = tokio::task::spawn_local(quic_accept_loop(
+                        endpoint.clone(),
+                        a.current.clone(),
+                        self.shutdown.clone(),
+                    ));
+                    a.quic = Some((endpoint, task));
+                }
+                Err(e) => {
+                    tracing::error!(worker = self.id, listener = %bound, "no HTTP/3 on this listener: {e}");
+                }
+            },
+            (None, Some(_)) => {
+                if let Some((endpoint, task)) = a.quic.take() {
+                    task.abort();
+                    endpoint.set_server_config(None);
+                }
+            }
+            (None, None) => {}
+        }
+    }
+
     /// Binary upgrade: stops accepting (the sockets live on in the new process) and retires
     /// the current generation like a reload would; returns when every connection is done.
     async fn hand_over(&mut self) {
-        for (_, a) in self.accepting.drain() {
-            a.task.abort();
+        for (_, mut a) in self.accepting.drain() {
+            a.stop_accepting();
             let _ = a.task.await;
         }
         if let Some((old, deadline)) = self.ctx.take() {
@@ -296,8 +383,9 @@ impl Worker {
     /// Shutdown: stops accepting, then waits for the connections of every generation (each
     /// within its deadline).
     async fn stop(&mut self) {
-        for (_, a) in self.accepting.drain() {
-            a.task.abort();
+        let mut endpoints = Vec::new();
+        for (_, mut a) in self.accepting.drain() {
+            endpoints.extend(a.stop_accepting());
             let _ = a.task.await;
         }
         if let Some((ctx, deadline)) = self.ctx.take() {
@@ -306,8 +394,15 @@ impl Worker {
         for t in self.retiring.drain(..) {
             let _ = t.await;
         }
+        // the QUIC connections' last packets (CONNECTION_CLOSE) leave before the runtime ends
+        for e in endpoints {
+            let _ = tokio::time::timeout(QUIC_CLOSE_GRACE, e.wait_idle()).await;
+        }
     }
 }
+
+/// How long a stopping worker waits for its QUIC endpoints' closing connections.
+const QUIC_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// How long tunnels told to go away get to send their close frames and close.
 const GOING_AWAY_GRACE: Duration = Duration::from_secs(2);
@@ -385,7 +480,22 @@ async fn wait_until(gen: &Rc<Gen>, deadline: Duration, done: impl Fn(&Gen) -> bo
     tokio::time::timeout(deadline, wait).await.is_ok()
 }
 
+/// A connection of a generation, counted while it lives.
 struct ConnCount(Rc<Gen>, u64);
+
+impl ConnCount {
+    /// Counts a new connection of `gen` (its key in `gen.tasks` is `.1`).
+    fn new(gen: &Rc<Gen>) -> Self {
+        gen.connections.set(gen.connections.get() + 1);
+        gen.ctx
+            .metrics
+            .connections
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = gen.next_task.get();
+        gen.next_task.set(id + 1);
+        ConnCount(gen.clone(), id)
+    }
+}
 
 impl Drop for ConnCount {
     fn drop(&mut self) {
@@ -397,6 +507,42 @@ impl Drop for ConnCount {
             .connections
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         self.0.connection_closed.notify_waiters();
+    }
+}
+
+/// Accepts QUIC connections on this worker's endpoint, each served by `conn::h3` with the
+/// generation current when it arrived (as the TCP accept loop). At
+/// `max_connections_per_worker`, new connections are refused.
+async fn quic_accept_loop(
+    endpoint: quinn::Endpoint,
+    current: Rc<RefCell<Current>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let incoming = tokio::select! {
+            i = endpoint.accept() => match i {
+                Some(i) => i,
+                None => return,
+            },
+            _ = shutdown.wait_for(|s| *s) => return,
+        };
+        let (listener, ctx) = {
+            let c = current.borrow();
+            (c.listener.clone(), c.gen.clone())
+        };
+        if ctx.connections.get() >= ctx.ctx.limits.max_connections_per_worker {
+            incoming.refuse();
+            continue;
+        }
+        let count = ConnCount::new(&ctx);
+        let id = count.1;
+        let task = tokio::task::spawn_local(async move {
+            let worker = count.0.ctx.clone();
+            crate::conn::h3::serve(incoming, &*worker, |state| listener.service(&worker, state))
+                .await;
+            drop(count);
+        });
+        ctx.tasks.borrow_mut().insert(id, task.abort_handle());
     }
 }
 
@@ -432,26 +578,14 @@ async fn accept_loop(
         match accepted {
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
-                ctx.connections.set(ctx.connections.get() + 1);
-                ctx.ctx
-                    .metrics
-                    .connections
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let id = ctx.next_task.get();
-                ctx.next_task.set(id + 1);
-                let count = ConnCount(ctx.clone(), id);
+                let count = ConnCount::new(&ctx);
+                let id = count.1;
                 let tasks = ctx.clone();
                 let task = tokio::task::spawn_local(async move {
                     let worker = ctx.ctx.clone();
                     let tls = listener.tls.as_ref();
                     crate::conn::serve(stream, peer, tls, &*worker, |state| {
-                        crate::pipeline::service::Service::new(
-                            worker.clone(),
-                            state,
-                            listener.tls.is_some(),
-                            listener.local_addr,
-                            listener.redirect.clone(),
-                        )
+                        listener.service(&worker, state)
                     })
                     .await;
                     drop(count);

@@ -8,6 +8,7 @@ mod file_cache;
 mod hostile;
 mod hostile_conn;
 mod hostile_paths;
+mod http3;
 mod http_details;
 mod idle;
 mod limits;

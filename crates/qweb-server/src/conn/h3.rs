@@ -1,0 +1,227 @@
+//! The HTTP/3 connection driver: one QUIC connection (quinn) from its handshake to its end,
+//! its requests read with the `h3` crate and answered through the same [`Handle`] as HTTP/1.1
+//! and HTTP/2. Like `h1.rs` and `h2.rs` it knows no routes.
+//!
+//! Each request runs as a task of its own on the worker's `LocalSet` (a `JoinSet` owned by
+//! the connection's task, so aborting the connection aborts its requests). The response head
+//! goes out with `send_response`, the body frame by frame with `send_data` (each write under
+//! `send_timeout`: a client that stops reading loses the stream, not the worker's memory),
+//! trailers with `send_trailers`.
+
+use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use tokio::task::JoinSet;
+
+use super::{Handle, Host};
+use crate::http::request_body::RequestBody;
+use crate::session::ConnState;
+
+/// The ALPN protocol id of HTTP/3.
+pub(crate) const ALPN_H3: &[u8] = b"h3";
+
+/// One HTTP/3 connection of the driver.
+type H3Conn = h3::server::Connection<h3_quinn::Connection, Bytes>;
+/// A request's stream, both halves.
+type H3Stream = h3::server::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
+/// The sending half of a request's stream.
+type H3Send = h3::server::RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
+
+/// Serves one incoming QUIC connection to its end: the handshake under
+/// `tls_handshake_timeout`, then HTTP/3 requests until the client closes, the connection is
+/// idle for `keepalive_timeout` (QUIC's idle timeout), or a shutdown or reload ends it
+/// (GOAWAY; requests in flight finish).
+pub(crate) async fn serve<H: Host, S: Handle>(
+    incoming: quinn::Incoming,
+    worker: &H,
+    service: impl FnOnce(Rc<ConnState>) -> S,
+) {
+    let peer = incoming.remote_address();
+    let limits = worker.limits();
+    let m = worker.metrics();
+    let connecting = match incoming.accept() {
+        Ok(c) => c,
+        Err(e) => {
+            m.handshakes_failed.fetch_add(1, Relaxed);
+            tracing::debug!(%peer, "QUIC connection refused: {e}");
+            return;
+        }
+    };
+    let conn = match tokio::time::timeout(limits.tls_handshake_timeout, connecting).await {
+        Ok(Ok(c)) => {
+            m.handshakes_ok.fetch_add(1, Relaxed);
+            c
+        }
+        Ok(Err(e)) => {
+            m.handshakes_failed.fetch_add(1, Relaxed);
+            tracing::debug!(%peer, "QUIC handshake failed: {e}");
+            return;
+        }
+        Err(_) => {
+            m.handshakes_failed.fetch_add(1, Relaxed);
+            tracing::debug!(%peer, "QUIC handshake timed out");
+            return;
+        }
+    };
+    let state = Rc::new(ConnState::new(peer));
+    state.protocol.set("HTTP/3");
+    state.tls_version.set(Some("TLSv1.3"));
+    if let Some(name) = conn
+        .handshake_data()
+        .and_then(|d| d.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+        .and_then(|d| d.server_name)
+    {
+        let _ = state.sni.set(name.into());
+    }
+    let h3 = h3::server::builder()
+        .max_field_section_size(limits.max_request_header_size as u64)
+        .build::<_, Bytes>(h3_quinn::Connection::new(conn.clone()))
+        .await;
+    let h3 = match h3 {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!(%peer, "HTTP/3 connection setup failed: {e}");
+            return;
+        }
+    };
+    let svc = Rc::new(service(state.clone()));
+    requests(h3, worker, svc, &state).await;
+    // The last responses may still be in flight (sent, not yet acknowledged: closing now
+    // would drop them). The client closes once it has them, or it gets `CLOSE_GRACE`.
+    let _ = tokio::time::timeout(CLOSE_GRACE, conn.closed()).await;
+    conn.close(0u32.into(), b"");
+}
+
+/// How long a connection that stops serving (GOAWAY, all its requests answered) waits for the
+/// client to close it before closing it itself.
+const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Accepts the connection's requests until it ends; on shutdown or retirement sends GOAWAY
+/// and lets the requests in flight finish.
+async fn requests<H: Host, S: Handle>(
+    mut h3: H3Conn,
+    worker: &H,
+    svc: Rc<S>,
+    state: &Rc<ConnState>,
+) {
+    let limits = worker.limits();
+    let mut shutdown = worker.shutdown();
+    let mut retire = worker.retired();
+    let mut tasks = JoinSet::new();
+    let mut going_away = false;
+    let mut goaway_sent = false;
+    loop {
+        tokio::select! {
+            r = h3.accept() => match r {
+                Ok(Some(resolver)) => {
+                    let svc = svc.clone();
+                    let head_timeout = limits.header_read_timeout;
+                    let send_timeout = limits.send_timeout;
+                    let peer = state.peer;
+                    tasks.spawn_local(async move {
+                        let resolved = tokio::time::timeout(head_timeout, resolver.resolve_request()).await;
+                        match resolved {
+                            Ok(Ok((req, stream))) => exchange(svc, req, stream, send_timeout).await,
+                            Ok(Err(e)) => tracing::debug!(%peer, "HTTP/3 request refused: {e}"),
+                            Err(_) => tracing::debug!(%peer, "HTTP/3 request head timed out"),
+                        }
+                    });
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    if !e.is_h3_no_error() {
+                        tracing::debug!(peer = %state.peer, "HTTP/3 connection ended: {e}");
+                    }
+                    break;
+                }
+            },
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            _ = shutdown.wait_for(|s| *s), if !going_away => going_away = true,
+            _ = retire.wait_for(|r| *r), if !going_away => going_away = true,
+        }
+        if going_away && !goaway_sent {
+            goaway_sent = true;
+            // GOAWAY: no new requests; those in flight finish (then `accept` says None)
+            if let Err(e) = h3.shutdown(0).await {
+                tracing::debug!(peer = %state.peer, "HTTP/3 GOAWAY failed: {e}");
+                break;
+            }
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Answers one request on its stream: the handler's response head, then its body and
+/// trailers, each write under `send_timeout`.
+async fn exchange<S: Handle>(
+    svc: Rc<S>,
+    req: http::Request<()>,
+    stream: H3Stream,
+    send_timeout: std::time::Duration,
+) {
+    let (mut send, recv) = stream.split();
+    let length = req
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let req = req.map(|()| RequestBody::h3(recv, length));
+    let resp = svc.call(req).await;
+    let (parts, body) = resp.into_parts();
+    let head = http::Response::from_parts(parts, ());
+    match tokio::time::timeout(send_timeout, send.send_response(head)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::debug!("HTTP/3 response head not sent: {e}");
+            return;
+        }
+        Err(_) => {
+            send.stop_stream(h3::error::Code::H3_REQUEST_CANCELLED);
+            return;
+        }
+    }
+    if let Err(why) = send_body(&mut send, body, send_timeout).await {
+        tracing::debug!("HTTP/3 response body ended early: {why}");
+        send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
+    }
+}
+
+/// Streams `body` on `send`: DATA frames, trailers, then the stream's end.
+async fn send_body(
+    send: &mut H3Send,
+    mut body: crate::session::logged::Logged,
+    send_timeout: std::time::Duration,
+) -> Result<(), String> {
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| format!("response body failed: {e}"))?;
+        let frame = match frame.into_data() {
+            Ok(data) => {
+                if data.is_empty() {
+                    continue;
+                }
+                timed(send_timeout, send.send_data(data)).await?;
+                continue;
+            }
+            Err(f) => f,
+        };
+        if let Ok(trailers) = frame.into_trailers() {
+            timed(send_timeout, send.send_trailers(trailers)).await?;
+            break;
+        }
+    }
+    timed(send_timeout, send.finish()).await
+}
+
+/// One write under `send_timeout`.
+async fn timed(
+    limit: std::time::Duration,
+    write: impl std::future::Future<Output = Result<(), h3::error::StreamError>>,
+) -> Result<(), String> {
+    match tokio::time::timeout(limit, write).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("send_timeout: the client took nothing".into()),
+    }
+}

@@ -1,0 +1,90 @@
+//! HTTP/3's transport on a worker: the QUIC endpoint (quinn) of a TLS listener with
+//! `http3 = true`, on its own `SO_REUSEPORT` UDP socket bound to the listener's address, and
+//! the QUIC server configuration made from the listener's rustls configuration.
+//!
+//! quinn's endpoint and connection drivers are tasks spawned on the worker's current-thread
+//! runtime, so a worker's QUIC connections run on its thread like its TCP connections; the
+//! kernel spreads datagrams over the workers' sockets by 4-tuple hash (see
+//! docs/ARCHITECTURE.md, "HTTP/3", for what that means to a client that changes address).
+
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::Arc;
+
+use socket2::{Protocol, Type};
+
+/// Streams of other kinds than requests a client may have open at once: HTTP/3 needs three
+/// (control, QPACK encoder and decoder); the rest is room for reserved (grease) streams.
+pub(crate) const MAX_UNI_STREAMS: u32 = 8;
+
+/// QUIC handshakes a worker's endpoint holds before it answers more Initial packets with a
+/// refusal (quinn's own default is 65 536): a flood of Initials from many ports holds at most
+/// this many half-open connections per worker, each for at most `tls_handshake_timeout`.
+pub(crate) const MAX_INCOMING: usize = 1024;
+
+/// Why a listener's QUIC side could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum QuicError {
+    /// The rustls configuration has no TLS 1.3 suite QUIC's Initial packets can use.
+    #[error("the TLS configuration has no cipher suite for QUIC")]
+    NoInitialSuite,
+    /// `keepalive_timeout` does not fit QUIC's idle timeout.
+    #[error("keepalive_timeout is too long for QUIC's idle timeout")]
+    IdleTimeout,
+    /// The UDP socket.
+    #[error("UDP socket: {0}")]
+    Socket(#[from] io::Error),
+}
+
+/// The QUIC server configuration of a listener: its rustls configuration (certificates, SNI,
+/// the offloading signing keys, tickets) with ALPN `h3` and no 0-RTT (replayable), and the
+/// limits of `[limits]` as QUIC transport parameters.
+pub(crate) fn server_config(
+    tls: &rustls::ServerConfig,
+    limits: &crate::config::Limits,
+) -> Result<quinn::ServerConfig, QuicError> {
+    let mut tls = tls.clone();
+    tls.alpn_protocols = vec![crate::conn::h3::ALPN_H3.to_vec()];
+    // 0-RTT refused: early data could be replayed
+    tls.max_early_data_size = 0;
+    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(tls))
+        .map_err(|_| QuicError::NoInitialSuite)?;
+    let mut transport = quinn::TransportConfig::default();
+    transport
+        .max_concurrent_bidi_streams(limits.max_concurrent_streams.into())
+        .max_concurrent_uni_streams(MAX_UNI_STREAMS.into())
+        .max_idle_timeout(Some(
+            limits
+                .keepalive_timeout
+                .try_into()
+                .map_err(|_| QuicError::IdleTimeout)?,
+        ));
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    config
+        .transport_config(Arc::new(transport))
+        .max_incoming(MAX_INCOMING);
+    Ok(config)
+}
+
+/// This worker's QUIC endpoint on `addr` (the listener's bound address, UDP).
+pub(crate) fn endpoint(
+    addr: SocketAddr,
+    config: quinn::ServerConfig,
+) -> Result<quinn::Endpoint, QuicError> {
+    // one per worker, as the listener's TCP sockets
+    let socket: UdpSocket =
+        crate::runtime::listen::bind_reusing_port(addr, Type::DGRAM, Protocol::UDP)?.into();
+    Ok(quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(config),
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )?)
+}
+
+/// The `Alt-Svc` value a listener with HTTP/3 on `port` sends: `h3=":PORT"; ma=MAX_AGE`.
+pub(crate) fn alt_svc(port: u16, max_age: u64) -> http::HeaderValue {
+    let text = format!("h3=\":{port}\"; ma={max_age}");
+    // digits and ASCII punctuation only
+    http::HeaderValue::from_str(&text).unwrap_or(http::HeaderValue::from_static("clear"))
+}
