@@ -126,34 +126,23 @@ mod tests {
     use http_body_util::StreamBody;
     use tokio::sync::mpsc;
 
-    type Chunks = StreamBody<
-        tokio_stream_shim::Rx<Result<http_body::Frame<Bytes>, std::convert::Infallible>>,
-    >;
+    type Item = Result<http_body::Frame<Bytes>, std::convert::Infallible>;
 
-    /// A request body fed by hand.
+    /// A request body fed by hand (the tree's usual channel stream, boxed to be `Unpin`).
     fn request() -> (
-        mpsc::UnboundedSender<Result<http_body::Frame<Bytes>, std::convert::Infallible>>,
-        Chunks,
+        mpsc::UnboundedSender<Item>,
+        Pin<Box<impl HttpBody<Data = Bytes, Error = std::convert::Infallible>>>,
     ) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        (tx, StreamBody::new(tokio_stream_shim::Rx(rx)))
+        let (tx, rx) = mpsc::unbounded_channel::<Item>();
+        let stream =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|x| (x, rx)) },
+            );
+        (tx, Box::pin(StreamBody::new(stream)))
     }
 
-    /// A minimal `Stream` over an unbounded receiver (tokio-stream is not a dependency).
-    mod tokio_stream_shim {
-        pub struct Rx<T>(pub tokio::sync::mpsc::UnboundedReceiver<T>);
-        impl<T> futures_util::Stream for Rx<T> {
-            type Item = T;
-            fn poll_next(
-                mut self: std::pin::Pin<&mut Self>,
-                cx: &mut std::task::Context<'_>,
-            ) -> std::task::Poll<Option<T>> {
-                self.0.poll_recv(cx)
-            }
-        }
-    }
-
-    fn data(n: usize) -> Result<http_body::Frame<Bytes>, std::convert::Infallible> {
+    fn data(n: usize) -> Item {
         Ok(http_body::Frame::data(Bytes::from(vec![0u8; n])))
     }
 
