@@ -3,6 +3,7 @@
 //! in release) keeps its own.
 
 mod access_log;
+mod acme;
 mod cli;
 mod config_files;
 mod idle_memory;

@@ -9,6 +9,7 @@
 //! file as written is `raw`. This module holds [`Config`], its entry points and defaults, and
 //! `Validator` with its shared helpers.
 
+mod acme;
 mod certificates;
 mod compression;
 mod error;
@@ -29,6 +30,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use acme::{
+    AcmeChallenge, AcmeConfig, DEFAULT_ACME_DIRECTORY, DEFAULT_ACME_RETRY, MAX_ACME_RETRY,
+};
 pub use compression::CompressionConfig;
 pub use error::ConfigError;
 pub use file_cache::FileCacheConfig;

@@ -23,6 +23,7 @@ pub(crate) struct RawSite {
     pub default: Option<Spanned<bool>>,
     #[serde(default)]
     pub certificates: Vec<RawCertificate>,
+    pub acme: Option<Spanned<super::acme::RawAcme>>,
     #[serde(default, rename = "route")]
     pub routes: Vec<Spanned<RawRoute>>,
     pub headers: Option<Spanned<RawHeaderEdits>>,
@@ -208,6 +209,9 @@ pub struct SiteConfig {
     /// `certificates`). Two sites whose lists share a file may answer each other's names on
     /// one connection; sites with none share the listener's.
     pub certificates: Vec<CertificateConfig>,
+    /// A certificate for `server_names` ordered and renewed from an ACME CA (offered by SNI
+    /// like `certificates`, which a site with `acme` has none of).
+    pub acme: Option<super::AcmeConfig>,
     /// Routes, longest prefix first.
     pub routes: Vec<RouteConfig>,
     /// Path rewrites before routing.
@@ -218,11 +222,13 @@ pub struct SiteConfig {
     pub charset: Option<String>,
 }
 
-/// Does the file have a site with certificates (then a TLS listener may name none)?
+/// Does the file have a site with certificates or `acme` (then a TLS listener may name
+/// none)?
 pub(crate) fn any_certificates(raw: &RawConfig) -> bool {
-    raw.sites
-        .iter()
-        .any(|s| !s.get_ref().certificates.is_empty())
+    raw.sites.iter().any(|s| {
+        let s = s.get_ref();
+        !s.certificates.is_empty() || s.acme.is_some()
+    })
 }
 
 /// `name` lower-cased and checked: ASCII letters, digits, `-` and `.` in labels of 1 to 63
@@ -342,6 +348,12 @@ impl Validator<'_> {
                 routes.push(route);
             }
             routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+            let acme = match &sr.acme {
+                Some(a) => {
+                    Some(self.acme(&key, a, &names, !sr.certificates.is_empty(), listeners)?)
+                }
+                None => None,
+            };
             let mut certificates = Vec::new();
             for (j, c) in sr.certificates.iter().enumerate() {
                 certificates.push(self.certificate(
@@ -378,6 +390,7 @@ impl Validator<'_> {
                 request_headers,
                 server_names: names,
                 certificates,
+                acme,
                 routes,
             });
         }

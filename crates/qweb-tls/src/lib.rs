@@ -11,8 +11,10 @@
 #![forbid(unsafe_code)]
 
 mod certs;
+pub mod der;
 mod error;
 pub mod handshake;
+pub mod managed;
 pub mod ocsp;
 mod offload_key;
 mod pinned;
@@ -30,6 +32,7 @@ pub use certs::{
 };
 pub use error::TlsError;
 pub use handshake::HandshakeError;
+pub use managed::{Managed, ALPN_ACME};
 pub use offload_key::{KeyOffload, OffloadSigningKey};
 pub use pinned::PinnedAnchors;
 pub use selfsigned::{ensure_self_signed, SelfSigned};

@@ -15,6 +15,8 @@ use std::time::{Duration, SystemTime};
 
 use rustls::sign::CertifiedKey;
 
+use crate::der::{cert_parts, generalized_time, Der, SEQ};
+
 /// Why an OCSP response is not stapled.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -42,63 +44,6 @@ pub enum OcspError {
     Certificate(&'static str),
 }
 
-// ---- a small DER reader ----
-
-#[derive(Clone, Copy)]
-struct Der<'a>(&'a [u8]);
-
-impl<'a> Der<'a> {
-    /// The next TLV: (tag, contents, whole TLV).
-    fn next(&mut self) -> Result<(u8, &'a [u8], &'a [u8]), OcspError> {
-        let bad = OcspError::Malformed;
-        let b = self.0;
-        if b.len() < 2 {
-            return Err(bad("truncated"));
-        }
-        let tag = b[0];
-        if tag & 0x1f == 0x1f {
-            return Err(bad("long tags are not used in OCSP"));
-        }
-        let (len, hdr) = match b[1] {
-            n if n < 0x80 => (usize::from(n), 2),
-            0x81..=0x84 => {
-                let k = usize::from(b[1] & 0x7f);
-                if b.len() < 2 + k {
-                    return Err(bad("truncated length"));
-                }
-                let mut len = 0usize;
-                for &x in &b[2..2 + k] {
-                    len = (len << 8) | usize::from(x);
-                }
-                (len, 2 + k)
-            }
-            _ => return Err(bad("unsupported length")),
-        };
-        let end = hdr.checked_add(len).ok_or(bad("length"))?;
-        if end > b.len() {
-            return Err(bad("truncated contents"));
-        }
-        self.0 = &b[end..];
-        Ok((tag, &b[hdr..end], &b[..end]))
-    }
-
-    fn expect(&mut self, want: u8, what: &'static str) -> Result<&'a [u8], OcspError> {
-        match self.next()? {
-            (t, c, _) if t == want => Ok(c),
-            _ => Err(OcspError::Malformed(what)),
-        }
-    }
-
-    fn peek_tag(&self) -> Option<u8> {
-        self.0.first().copied()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-const SEQ: u8 = 0x30;
 const OID_BASIC: &[u8] = &[0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x30, 0x01, 0x01];
 const OID_SHA1: &[u8] = &[0x2b, 0x0e, 0x03, 0x02, 0x1a];
 const OID_SHA256: &[u8] = &[0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x01];
@@ -139,70 +84,8 @@ fn leaf_id(cert: &[u8]) -> Result<LeafId, OcspError> {
     })
 }
 
-/// `YYYYMMDDHHMMSSZ` (GeneralizedTime, as RFC 5280 requires) to a time.
-fn generalized_time(v: &[u8]) -> Result<SystemTime, OcspError> {
-    let bad = || OcspError::Malformed("time");
-    if v.len() != 15 || v[14] != b'Z' || !v[..14].iter().all(u8::is_ascii_digit) {
-        return Err(bad());
-    }
-    let n = |r: std::ops::Range<usize>| {
-        v[r].iter()
-            .fold(0i64, |acc, d| acc * 10 + i64::from(d - b'0'))
-    };
-    let (y, mo, d, h, mi, s) = (n(0..4), n(4..6), n(6..8), n(8..10), n(10..12), n(12..14));
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
-        return Err(bad());
-    }
-    // days from the civil date (Howard Hinnant's algorithm)
-    let y2 = if mo <= 2 { y - 1 } else { y };
-    let era = y2.div_euclid(400);
-    let yoe = y2 - era * 400;
-    let mp = (mo + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + h * 3600 + mi * 60 + s;
-    let secs = u64::try_from(secs).map_err(|_| bad())?;
-    Ok(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
-}
-
 const OID_AIA: &[u8] = &[0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x01, 0x01];
 const OID_AD_OCSP: &[u8] = &[0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x30, 0x01];
-
-/// The parts of a certificate after its issuer: subject Name DER, subjectPublicKey bits,
-/// extensions DER if any.
-type CertParts = (Vec<u8>, Vec<u8>, Option<Vec<u8>>);
-
-fn cert_parts(cert: &[u8]) -> Result<CertParts, OcspError> {
-    let c = OcspError::Certificate;
-    let mut top = Der(cert);
-    let mut certificate = Der(top
-        .expect(SEQ, "certificate")
-        .map_err(|_| c("not a SEQUENCE"))?);
-    let mut tbs = Der(certificate
-        .expect(SEQ, "tbs")
-        .map_err(|_| c("no tbsCertificate"))?);
-    if tbs.peek_tag() == Some(0xa0) {
-        tbs.next().map_err(|_| c("version"))?;
-    }
-    for what in ["serial", "signature", "issuer", "validity"] {
-        tbs.next().map_err(|_| c(what))?;
-    }
-    let (_, _, subject) = tbs.next().map_err(|_| c("subject"))?;
-    let mut spki = Der(tbs.expect(SEQ, "spki").map_err(|_| c("no public key"))?);
-    spki.expect(SEQ, "alg")
-        .map_err(|_| c("no public key algorithm"))?;
-    let bits = spki.expect(0x03, "key").map_err(|_| c("no public key"))?;
-    let key = bits.get(1..).ok_or(c("empty public key"))?.to_vec();
-    let mut extensions = None;
-    while !tbs.is_empty() {
-        let (tag, content, _) = tbs.next().map_err(|_| c("trailing fields"))?;
-        if tag == 0xa3 {
-            extensions = Some(content.to_vec());
-        }
-    }
-    Ok((subject.to_vec(), key, extensions))
-}
 
 /// The `http://` OCSP responder URL of a certificate (its Authority Information Access
 /// extension), if it has one.

@@ -7,8 +7,15 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{CipherSuite, SignatureAlgorithm, SignatureScheme, SupportedCipherSuite};
 
+use crate::managed::{Managed, ALPN_ACME};
 use crate::ocsp::OcspStaple;
 use crate::LoadedCert;
+
+/// Where a name's certificate comes from.
+enum Found<'a> {
+    Files(&'a Choices),
+    Managed(Arc<CertifiedKey>),
+}
 
 /// A certificate, and its OCSP staple holder when it is stapled.
 #[derive(Debug, Clone)]
@@ -111,7 +118,12 @@ fn provider_suites() -> &'static [SupportedCipherSuite] {
 pub struct SniResolver {
     exact: HashMap<String, Choices>,
     wildcard: HashMap<String, Choices>,
-    default: Choices,
+    /// `None`: no certificate file, only managed ones (a client without SNI, or with a name
+    /// none covers, fails the handshake).
+    default: Option<Choices>,
+    /// Certificates ordered by ACME, after exact names and before wildcards; and the
+    /// TLS-ALPN-01 challenge answers.
+    managed: Option<Arc<Managed>>,
 }
 
 impl SniResolver {
@@ -141,41 +153,65 @@ impl SniResolver {
         Some(SniResolver {
             exact,
             wildcard,
-            default,
+            default: Some(default),
+            managed: None,
         })
     }
 
-    /// The certificates for a server name (already lower-case, as rustls gives it).
-    fn choices(&self, name: Option<&str>) -> &Choices {
+    /// A resolver for `certs` (possibly none) and the certificates in `managed`.
+    pub fn with_managed(certs: &[LoadedCert], managed: Arc<Managed>) -> Self {
+        let mut r = Self::new(certs).unwrap_or(SniResolver {
+            exact: HashMap::new(),
+            wildcard: HashMap::new(),
+            default: None,
+            managed: None,
+        });
+        r.managed = Some(managed);
+        r
+    }
+
+    /// The certificates for a server name (already lower-case, as rustls gives it): files by
+    /// exact name, a managed certificate, files by wildcard, the default.
+    fn choices(&self, name: Option<&str>) -> Option<Found<'_>> {
         let Some(name) = name else {
-            return &self.default;
+            return self.default.as_ref().map(Found::Files);
         };
         let name = name.trim_end_matches('.');
         if let Some(k) = self.exact.get(name) {
-            return k;
+            return Some(Found::Files(k));
+        }
+        if let Some(k) = self.managed.as_ref().and_then(|m| m.cert(name)) {
+            return Some(Found::Managed(k));
         }
         if let Some((_, parent)) = name.split_once('.') {
             if let Some(k) = self.wildcard.get(parent) {
-                return k;
+                return Some(Found::Files(k));
             }
         }
-        &self.default
+        self.default.as_ref().map(Found::Files)
     }
 
-    /// The certificate for a server name and a client that offers `schemes` and `suites`.
+    /// The certificate for a server name and a client that offers `schemes` and `suites`
+    /// (`None`: no certificate covers the name and there is no default).
     pub fn lookup_for(
         &self,
         name: Option<&str>,
         schemes: &[SignatureScheme],
         suites: &[CipherSuite],
-    ) -> Arc<CertifiedKey> {
-        self.choices(name).pick(&Offer { schemes, suites }).key()
+    ) -> Option<Arc<CertifiedKey>> {
+        Some(match self.choices(name)? {
+            Found::Files(c) => c.pick(&Offer { schemes, suites }).key(),
+            Found::Managed(k) => k,
+        })
     }
 
     /// The certificate for a server name, for a client that can verify any of them (the
     /// cheapest to sign with).
-    pub fn lookup(&self, name: Option<&str>) -> Arc<CertifiedKey> {
-        self.choices(name).0[0].key()
+    pub fn lookup(&self, name: Option<&str>) -> Option<Arc<CertifiedKey>> {
+        Some(match self.choices(name)? {
+            Found::Files(c) => c.0[0].key(),
+            Found::Managed(k) => k,
+        })
     }
 }
 
@@ -189,11 +225,19 @@ fn same_names(a: &LoadedCert, b: &LoadedCert) -> bool {
 
 impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.lookup_for(
+        if let Some(m) = &self.managed {
+            // a CA validating TLS-ALPN-01 offers `acme-tls/1` alone (RFC 8737 section 3)
+            if let Some(mut alpn) = hello.alpn() {
+                if alpn.next() == Some(ALPN_ACME) && alpn.next().is_none() {
+                    return hello.server_name().and_then(|n| m.alpn_cert(n));
+                }
+            }
+        }
+        self.lookup_for(
             hello.server_name(),
             hello.signature_schemes(),
             hello.cipher_suites(),
-        ))
+        )
     }
 }
 
@@ -223,13 +267,13 @@ mod tests {
         let a = cert(&["a.test"]);
         let b = cert(&["*.b.test", "b.test"]);
         let r = SniResolver::new(&[a.clone(), b.clone()]).unwrap();
-        assert!(Arc::ptr_eq(&r.lookup(Some("a.test")), &a.key));
-        assert!(Arc::ptr_eq(&r.lookup(Some("b.test")), &b.key));
-        assert!(Arc::ptr_eq(&r.lookup(Some("x.b.test")), &b.key));
+        assert!(Arc::ptr_eq(&r.lookup(Some("a.test")).unwrap(), &a.key));
+        assert!(Arc::ptr_eq(&r.lookup(Some("b.test")).unwrap(), &b.key));
+        assert!(Arc::ptr_eq(&r.lookup(Some("x.b.test")).unwrap(), &b.key));
         // a wildcard covers one label only
-        assert!(Arc::ptr_eq(&r.lookup(Some("y.x.b.test")), &a.key));
-        assert!(Arc::ptr_eq(&r.lookup(Some("other.test")), &a.key));
-        assert!(Arc::ptr_eq(&r.lookup(None), &a.key));
+        assert!(Arc::ptr_eq(&r.lookup(Some("y.x.b.test")).unwrap(), &a.key));
+        assert!(Arc::ptr_eq(&r.lookup(Some("other.test")).unwrap(), &a.key));
+        assert!(Arc::ptr_eq(&r.lookup(None).unwrap(), &a.key));
         assert!(SniResolver::new(&[]).is_none());
     }
 
@@ -261,7 +305,7 @@ mod tests {
         ] {
             let r = SniResolver::new(&certs).unwrap();
             let pick = |schemes: &[SignatureScheme], suites: &[CipherSuite]| {
-                r.lookup_for(Some("d.test"), schemes, suites)
+                r.lookup_for(Some("d.test"), schemes, suites).unwrap()
             };
             assert!(Arc::ptr_eq(&pick(&both, &[TLS13, ECDHE_RSA]), &ec.key));
             assert!(Arc::ptr_eq(&pick(&ecdsa, &[TLS13]), &ec.key));
@@ -272,12 +316,50 @@ mod tests {
             // nothing fits: the most widely usable (RSA)
             assert!(Arc::ptr_eq(&pick(&[], &[]), &rsa.key));
             // the other name is unaffected
-            let o = r.lookup_for(Some("o.test"), &pss, &[ECDHE_RSA]);
+            let o = r.lookup_for(Some("o.test"), &pss, &[ECDHE_RSA]).unwrap();
             assert!(Arc::ptr_eq(&o, &other.key));
         }
         // the default (no SNI) has the first certificate's alternatives too
         let r = SniResolver::new(&[rsa.clone(), other.clone(), ec.clone()]).unwrap();
-        assert!(Arc::ptr_eq(&r.lookup_for(None, &both, &[TLS13]), &ec.key));
-        assert!(Arc::ptr_eq(&r.lookup_for(None, &pss, &[TLS13]), &rsa.key));
+        assert!(Arc::ptr_eq(
+            &r.lookup_for(None, &both, &[TLS13]).unwrap(),
+            &ec.key
+        ));
+        assert!(Arc::ptr_eq(
+            &r.lookup_for(None, &pss, &[TLS13]).unwrap(),
+            &rsa.key
+        ));
+    }
+    /// Managed (ACME) certificates come after file certificates of the exact name and before
+    /// wildcards, are swapped without a new resolver, and without any file there is no
+    /// default: a name nothing covers gets no certificate (the handshake fails).
+    #[test]
+    fn managed_certificates_between_exact_and_wildcard() {
+        let file = cert(&["f.test", "*.w.test"]);
+        let m = Arc::new(Managed::default());
+        let r = SniResolver::with_managed(std::slice::from_ref(&file), m.clone());
+        let acme = cert(&["f.test", "x.w.test", "new.test"]);
+        assert!(Arc::ptr_eq(&r.lookup(Some("new.test")).unwrap(), &file.key));
+        m.install(
+            &["f.test".into(), "x.w.test".into(), "new.test".into()],
+            acme.key.clone(),
+        );
+        assert!(Arc::ptr_eq(&r.lookup(Some("f.test")).unwrap(), &file.key));
+        assert!(Arc::ptr_eq(&r.lookup(Some("x.w.test")).unwrap(), &acme.key));
+        assert!(Arc::ptr_eq(&r.lookup(Some("new.test")).unwrap(), &acme.key));
+        let renewed = cert(&["new.test"]);
+        m.install(&["new.test".into()], renewed.key.clone());
+        assert!(Arc::ptr_eq(
+            &r.lookup(Some("new.test")).unwrap(),
+            &renewed.key
+        ));
+
+        let only = SniResolver::with_managed(&[], m);
+        assert!(only.lookup(None).is_none());
+        assert!(only.lookup(Some("other.test")).is_none());
+        assert!(Arc::ptr_eq(
+            &only.lookup(Some("new.test")).unwrap(),
+            &renewed.key
+        ));
     }
 }

@@ -343,9 +343,18 @@ pub(crate) async fn serve<H: Host, S: Handle>(
         drive(Box::new(io), false, state, worker, svc).await;
         return;
     };
-    let Some(tls) = Box::pin(handshake(stream, &state, tls, worker)).await else {
+    let Some(mut tls) = Box::pin(handshake(stream, &state, tls, worker)).await else {
         return;
     };
+    if tls.connection().alpn_protocol() == Some(qweb_tls::ALPN_ACME) {
+        // a CA checked the TLS-ALPN-01 certificate: nothing more is said (RFC 8737 section 3)
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(1),
+            tokio::io::AsyncWriteExt::shutdown(&mut tls),
+        )
+        .await;
+        return;
+    }
     let (io, h2) = tls_io(tls, &state, write_burst);
     let svc = Rc::new(service(state.clone()));
     drive(Box::new(io), h2, state, worker, svc).await;

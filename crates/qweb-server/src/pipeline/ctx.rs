@@ -35,6 +35,8 @@ pub(crate) struct WorkerCtx {
     pub peer_log: PerPeer,
     /// The tunnels (WebSockets...) of this generation's connections.
     pub tunnels: Rc<crate::session::tunnel::Tunnels>,
+    /// The ACME HTTP-01 answers (sites with `acme`).
+    pub acme: Option<Arc<qweb_tls::Managed>>,
 }
 
 impl crate::conn::Host for WorkerCtx {

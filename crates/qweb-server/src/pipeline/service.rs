@@ -146,6 +146,23 @@ impl Service {
         Ok(())
     }
 
+    /// The answer to an ACME HTTP-01 challenge (`GET /.well-known/acme-challenge/TOKEN`
+    /// while an order of this configuration waits for it), before any redirect or route.
+    fn acme_answer<B>(&self, req: &Request<B>) -> Option<Response<Body>> {
+        let managed = self.worker.acme.as_ref()?;
+        if req.method() != http::Method::GET && req.method() != http::Method::HEAD {
+            return None;
+        }
+        let answer = managed.http_answer(req.uri().path())?;
+        tracing::info!(peer = %self.conn.peer, path = req.uri().path(), "answered an ACME HTTP-01 challenge");
+        let mut r = Response::new(crate::http::body::full(answer));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        );
+        Some(r)
+    }
+
     fn find_route<'a>(routes: &'a [Route], path: &str) -> Option<&'a Route> {
         routes
             .iter()
@@ -224,6 +241,9 @@ impl Service {
                 return r;
             }
         };
+        if let Some(answer) = self.acme_answer(&req) {
+            return answer;
+        }
         if let Some(sni) = self.conn.sni.get() {
             if self.worker.sites.misdirected(sni, site) {
                 tracing::debug!(peer = %self.conn.peer, %sni, "misdirected request");

@@ -1,5 +1,6 @@
 //! The runtime, the top layer: the server and its workers, listeners, engines, TLS sessions and OCSP, the admin listener, reload, binary upgrade, signals and the service manager.
 
+pub(crate) mod acme;
 pub(crate) mod admin;
 pub mod control;
 pub mod fd_limit;

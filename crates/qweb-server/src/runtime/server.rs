@@ -163,8 +163,10 @@ struct Built {
     engines: HashMap<String, BuiltEngine>,
     listeners: Vec<ListenerSetup>,
     compression: Option<Arc<crate::pipeline::compress::Shared>>,
-    /// Stops this configuration's ticket-key and OCSP refresher threads when dropped.
+    /// Stops this configuration's ticket-key, OCSP and ACME threads when dropped.
     refreshers: crate::runtime::tls_session::RefresherStop,
+    /// The ACME certificates and challenge answers (sites with `acme`).
+    acme: Option<Arc<qweb_tls::Managed>>,
 }
 
 /// One listener's TLS configuration and async-offload engine.
@@ -343,12 +345,20 @@ fn build(
         .map(|(n, b)| (n.as_str(), b.engine.clone()))
         .collect();
     let mut refreshers = Vec::new();
+    let acme = crate::runtime::acme::prepare(config).map(|(managed, jobs)| {
+        refreshers.extend(
+            jobs.into_iter()
+                .map(crate::runtime::tls_session::Refresher::Acme),
+        );
+        managed
+    });
     let listeners = config
         .listeners
         .iter()
         .map(|l| {
             let previous = sessions.get(&l.address).map(|s| &**s);
-            listener_setup(config, l, &by_name, info, &mut refreshers, previous)
+            let acme = acme.as_ref();
+            listener_setup(config, l, &by_name, info, &mut refreshers, previous, acme)
         })
         .collect::<Result<Vec<_>, _>>()?;
     let (stop, stopped) = crate::runtime::tls_session::RefresherStop::new();
@@ -364,6 +374,7 @@ fn build(
         listeners,
         compression,
         refreshers: stop,
+        acme,
     })
 }
 
@@ -376,6 +387,7 @@ fn listener_setup(
     info: &mut StartInfo,
     refreshers: &mut Vec<crate::runtime::tls_session::Refresher>,
     previous: Option<&crate::runtime::tls_session::ListenerSession>,
+    acme: Option<&Arc<qweb_tls::Managed>>,
 ) -> Result<ListenerSetup, ServerError> {
     let provider = qweb_tls::provider();
     let offload = l
@@ -419,10 +431,20 @@ fn listener_setup(
                     certs
                 }
             };
-            let resolver = qweb_tls::SniResolver::new(&certs).ok_or_else(|| {
-                qweb_tls::TlsError::Generate("no certificate for a TLS listener".into())
-            })?;
+            // ACME certificates join the listeners that take the sites' certificates
+            let acme = acme.filter(|_| matches!(t, TlsConfig::Certificates(_)));
+            let resolver = match acme {
+                Some(m) => qweb_tls::SniResolver::with_managed(&certs, m.clone()),
+                None => qweb_tls::SniResolver::new(&certs).ok_or_else(|| {
+                    qweb_tls::TlsError::Generate("no certificate for a TLS listener".into())
+                })?,
+            };
             let mut sc = qweb_tls::server_config(Arc::new(resolver), l.http2)?;
+            if acme.is_some() {
+                // last: only a client offering `acme-tls/1` alone (a CA validating
+                // TLS-ALPN-01) gets it
+                sc.alpn_protocols.push(qweb_tls::ALPN_ACME.to_vec());
+            }
             let (s, refresher) =
                 crate::runtime::tls_session::setup(l, config, &certs, &mut sc, previous)?;
             session = Some(Arc::new(s));
@@ -469,6 +491,7 @@ fn generation_for_worker(
         config: config.clone(),
         listeners,
         compression: built.compression.clone(),
+        acme: built.acme.clone(),
         applied,
     }
 }

@@ -46,6 +46,8 @@ pub(crate) enum Refresher {
     Ocsp(PathBuf, Arc<qweb_tls::ocsp::OcspStaple>),
     /// OCSP responses fetched from the certificate's responder.
     OcspFetch(Arc<qweb_tls::ocsp::OcspStaple>),
+    /// A site's certificate ordered and renewed from an ACME CA.
+    Acme(crate::runtime::acme::Job),
 }
 
 enum Refresh {
@@ -244,6 +246,9 @@ pub(crate) fn spawn(
             Refresher::OcspFetch(holder) => std::thread::Builder::new()
                 .name("qweb-ocsp-fetch".into())
                 .spawn(move || crate::runtime::ocsp_fetch::run(holder, rx)),
+            Refresher::Acme(job) => std::thread::Builder::new()
+                .name("qweb-acme".into())
+                .spawn(move || crate::runtime::acme::run(job, rx)),
             Refresher::Keyserver(engine, client, ticketer, fetch) => {
                 qweb_keyserver::tickets::spawn_refresher(engine, client, ticketer, fetch, rx)
             }

@@ -78,6 +78,8 @@ pub(crate) struct Generation {
     pub config: Arc<Config>,
     pub listeners: Vec<GenListener>,
     pub compression: Option<Arc<crate::pipeline::compress::Shared>>,
+    /// ACME challenge answers (sites with `acme`).
+    pub acme: Option<Arc<qweb_tls::Managed>>,
     /// Told when the worker serves new connections with this generation (a reload waits for
     /// every worker).
     pub applied: Option<std::sync::mpsc::Sender<()>>,
@@ -237,6 +239,7 @@ impl Worker {
                 .map(crate::pipeline::compress::Compressor::new),
             peer_log: crate::observe::log_limit::PerPeer::new(Duration::from_secs(60)),
             tunnels: Rc::default(),
+            acme: g.acme.clone(),
         });
         let gen = Rc::new(Gen {
             ctx: ctx.clone(),

@@ -1,0 +1,151 @@
+//! Automatic certificates: `acme = { ... }` on a `[[site]]` orders a certificate for the
+//! site's `server_names` from an ACME CA (RFC 8555), keeps it in the state folder, serves it
+//! on every TLS listener with `certificates` (or `tls = {}`) without a reload, and renews it
+//! when a third of its lifetime is left (`renew_before`), retrying a failed order after
+//! `retry_after`, doubling to 6 hours.
+//!
+//! Each configuration has one [`qweb_tls::Managed`], filled at start from the certificates
+//! the state folder already holds (a restart or a reload serves them at once), and one thread
+//! per site with `acme` that orders when the certificate is missing or due. A reload stops
+//! those threads (an order in progress is abandoned; the new configuration's thread starts
+//! over from the state folder).
+
+mod client;
+mod order;
+mod store;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+
+use crate::config::{AcmeConfig, Config, MAX_ACME_RETRY};
+use store::{Store, Stored};
+
+/// Longest an order may take from start to certificate.
+const ORDER_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// One site's automatic certificate.
+pub(crate) struct Job {
+    names: Vec<String>,
+    config: AcmeConfig,
+    store: Store,
+    managed: Arc<qweb_tls::Managed>,
+    /// When to order: `None` at once (no usable certificate saved).
+    due: Option<SystemTime>,
+}
+
+/// The managed certificates of `config`'s sites with `acme` (those saved already are
+/// installed) and their jobs; `None` when no site has `acme`.
+pub(crate) fn prepare(config: &Config) -> Option<(Arc<qweb_tls::Managed>, Vec<Job>)> {
+    let managed = Arc::new(qweb_tls::Managed::default());
+    let mut jobs = Vec::new();
+    for site in &config.sites.sites {
+        let Some(acme) = &site.acme else { continue };
+        let store = Store::new(&config.state_dir, &acme.directory);
+        let names = site.server_names.clone();
+        let due = match store.load(&names) {
+            Ok(Some(saved)) => {
+                managed.install(&names, saved.key.clone());
+                Some(renew_at(acme, &saved))
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(names = ?names, "the saved certificate does not load ({e}); ordering a new one");
+                None
+            }
+        };
+        jobs.push(Job {
+            names,
+            config: acme.clone(),
+            store,
+            managed: managed.clone(),
+            due,
+        });
+    }
+    (!jobs.is_empty()).then_some((managed, jobs))
+}
+
+/// When `saved` is due for renewal.
+fn renew_at(config: &AcmeConfig, saved: &Stored) -> SystemTime {
+    let life = saved
+        .not_after
+        .duration_since(saved.not_before)
+        .unwrap_or_default();
+    let before = config.renew_before.unwrap_or(life / 3);
+    saved
+        .not_after
+        .checked_sub(before)
+        .unwrap_or(saved.not_before)
+}
+
+/// Keeps the job's certificate ordered and fresh until `shutdown` (a thread of its own).
+pub(crate) fn run(mut job: Job, shutdown: watch::Receiver<bool>) {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!("ACME: {e}");
+            return;
+        }
+    };
+    rt.block_on(async move {
+        let mut backoff = job.config.retry_after;
+        loop {
+            if let Some(at) = job.due {
+                if !wait_until(at, shutdown.clone()).await {
+                    return;
+                }
+            }
+            let mut stop = shutdown.clone();
+            let got = tokio::select! {
+                r = tokio::time::timeout(ORDER_TIMEOUT, order::order(&job)) => {
+                    r.unwrap_or_else(|_| Err(format!("no certificate within {ORDER_TIMEOUT:?}")))
+                }
+                _ = stop.wait_for(|s| *s) => return,
+            };
+            let now = SystemTime::now();
+            match got {
+                Ok(saved) => {
+                    job.managed.install(&job.names, saved.key.clone());
+                    let next = renew_at(&job.config, &saved);
+                    tracing::info!(
+                        names = ?job.names,
+                        valid_until = %httpdate::fmt_http_date(saved.not_after),
+                        renew_at = %httpdate::fmt_http_date(next),
+                        "ACME certificate issued and served"
+                    );
+                    backoff = job.config.retry_after;
+                    if next <= now {
+                        // a renewal window as long as the lifetime would order again at once
+                        tracing::warn!(names = ?job.names, "renew_before is not shorter than the certificate's lifetime: renewing every retry_after ({:?})", job.config.retry_after);
+                    }
+                    job.due = Some(next.max(now + job.config.retry_after));
+                }
+                Err(e) => {
+                    tracing::warn!(names = ?job.names, "ACME order failed, next try in {backoff:?}: {e}");
+                    job.due = Some(now + backoff);
+                    backoff = (backoff * 2).min(MAX_ACME_RETRY);
+                }
+            }
+        }
+    });
+}
+
+/// Sleeps until `at` (wall clock, checked at least hourly); `false` when told to stop first.
+async fn wait_until(at: SystemTime, mut shutdown: watch::Receiver<bool>) -> bool {
+    loop {
+        let left = at
+            .duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO);
+        if left.is_zero() {
+            return !*shutdown.borrow();
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(left.min(Duration::from_secs(3600))) => {}
+            _ = shutdown.wait_for(|s| *s) => return false,
+        }
+    }
+}

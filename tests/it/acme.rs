@@ -1,0 +1,287 @@
+//! Automatic certificates from a real ACME server: Caddy's `acme_server` (its own internal
+//! CA). Caddy validates HTTP-01 on port 80 and TLS-ALPN-01 on port 443 of the name, with no
+//! setting to change that, so the scenario runs in a network and mount namespace of its own
+//! (`unshare -n -m`, root only): a private loopback where qweb binds 80 and 443, and a
+//! private `/etc/hosts` naming the test domains. Where namespaces are not allowed the test
+//! says so and skips.
+//!
+//! The outer test re-runs this test binary inside the namespaces with the inner test, which
+//! refuses to run anywhere else (it bind-mounts over `/etc/hosts`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use qweb_testkit::process::{serve_command, write_file, Qweb};
+use qweb_testkit::tls::ClientTls;
+
+const BIN: &str = env!("CARGO_BIN_EXE_qweb");
+/// Set by the outer test for the inner one.
+const INNER: &str = "QWEB_ACME_IN_NAMESPACE";
+const DIRECTORY: &str = "https://acme.test:9443/acme/local/directory";
+
+/// Why the namespaced scenario cannot run here, if it cannot.
+fn unavailable() -> Option<String> {
+    for tool in ["caddy", "unshare", "ip", "curl", "mount"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            return Some(format!("`{tool}` is not installed"));
+        }
+    }
+    let ok = Command::new("unshare")
+        .args(["-n", "-m", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    (!ok).then(|| "`unshare -n -m` is not allowed here (needs root)".to_owned())
+}
+
+/// A fresh qweb with `acme` blocks and no certificate file serves certificates issued by
+/// Caddy's ACME server (HTTP-01 for one site, TLS-ALPN-01 for the other), renews them
+/// without a reload while every request succeeds, keeps serving while the CA is down and
+/// renews again when it is back, and after a restart serves the saved certificate at once;
+/// the state folder's files are private (0600).
+#[test]
+fn certificates_from_caddys_acme_server_are_issued_renewed_and_kept() {
+    if let Some(why) = unavailable() {
+        eprintln!("SKIPPED acme: {why}");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new("unshare")
+        .args(["-n", "-m", "--"])
+        .arg(exe)
+        .args([
+            "acme::in_namespace",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(INNER, "1")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "the namespaced scenario failed:\n{text}"
+    );
+    assert!(text.contains("1 passed"), "{text}");
+    if let Some(l) = text.lines().find(|l| l.contains("issued both within")) {
+        eprintln!("{l}");
+    }
+}
+
+/// Caddy with `acme_server` at `acme.test:9443`, its data in `dir`.
+fn caddy(dir: &Path) -> Qweb {
+    let file = write_file(
+        dir,
+        "Caddyfile",
+        &format!(
+            "{{\n\tadmin off\n\tauto_https disable_redirects\n\thttp_port 10080\n\tlocal_certs\n\tskip_install_trust\n\tstorage file_system {}\n}}\nhttps://acme.test:9443 {{\n\ttls internal\n\tacme_server\n}}\n",
+            dir.join("data").display()
+        ),
+    );
+    let mut cmd = Command::new("caddy");
+    cmd.args(["run", "--adapter", "caddyfile", "--config"])
+        .arg(file)
+        .env("HOME", dir)
+        .env("XDG_DATA_HOME", dir.join("xdg"))
+        .env("XDG_CONFIG_HOME", dir.join("xdg"))
+        .stdout(Stdio::null());
+    Qweb::spawn(cmd, "serving initial configuration")
+}
+
+fn sh(cmd: &str) {
+    let s = Command::new("sh").args(["-c", cmd]).status().unwrap();
+    assert!(s.success(), "{cmd}");
+}
+
+/// `curl https://NAME/` trusting `root`: status and body.
+fn curl(name: &str, root: &Path) -> (u16, String) {
+    let o = Command::new("curl")
+        .args(["-s", "--max-time", "10", "-w", "\n%{http_code}", "--cacert"])
+        .arg(root)
+        .arg(format!("https://{name}/"))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let (body, code) = out.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
+/// The leaf certificate qweb serves for `name` (verified against `root`).
+fn served_leaf(name: &str, root: &Path) -> Option<Vec<u8>> {
+    let cfg = Arc::new(ClientTls::trusting(root).no_resumption().build());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let addr = "127.0.0.1:443".parse().unwrap();
+        let sni = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
+        let tls = qweb_testkit::tls::connect_as(addr, &cfg, sni).await.ok()?;
+        let certs = tls.get_ref().1.peer_certificates()?;
+        Some(certs[0].as_ref().to_vec())
+    })
+}
+
+/// Polls until `f` gives `Some` (every 200 ms, up to `limit`).
+fn until<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn config(dir: &Path, root: &Path, www: &Path) -> PathBuf {
+    let acme = format!(
+        "directory = \"{DIRECTORY}\", ca_root = \"{}\", email = \"ops@qweb.test\", renew_before = \"12h\", retry_after = \"2s\"",
+        root.display()
+    );
+    write_file(
+        dir,
+        "qweb.toml",
+        &format!(
+            r#"workers = 2
+state_dir = "{state}"
+[[listener]]
+address = "127.0.0.1:443"
+tls = {{}}
+[[listener]]
+address = "127.0.0.1:80"
+redirect = {{ to = "https://{{host}}{{uri}}", status = 301 }}
+[[site]]
+server_names = ["a.qweb.test"]
+acme = {{ {acme} }}
+route = [{{ prefix = "/", root = "{www}" }}]
+[[site]]
+server_names = ["b.qweb.test"]
+acme = {{ {acme}, challenge = "tls-alpn-01" }}
+route = [{{ prefix = "/", root = "{www}" }}]
+"#,
+            state = dir.join("state").display(),
+            www = www.display(),
+        ),
+    )
+}
+
+/// The scenario, inside the namespaces (run by the test above).
+#[test]
+#[ignore = "run inside `unshare -n -m` by certificates_from_caddys_acme_server_are_issued_renewed_and_kept"]
+fn in_namespace() {
+    assert_eq!(
+        std::env::var(INNER).as_deref(),
+        Ok("1"),
+        "only inside the namespaces: this test mounts over /etc/hosts"
+    );
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    let hosts = write_file(
+        dir,
+        "hosts",
+        "127.0.0.1 localhost acme.test a.qweb.test b.qweb.test\n",
+    );
+    sh(&format!("mount --bind {} /etc/hosts", hosts.display()));
+    sh("ip link set lo up");
+    let www = dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("index.html"), "acme ok\n").unwrap();
+
+    let cdir = dir.join("caddy");
+    std::fs::create_dir_all(&cdir).unwrap();
+    let mut ca = caddy(&cdir);
+    let root = cdir.join("data/pki/authorities/local/root.crt");
+    until(Duration::from_secs(20), "Caddy's root", || {
+        root.exists().then_some(())
+    });
+
+    // a fresh qweb: no certificate yet, each site gets one within seconds
+    let conf = config(dir, &root, &www);
+    let q = Qweb::spawn(serve_command(BIN, &conf), "worker(s)");
+    let started = Instant::now();
+    for name in ["a.qweb.test", "b.qweb.test"] {
+        until(
+            Duration::from_secs(30),
+            &format!("a certificate for {name}"),
+            || (curl(name, &root) == (200, "acme ok\n".into())).then_some(()),
+        );
+    }
+    eprintln!("issued both within {:?}", started.elapsed());
+    q.wait_for("answered an ACME HTTP-01 challenge", 1);
+    // the plain listener still redirects everything else
+    let o = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "http://a.qweb.test/x",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "301");
+
+    // renewal (renew_before is nearly the whole 12 h lifetime): new certificates are served
+    // without a reload, and no request fails meanwhile
+    let first = served_leaf("a.qweb.test", &root).unwrap();
+    let first_b = served_leaf("b.qweb.test", &root).unwrap();
+    let mut renewed = (false, false);
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) && !(renewed.0 && renewed.1) {
+        assert_eq!(curl("a.qweb.test", &root).0, 200);
+        assert_eq!(curl("b.qweb.test", &root).0, 200);
+        renewed.0 |= served_leaf("a.qweb.test", &root).unwrap() != first;
+        renewed.1 |= served_leaf("b.qweb.test", &root).unwrap() != first_b;
+    }
+    assert_eq!(renewed, (true, true), "both renewed within 30 s");
+
+    // the CA goes away: orders fail, the current certificates are still served
+    drop(ca);
+    q.wait_for("ACME order failed", 2);
+    for _ in 0..5 {
+        assert_eq!(curl("a.qweb.test", &root), (200, "acme ok\n".into()));
+        assert_eq!(curl("b.qweb.test", &root).0, 200);
+    }
+    // it comes back: renewals resume
+    ca = caddy(&cdir);
+    let before = served_leaf("a.qweb.test", &root).unwrap();
+    until(
+        Duration::from_secs(30),
+        "a renewal after the CA came back",
+        || (served_leaf("a.qweb.test", &root)? != before).then_some(()),
+    );
+    drop(ca);
+
+    // saved privately, and served at once by a restarted qweb (the CA is down)
+    let acme_dir = dir.join("state/acme");
+    let mut files = 0;
+    for sub in std::fs::read_dir(&acme_dir).unwrap() {
+        for f in std::fs::read_dir(sub.unwrap().path()).unwrap() {
+            let f = f.unwrap();
+            let mode =
+                std::os::unix::fs::PermissionsExt::mode(&f.metadata().unwrap().permissions());
+            assert_eq!(mode & 0o077, 0, "{} is {mode:o}", f.path().display());
+            files += 1;
+        }
+    }
+    assert_eq!(files, 3, "account.json, a.qweb.test.pem, b.qweb.test.pem");
+    drop(q);
+    let _q = Qweb::spawn(serve_command(BIN, &conf), "worker(s)");
+    assert_eq!(curl("a.qweb.test", &root), (200, "acme ok\n".into()));
+    assert_eq!(curl("b.qweb.test", &root), (200, "acme ok\n".into()));
+}
