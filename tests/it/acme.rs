@@ -135,6 +135,21 @@ fn served_leaf(name: &str, root: &Path) -> Option<Vec<u8>> {
     })
 }
 
+/// A handshake for `name` offering `alpn` (any certificate accepted): the protocol chosen.
+fn handshake(name: &str, alpn: &[&[u8]]) -> std::io::Result<Vec<u8>> {
+    let cfg = Arc::new(ClientTls::accept_any().alpn(alpn).build());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let sni = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
+        let tls =
+            qweb_testkit::tls::connect_as("127.0.0.1:443".parse().unwrap(), &cfg, sni).await?;
+        Ok(tls.get_ref().1.alpn_protocol().unwrap_or_default().to_vec())
+    })
+}
+
 /// Polls until `f` gives `Some` (every 200 ms, up to `limit`).
 fn until<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
@@ -236,7 +251,15 @@ fn in_namespace() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout), "301");
 
-    // renewal (renew_before is nearly the whole 12 h lifetime): new certificates are served
+    // with no challenge outstanding, a client offering `acme-tls/1` alone gets no
+    // certificate (and one offering it besides h2 gets the site's)
+    assert!(handshake("a.qweb.test", &[b"acme-tls/1"]).is_err());
+    assert_eq!(
+        handshake("a.qweb.test", &[b"h2", b"acme-tls/1"]).unwrap(),
+        b"h2"
+    );
+
+    // renewal (renew_before is the whole 12 h lifetime): new certificates are served
     // without a reload, and no request fails meanwhile
     let first = served_leaf("a.qweb.test", &root).unwrap();
     let first_b = served_leaf("b.qweb.test", &root).unwrap();

@@ -283,4 +283,19 @@ address = "127.0.0.1:0"
         let e = parse(no_tls).unwrap_err();
         assert!(e.contains("no TLS listener"), "{e}");
     }
+    /// The README's recipe is a valid configuration: TLS-ALPN-01 (no plain listener), both
+    /// names, Let's Encrypt.
+    #[test]
+    fn the_readme_recipe_is_valid() {
+        let readme = include_str!("../../../README.md");
+        let section = readme.split("## Automatic HTTPS (ACME)").nth(1).unwrap();
+        let block = section.split("```toml\n").nth(1).unwrap();
+        let block = block.split("```").next().unwrap();
+        let c = parse(&block.replace("/srv/www", "/tmp")).unwrap();
+        let site = &c.sites.sites[0];
+        assert_eq!(site.server_names, ["example.com", "www.example.com"]);
+        let a = site.acme.as_ref().unwrap();
+        assert_eq!(a.challenge, AcmeChallenge::TlsAlpn01);
+        assert_eq!(a.directory, DEFAULT_ACME_DIRECTORY);
+    }
 }
