@@ -3,15 +3,25 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::ocsp::OcspError;
+/// What is wrong with DER input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DerError {
+    /// Not the DER structure expected.
+    #[error("malformed DER: {0}")]
+    Malformed(&'static str),
+    /// A certificate's fields could not be read.
+    #[error("cannot read the certificate: {0}")]
+    Certificate(&'static str),
+}
 
 #[derive(Clone, Copy)]
 pub(crate) struct Der<'a>(pub(crate) &'a [u8]);
 
 impl<'a> Der<'a> {
     /// The next TLV: (tag, contents, whole TLV).
-    pub(crate) fn next(&mut self) -> Result<(u8, &'a [u8], &'a [u8]), OcspError> {
-        let bad = OcspError::Malformed;
+    pub(crate) fn next(&mut self) -> Result<(u8, &'a [u8], &'a [u8]), DerError> {
+        let bad = DerError::Malformed;
         let b = self.0;
         if b.len() < 2 {
             return Err(bad("truncated"));
@@ -43,10 +53,10 @@ impl<'a> Der<'a> {
         Ok((tag, &b[hdr..end], &b[..end]))
     }
 
-    pub(crate) fn expect(&mut self, want: u8, what: &'static str) -> Result<&'a [u8], OcspError> {
+    pub(crate) fn expect(&mut self, want: u8, what: &'static str) -> Result<&'a [u8], DerError> {
         match self.next()? {
             (t, c, _) if t == want => Ok(c),
-            _ => Err(OcspError::Malformed(what)),
+            _ => Err(DerError::Malformed(what)),
         }
     }
 
@@ -62,8 +72,8 @@ impl<'a> Der<'a> {
 pub(crate) const SEQ: u8 = 0x30;
 
 /// `YYYYMMDDHHMMSSZ` (GeneralizedTime, as RFC 5280 requires) to a time.
-pub(crate) fn generalized_time(v: &[u8]) -> Result<SystemTime, OcspError> {
-    let bad = || OcspError::Malformed("time");
+pub(crate) fn generalized_time(v: &[u8]) -> Result<SystemTime, DerError> {
+    let bad = || DerError::Malformed("time");
     if v.len() != 15 || v[14] != b'Z' || !v[..14].iter().all(u8::is_ascii_digit) {
         return Err(bad());
     }
@@ -92,8 +102,8 @@ pub(crate) fn generalized_time(v: &[u8]) -> Result<SystemTime, OcspError> {
 /// extensions DER if any.
 pub(crate) type CertParts = (Vec<u8>, Vec<u8>, Option<Vec<u8>>);
 
-pub(crate) fn cert_parts(cert: &[u8]) -> Result<CertParts, OcspError> {
-    let c = OcspError::Certificate;
+pub(crate) fn cert_parts(cert: &[u8]) -> Result<CertParts, DerError> {
+    let c = DerError::Certificate;
     let mut top = Der(cert);
     let mut certificate = Der(top
         .expect(SEQ, "certificate")
@@ -124,8 +134,8 @@ pub(crate) fn cert_parts(cert: &[u8]) -> Result<CertParts, OcspError> {
 }
 
 /// A certificate's validity: `notBefore` and `notAfter` (UTCTime or GeneralizedTime).
-pub fn validity(cert: &[u8]) -> Result<(SystemTime, SystemTime), OcspError> {
-    let c = OcspError::Certificate;
+pub fn validity(cert: &[u8]) -> Result<(SystemTime, SystemTime), DerError> {
+    let c = DerError::Certificate;
     let mut top = Der(cert);
     let mut certificate = Der(top
         .expect(SEQ, "certificate")
@@ -140,7 +150,7 @@ pub fn validity(cert: &[u8]) -> Result<(SystemTime, SystemTime), OcspError> {
         tbs.next().map_err(|_| c(what))?;
     }
     let mut v = Der(tbs.expect(SEQ, "validity").map_err(|_| c("no validity"))?);
-    let mut time = || -> Result<SystemTime, OcspError> {
+    let mut time = || -> Result<SystemTime, DerError> {
         match v.next().map_err(|_| c("validity"))? {
             (0x18, t, _) => generalized_time(t),
             // UTCTime YYMMDDHHMMSSZ: 50-99 are 19xx (RFC 5280 4.1.2.5.1)

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use rustls::sign::CertifiedKey;
 
-use crate::der::{cert_parts, generalized_time, Der, SEQ};
+use crate::der::{cert_parts, generalized_time, Der, DerError, SEQ};
 
 /// Why an OCSP response is not stapled.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -42,6 +42,15 @@ pub enum OcspError {
     /// The certificate could not be parsed.
     #[error("cannot read the certificate: {0}")]
     Certificate(&'static str),
+}
+
+impl From<DerError> for OcspError {
+    fn from(e: DerError) -> Self {
+        match e {
+            DerError::Certificate(m) => OcspError::Certificate(m),
+            DerError::Malformed(m) => OcspError::Malformed(m),
+        }
+    }
 }
 
 const OID_BASIC: &[u8] = &[0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x30, 0x01, 0x01];

@@ -116,6 +116,8 @@ type Lru = LruCache<u64, Rc<Entry>, std::hash::BuildHasherDefault<Prehashed>>;
 
 struct Cache {
     cfg: FileCacheConfig,
+    /// The server's counters (one per server, shared by its workers).
+    stats: Arc<Stats>,
     lru: Lru,
     /// Content plus overhead of every entry held.
     bytes: u64,
@@ -126,7 +128,8 @@ thread_local! {
     static CACHE: RefCell<Option<Cache>> = const { RefCell::new(None) };
 }
 
-/// Process-wide counters, summed over the workers (`/metrics`).
+/// A server's counters, summed over its workers (`/metrics`).
+#[derive(Debug, Default)]
 pub(crate) struct Stats {
     pub hits: AtomicU64,
     pub misses: AtomicU64,
@@ -138,16 +141,6 @@ pub(crate) struct Stats {
     pub bytes: AtomicI64,
 }
 
-/// The counters.
-pub(crate) static STATS: Stats = Stats {
-    hits: AtomicU64::new(0),
-    misses: AtomicU64::new(0),
-    revalidated: AtomicU64::new(0),
-    invalidated: AtomicU64::new(0),
-    entries: AtomicI64::new(0),
-    bytes: AtomicI64::new(0),
-};
-
 impl Cache {
     fn hash(&self, root: u64, key: &str) -> u64 {
         self.hasher.hash_one((root, key))
@@ -156,15 +149,15 @@ impl Cache {
     fn forget(&mut self, e: &Entry) {
         let cost = cost(e.body.len());
         self.bytes -= cost;
-        STATS.bytes.fetch_sub(cost as i64, Relaxed);
-        STATS.entries.fetch_sub(1, Relaxed);
+        self.stats.bytes.fetch_sub(cost as i64, Relaxed);
+        self.stats.entries.fetch_sub(1, Relaxed);
     }
 }
 
 impl Drop for Cache {
     fn drop(&mut self) {
-        STATS.bytes.fetch_sub(self.bytes as i64, Relaxed);
-        STATS.entries.fetch_sub(self.lru.len() as i64, Relaxed);
+        self.stats.bytes.fetch_sub(self.bytes as i64, Relaxed);
+        self.stats.entries.fetch_sub(self.lru.len() as i64, Relaxed);
     }
 }
 
@@ -174,9 +167,10 @@ fn cost(len: usize) -> u64 {
 
 /// Sets this worker's cache up for `cfg`, empty (called when a worker applies a
 /// configuration generation: a reload starts with an empty cache).
-pub(crate) fn configure(cfg: &FileCacheConfig) {
+pub(crate) fn configure(cfg: &FileCacheConfig, stats: &Arc<Stats>) {
     let cache = NonZeroUsize::new(cfg.entries).map(|n| Cache {
         cfg: *cfg,
+        stats: stats.clone(),
         lru: Lru::with_hasher(n, Default::default()),
         bytes: 0,
         hasher: RandomState::new(),
@@ -196,14 +190,14 @@ pub(crate) fn lookup(root: u64, key: &str) -> Lookup {
         match c.lru.get(&h) {
             Some(e) if e.root == root && &*e.key == key => {
                 if e.checked.get().elapsed() < valid {
-                    STATS.hits.fetch_add(1, Relaxed);
+                    c.stats.hits.fetch_add(1, Relaxed);
                     Lookup::Fresh(e.clone())
                 } else {
                     Lookup::Stale(e.clone())
                 }
             }
             _ => {
-                STATS.misses.fetch_add(1, Relaxed);
+                c.stats.misses.fetch_add(1, Relaxed);
                 Lookup::Miss
             }
         }
@@ -213,14 +207,27 @@ pub(crate) fn lookup(root: u64, key: &str) -> Lookup {
 /// The disk still has `e`'s version: it is fresh for another `valid`.
 pub(crate) fn revalidated(e: &Entry) {
     e.checked.set(Instant::now());
-    STATS.revalidated.fetch_add(1, Relaxed);
-    STATS.hits.fetch_add(1, Relaxed);
+    with_stats(|s| {
+        s.revalidated.fetch_add(1, Relaxed);
+        s.hits.fetch_add(1, Relaxed);
+    });
+}
+
+/// Runs `f` on this worker's counters (when its cache is on).
+fn with_stats(f: impl FnOnce(&Stats)) {
+    CACHE.with(|c| {
+        if let Some(c) = c.borrow().as_ref() {
+            f(&c.stats);
+        }
+    });
 }
 
 /// The disk no longer has `e`'s version: drop it.
 pub(crate) fn invalidate(e: &Entry) {
-    STATS.invalidated.fetch_add(1, Relaxed);
-    STATS.misses.fetch_add(1, Relaxed);
+    with_stats(|s| {
+        s.invalidated.fetch_add(1, Relaxed);
+        s.misses.fetch_add(1, Relaxed);
+    });
     CACHE.with(|c| {
         let mut c = c.borrow_mut();
         let Some(c) = c.as_mut() else { return };
@@ -270,15 +277,15 @@ pub(crate) fn insert(root: u64, key: &str, head: FileHead, body: Bytes) -> Rc<En
         }
         c.lru.put(h, entry.clone());
         c.bytes += add;
-        STATS.bytes.fetch_add(add as i64, Relaxed);
-        STATS.entries.fetch_add(1, Relaxed);
+        c.stats.bytes.fetch_add(add as i64, Relaxed);
+        c.stats.entries.fetch_add(1, Relaxed);
     });
     entry
 }
 
 /// `/metrics`: the open-file cache's counters, summed over the workers.
-#[derive(Debug, Default)]
-pub(crate) struct CacheCollector;
+#[derive(Debug)]
+pub(crate) struct CacheCollector(pub Arc<Stats>);
 
 impl prometheus_client::collector::Collector for CacheCollector {
     fn encode(
@@ -289,10 +296,10 @@ impl prometheus_client::collector::Collector for CacheCollector {
         use prometheus_client::metrics::counter::ConstCounter;
         use prometheus_client::metrics::gauge::ConstGauge;
         let counters = [
-            ("qweb_file_cache_hits", "Static-file requests answered from the open-file cache.", &STATS.hits),
-            ("qweb_file_cache_misses", "Static-file lookups the open-file cache did not answer (not held, or changed on disk).", &STATS.misses),
-            ("qweb_file_cache_revalidations", "Cached files checked against the disk after `file_cache.valid` and found unchanged.", &STATS.revalidated),
-            ("qweb_file_cache_invalidations", "Cached files dropped because the file on disk changed or went away.", &STATS.invalidated),
+            ("qweb_file_cache_hits", "Static-file requests answered from the open-file cache.", &self.0.hits),
+            ("qweb_file_cache_misses", "Static-file lookups the open-file cache did not answer (not held, or changed on disk).", &self.0.misses),
+            ("qweb_file_cache_revalidations", "Cached files checked against the disk after `file_cache.valid` and found unchanged.", &self.0.revalidated),
+            ("qweb_file_cache_invalidations", "Cached files dropped because the file on disk changed or went away.", &self.0.invalidated),
         ];
         for (name, help, v) in counters {
             let c = ConstCounter::new(v.load(Relaxed));
@@ -302,12 +309,12 @@ impl prometheus_client::collector::Collector for CacheCollector {
             (
                 "qweb_file_cache_entries",
                 "Files held in the open-file caches.",
-                &STATS.entries,
+                &self.0.entries,
             ),
             (
                 "qweb_file_cache_bytes",
                 "Bytes held in the open-file caches (content plus a fixed overhead per file).",
-                &STATS.bytes,
+                &self.0.bytes,
             ),
         ];
         for (name, help, v) in gauges {
@@ -351,13 +358,16 @@ mod tests {
 
     #[test]
     fn bounded_by_entries_and_memory_lru_first() {
-        configure(&FileCacheConfig {
-            entries: 3,
-            max_file_size: 1000,
-            memory: 3 * (1000 + ENTRY_OVERHEAD),
-            valid: Duration::from_secs(60),
-            ..Default::default()
-        });
+        configure(
+            &FileCacheConfig {
+                entries: 3,
+                max_file_size: 1000,
+                memory: 3 * (1000 + ENTRY_OVERHEAD),
+                valid: Duration::from_secs(60),
+                ..Default::default()
+            },
+            &Arc::default(),
+        );
         for i in 0..10 {
             insert(1, &format!("/f{i}"), head(10), Bytes::from(vec![0; 10]));
         }
@@ -367,13 +377,16 @@ mod tests {
         // the same path under another root is another file
         assert!(matches!(lookup(2, "/f9"), Lookup::Miss));
         // big entries push out small ones until the content fits
-        configure(&FileCacheConfig {
-            entries: 100,
-            max_file_size: 1000,
-            memory: 2 * (1000 + ENTRY_OVERHEAD),
-            valid: Duration::from_secs(60),
-            ..Default::default()
-        });
+        configure(
+            &FileCacheConfig {
+                entries: 100,
+                max_file_size: 1000,
+                memory: 2 * (1000 + ENTRY_OVERHEAD),
+                valid: Duration::from_secs(60),
+                ..Default::default()
+            },
+            &Arc::default(),
+        );
         for i in 0..5 {
             insert(1, &format!("/s{i}"), head(10), Bytes::from(vec![0; 10]));
         }
@@ -387,13 +400,16 @@ mod tests {
 
     #[test]
     fn entries_go_stale_after_valid_and_invalidate_drops_them() {
-        configure(&FileCacheConfig {
-            entries: 10,
-            max_file_size: 1000,
-            memory: 100_000,
-            valid: Duration::from_millis(30),
-            ..Default::default()
-        });
+        configure(
+            &FileCacheConfig {
+                entries: 10,
+                max_file_size: 1000,
+                memory: 100_000,
+                valid: Duration::from_millis(30),
+                ..Default::default()
+            },
+            &Arc::default(),
+        );
         let e = insert(7, "/a", head(3), Bytes::from_static(b"abc"));
         assert!(matches!(lookup(7, "/a"), Lookup::Fresh(_)));
         std::thread::sleep(Duration::from_millis(40));
@@ -409,10 +425,13 @@ mod tests {
 
     #[test]
     fn off_when_entries_is_zero() {
-        configure(&FileCacheConfig {
-            entries: 0,
-            ..FileCacheConfig::default()
-        });
+        configure(
+            &FileCacheConfig {
+                entries: 0,
+                ..FileCacheConfig::default()
+            },
+            &Arc::default(),
+        );
         assert!(!admits(1));
         insert(1, "/x", head(1), Bytes::from_static(b"x"));
         assert!(matches!(lookup(1, "/x"), Lookup::Miss));

@@ -202,6 +202,7 @@ impl Server {
             (0..n).map(|_| Arc::new(WorkerMetrics::default())).collect();
         let tls_sessions_collector =
             Arc::new(crate::runtime::tls_session::TlsSessionsCollector::default());
+        let file_cache = Arc::new(crate::files::cache::Stats::default());
         let metrics = Arc::new(Metrics::new(
             worker_metrics.clone(),
             EngineSet::new(engine_list(&built.engines)),
@@ -209,7 +210,7 @@ impl Server {
             config_hash(&config),
             vec![
                 Box::new(tls_sessions_collector.clone()),
-                Box::new(crate::files::cache::CacheCollector),
+                Box::new(crate::files::cache::CacheCollector(file_cache.clone())),
             ],
         ));
         metrics
@@ -241,6 +242,7 @@ impl Server {
             let extras = WorkerExtras {
                 metrics: m.clone(),
                 registry: metrics.clone(),
+                file_cache: file_cache.clone(),
             };
             let rx = rx.clone();
             let handle = std::thread::Builder::new()

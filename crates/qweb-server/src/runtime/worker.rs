@@ -99,6 +99,8 @@ pub(crate) struct WorkerExtras {
     pub metrics: Arc<WorkerMetrics>,
     /// The server's registry (route metrics handles).
     pub registry: Arc<Metrics>,
+    /// The server's open-file cache counters.
+    pub file_cache: Arc<crate::files::cache::Stats>,
 }
 
 /// One configuration generation on this worker: what its connections are served with, and
@@ -211,7 +213,7 @@ impl Worker {
     fn apply(&mut self, g: Generation) -> std::io::Result<()> {
         let config = &g.config;
         qweb_offload::job::set_max_live(config.offload.max_jobs_per_worker);
-        crate::files::cache::configure(&config.file_cache);
+        crate::files::cache::configure(&config.file_cache, &self.extras.file_cache);
         crate::files::body::set_held_fds(config.file_cache.held_fds);
         let batch = BatchConfig {
             enabled: config.offload.batch,

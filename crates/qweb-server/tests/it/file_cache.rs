@@ -1,8 +1,9 @@
 //! The open-file cache against files changed under it: a file replaced, rewritten in place,
 //! removed, grown past the cache's size, or reached through a directory swapped for a symlink
 //! to the outside is seen within `file_cache.valid`; the cache stays within its bounds; hits
-//! really skip the disk (the counters say so). One test function: the cache's counters on
-//! `/metrics` are process-wide, so the scenarios run in sequence.
+//! really skip the disk (the counters say so). One test function: the scenarios share one
+//! server's counters, so they run in sequence (each server has its own counters, so other
+//! tests running meanwhile do not move them).
 
 use qweb_testkit as common;
 
