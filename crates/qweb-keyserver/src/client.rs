@@ -538,7 +538,7 @@ where
                                 d.complete(p, Err(OpError::Failed(format!("key server: {what}: {message}"))));
                             }
                         }
-                        Ok(Some(Frame::Request { .. } | Frame::TicketKeysRequest { .. } | Frame::TicketKeys { .. })) | Err(_) => {
+                        Ok(Some(_)) | Err(_) => {
                             tracing::warn!("key server sent a malformed frame; reconnecting");
                             return in_flight.into_values().collect();
                         }

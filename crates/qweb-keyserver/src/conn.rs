@@ -147,6 +147,17 @@ fn check(frame: Frame, state: &State) -> Todo {
             Err(e) => error(id, ErrorCode::Internal, &e.to_string()),
         };
     }
+    if let Frame::GenerateKey { id, label } = frame {
+        return match state.generated.as_ref().map(|g| g.generate(&label)) {
+            None => error(
+                id,
+                ErrorCode::BadRequest,
+                "key generation is off (no `generated_keys`)",
+            ),
+            Some(Ok((key, spki))) => Todo::Answer(Frame::KeyGenerated { id, key, spki }),
+            Some(Err((code, message))) => error(id, code, &message),
+        };
+    }
     let Frame::Request {
         id,
         scheme,
@@ -160,7 +171,7 @@ fn check(frame: Frame, state: &State) -> Todo {
             "only requests are accepted",
         );
     };
-    let Some(local) = state.keys.get(&key) else {
+    let Some(local) = state.key(&key) else {
         return error(id, ErrorCode::UnknownKey, "unknown key");
     };
     if !local.schemes().contains(&scheme) {
@@ -171,7 +182,7 @@ fn check(frame: Frame, state: &State) -> Todo {
         Op::Sign(SignOp {
             key: qweb_offload::KeyRef {
                 id: key,
-                local: Some(local.clone()),
+                local: Some(local),
             },
             scheme,
             message,

@@ -18,9 +18,13 @@
 pub mod accept;
 pub mod client;
 pub mod conn;
+mod generated;
 mod metrics;
+pub mod once;
 pub mod protocol;
 pub mod server;
 mod shutdown;
 mod state;
 pub mod tickets;
+
+pub use generated::MAX_GENERATED_KEYS;

@@ -8,7 +8,9 @@
 //! - ticket keys request (4, version 2): empty;
 //! - ticket keys (5, version 2): `u32 rotation`, `u32 next in`, `u32 current age` (seconds),
 //!   `u8 has previous`, then 48-byte keys (`[u8; 16] name`, `[u8; 32] secret`): the
-//!   previous (when present), the current, the next.
+//!   previous (when present), the current, the next;
+//! - generate key (6): `u8 algorithm` (1: ECDSA P-256), then a UTF-8 label (the rest);
+//! - key generated (7): `[u8; 32] key id`, then the public key's SubjectPublicKeyInfo DER.
 //!
 //! The decoder never allocates more than `MAX_FRAME` for a frame and rejects anything
 //! malformed with an error, never a panic.
@@ -124,7 +126,27 @@ pub enum Frame {
         /// Previous, current and next key, and the rotation times (whole seconds).
         keys: FleetKeys,
     },
+    /// Asks the key server to generate an ECDSA P-256 key and keep it (for a certificate
+    /// ordered by ACME: the private key never leaves the key server).
+    GenerateKey {
+        /// Chosen by the client; echoed in the answer.
+        id: u64,
+        /// Names the key in the key server's files (the certificate's first name).
+        label: String,
+    },
+    /// The key generated: its id (SHA-256 of `spki`) and public key.
+    KeyGenerated {
+        /// The request.
+        id: u64,
+        /// The key's id.
+        key: KeyId,
+        /// SubjectPublicKeyInfo DER.
+        spki: Vec<u8>,
+    },
 }
+
+/// The one algorithm of [`Frame::GenerateKey`]: ECDSA P-256.
+const GENERATE_P256: u8 = 1;
 
 /// Bytes of one ticket key on the wire.
 const TICKET_KEY: usize = KEY_NAME_LEN + KEY_SECRET_LEN;
@@ -161,7 +183,9 @@ impl Frame {
             | Frame::Response { id, .. }
             | Frame::Error { id, .. }
             | Frame::TicketKeysRequest { id }
-            | Frame::TicketKeys { id, .. } => *id,
+            | Frame::TicketKeys { id, .. }
+            | Frame::GenerateKey { id, .. }
+            | Frame::KeyGenerated { id, .. } => *id,
         }
     }
 
@@ -206,6 +230,16 @@ impl Frame {
                     body.put_slice(&secret[..]);
                 }
                 (5, *id)
+            }
+            Frame::GenerateKey { id, label } => {
+                body.put_u8(GENERATE_P256);
+                body.put_slice(label.as_bytes());
+                (6, *id)
+            }
+            Frame::KeyGenerated { id, key, spki } => {
+                body.put_slice(&key.0);
+                body.put_slice(spki);
+                (7, *id)
             }
         };
         body.truncate(MAX_FRAME - HEADER);
@@ -282,6 +316,31 @@ impl Frame {
                 let keys = decode_ticket_keys(&f);
                 f[..].zeroize();
                 Frame::TicketKeys { id, keys: keys? }
+            }
+            6 => {
+                if f.is_empty() {
+                    return Err(ProtocolError::Truncated("generate key"));
+                }
+                let alg = f.get_u8();
+                if alg != GENERATE_P256 {
+                    return Err(ProtocolError::Opcode(alg));
+                }
+                Frame::GenerateKey {
+                    id,
+                    label: String::from_utf8_lossy(&f).into_owned(),
+                }
+            }
+            7 => {
+                if f.len() <= 32 {
+                    return Err(ProtocolError::Truncated("key generated"));
+                }
+                let mut key = [0u8; 32];
+                f.copy_to_slice(&mut key);
+                Frame::KeyGenerated {
+                    id,
+                    key: KeyId(key),
+                    spki: f.to_vec(),
+                }
             }
             k => return Err(ProtocolError::Kind(k)),
         };
@@ -387,9 +446,38 @@ mod tests {
                 },
             });
         }
+        roundtrip(Frame::GenerateKey {
+            id: 8,
+            label: "a.example".into(),
+        });
+        roundtrip(Frame::KeyGenerated {
+            id: 9,
+            key: KeyId([4; 32]),
+            spki: vec![0x30, 0x59, 1, 2],
+        });
         for op in 1..=8 {
             assert_eq!(opcode(scheme(op).unwrap()), op);
         }
+        // an unknown algorithm, an empty generate body, an answer without a key
+        let mut b = BytesMut::new();
+        b.put_u32(HEADER as u32 + 1);
+        b.put_slice(&[VERSION, 6, 0, 0, 0, 0, 0, 0, 0, 1, 2]);
+        assert_eq!(Frame::decode(&mut b), Err(ProtocolError::Opcode(2)));
+        let mut b = BytesMut::new();
+        b.put_u32(HEADER as u32);
+        b.put_slice(&[VERSION, 6, 0, 0, 0, 0, 0, 0, 0, 1]);
+        assert!(matches!(
+            Frame::decode(&mut b),
+            Err(ProtocolError::Truncated(_))
+        ));
+        let mut b = BytesMut::new();
+        b.put_u32(HEADER as u32 + 32);
+        b.put_slice(&[VERSION, 7, 0, 0, 0, 0, 0, 0, 0, 1]);
+        b.put_slice(&[0; 32]);
+        assert!(matches!(
+            Frame::decode(&mut b),
+            Err(ProtocolError::Truncated(_))
+        ));
     }
 
     #[test]
@@ -405,8 +493,8 @@ mod tests {
                 ProtocolError::Version(9),
             ),
             (
-                &[0, 0, 0, 10, 2, 7, 0, 0, 0, 0, 0, 0, 0, 0],
-                ProtocolError::Kind(7),
+                &[0, 0, 0, 10, 2, 9, 0, 0, 0, 0, 0, 0, 0, 0],
+                ProtocolError::Kind(9),
             ),
             (
                 &[0, 0, 0, 11, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1],

@@ -46,7 +46,9 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> KeyserverEr
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
+    #[serde(default)]
     keys: Vec<PathBuf>,
+    generated_keys: Option<PathBuf>,
     threads: Option<usize>,
     queue: Option<usize>,
     max_answers_per_connection: Option<usize>,
@@ -85,6 +87,8 @@ struct RawAdmin {
 pub struct KeyserverConfig {
     /// PEM private keys.
     pub keys: Vec<PathBuf>,
+    /// Where keys generated on request are kept (`None`: generation is off).
+    pub generated_keys: Option<PathBuf>,
     /// Signing threads.
     pub threads: usize,
     /// Signing queue bound (beyond: `Overloaded`).
@@ -128,9 +132,9 @@ impl KeyserverConfig {
             .map_err(|e| KeyserverError::Config(format!("{}: {e}", path.display())))?;
         let base = path.parent().unwrap_or(Path::new("."));
         let abs = |p: &Path| base.join(p);
-        if raw.keys.is_empty() {
+        if raw.keys.is_empty() && raw.generated_keys.is_none() {
             return Err(KeyserverError::Config(format!(
-                "{}: key `keys`: at least one key is needed",
+                "{}: key `keys`: at least one key is needed (or `generated_keys`)",
                 path.display()
             )));
         }
@@ -190,6 +194,7 @@ impl KeyserverConfig {
         let me = rustix::process::getuid().as_raw();
         Ok(KeyserverConfig {
             keys: raw.keys.iter().map(|k| abs(k)).collect(),
+            generated_keys: raw.generated_keys.as_deref().map(abs),
             threads: raw.threads.unwrap_or_else(|| {
                 std::thread::available_parallelism()
                     .map(|n| n.get())
@@ -315,6 +320,10 @@ pub fn start(config: KeyserverConfig) -> Result<RunningKeyserver, KeyserverError
         limits: config.limits,
         tickets: crate::tickets::TicketKeyRing::new(config.ticket_rotation)
             .map_err(|e| KeyserverError::Config(format!("ticket keys: {e}")))?,
+        generated: match &config.generated_keys {
+            Some(d) => Some(crate::generated::Generated::open(d)?),
+            None => None,
+        },
     });
 
     // Bind everything before returning, so errors are reported and clients can connect.

@@ -56,4 +56,16 @@ pub(crate) struct State {
     pub(crate) limits: ConnLimits,
     /// The fleet's session ticket keys.
     pub(crate) tickets: crate::tickets::TicketKeyRing,
+    /// Keys generated on request (`generated_keys`; `None`: generation is off).
+    pub(crate) generated: Option<crate::generated::Generated>,
+}
+
+impl State {
+    /// The key `id`: a configured one, or a generated one.
+    pub(crate) fn key(&self, id: &KeyId) -> Option<Arc<LocalKey>> {
+        match self.keys.get(id) {
+            Some(k) => Some(k.clone()),
+            None => self.generated.as_ref()?.get(id),
+        }
+    }
 }

@@ -16,12 +16,10 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
 use qweb_tls::{FleetKeys, TicketKeyMaterial, Ticketer};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::watch;
 
-use crate::client::{connect, ClientConfig, ClientError, Stream};
+use crate::client::{ClientConfig, ClientError};
 use crate::protocol::Frame;
 
 /// The key server's ticket keys.
@@ -92,54 +90,23 @@ impl TicketKeyRing {
 }
 
 /// Asks one key server for the fleet's ticket keys (a connection of its own, closed after).
+/// The ticket keys frame is wiped by `decode` as it is parsed.
 pub async fn fetch(
     server: &crate::client::Endpoint,
     cfg: &ClientConfig,
 ) -> Result<FleetKeys, ClientError> {
-    let limit = cfg.timeout.max(Duration::from_secs(1));
-    let work = async {
-        match connect(server, cfg).await? {
-            Stream::Unix(s) => ask(s).await,
-            Stream::Tls(s) => ask(*s).await,
-        }
-    };
-    tokio::time::timeout(limit, work)
-        .await
-        .map_err(|_| ClientError::AnswerTimeout)?
-}
-
-async fn ask<S: AsyncRead + AsyncWrite + Unpin>(mut s: S) -> Result<FleetKeys, ClientError> {
-    let mut out = BytesMut::new();
-    Frame::TicketKeysRequest { id: 1 }.encode(&mut out);
-    s.write_all(&out).await?;
-    // (a ticket keys frame is wiped by `decode` as it is parsed)
-    let mut buf = BytesMut::with_capacity(1024);
-    loop {
-        match Frame::decode(&mut buf) {
-            Ok(Some(Frame::TicketKeys { id: 1, keys })) => return Ok(keys),
-            Ok(Some(Frame::Error { code, message, .. })) => {
-                return Err(ClientError::Refused { code, message })
-            }
-            Ok(Some(_)) => return Err(ClientError::UnexpectedAnswer),
-            Err(e) => return Err(e.into()),
-            Ok(None) => {}
-        }
-        if s.read_buf(&mut buf).await? == 0 {
-            return Err(ClientError::Closed);
-        }
+    match crate::once::ask(server, cfg, &Frame::TicketKeysRequest { id: 1 }).await? {
+        Frame::TicketKeys { keys, .. } => Ok(keys),
+        _ => Err(ClientError::UnexpectedAnswer),
     }
 }
 
 /// The first answer of the engine's key servers, in order.
 async fn fetch_any(cfg: &ClientConfig) -> Result<FleetKeys, String> {
-    let mut errors = Vec::new();
-    for server in &cfg.servers {
-        match fetch(server, cfg).await {
-            Ok(keys) => return Ok(keys),
-            Err(e) => errors.push(format!("{server}: {e}")),
-        }
+    match crate::once::ask_any(cfg, &Frame::TicketKeysRequest { id: 1 }).await? {
+        Frame::TicketKeys { keys, .. } => Ok(keys),
+        _ => Err("the key server's answer is not ticket keys".into()),
     }
-    Err(errors.join("; "))
 }
 
 /// Fetch outcomes, for `/metrics`.
@@ -282,6 +249,7 @@ mod tests {
         let key = dir.join("k.pem");
         std::fs::write(&key, kp.serialize_pem()).unwrap();
         crate::server::start(crate::server::KeyserverConfig {
+            generated_keys: None,
             keys: vec![key],
             threads: 1,
             queue: 16,
@@ -403,6 +371,8 @@ mod tests {
     /// A fake key server on the other end of a pipe reads the request, then answers with
     /// `answer` (or closes without answering).
     async fn ask_fake(answer: Option<Frame>) -> Result<FleetKeys, ClientError> {
+        use bytes::BytesMut;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let (client, mut server) = tokio::io::duplex(4096);
         let fake = async move {
             let mut buf = BytesMut::new();
@@ -420,8 +390,12 @@ mod tests {
             }
             // dropped here: the pipe closes
         };
-        let (got, ()) = tokio::join!(ask(client), fake);
-        got
+        let ask = crate::once::exchange(client, &Frame::TicketKeysRequest { id: 1 });
+        let (got, ()) = tokio::join!(ask, fake);
+        match got? {
+            Frame::TicketKeys { keys, .. } => Ok(keys),
+            _ => Err(ClientError::UnexpectedAnswer),
+        }
     }
 
     #[tokio::test]

@@ -51,6 +51,7 @@ fn many_ops_in_flight_verify_and_unknown_keys_fail() {
     let (ec_path, ec) = gen(dir.path(), "ec", false);
     let sock = dir.path().join("ks.sock");
     let ks = start(KeyserverConfig {
+        generated_keys: None,
         keys: vec![rsa_path, ec_path],
         threads: 2,
         queue: 4096,
@@ -194,6 +195,7 @@ fn keyserver_up_gauge_and_timeouts_in_the_metrics() {
     let (ec_path, ec) = gen(dir.path(), "ec", false);
     let sock = dir.path().join("ks \"q\".sock");
     let ks = start(KeyserverConfig {
+        generated_keys: None,
         keys: vec![ec_path],
         threads: 1,
         queue: 64,

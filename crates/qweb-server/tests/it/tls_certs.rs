@@ -704,6 +704,7 @@ pub(crate) fn in_process_keyserver(
     use std::os::unix::fs::MetadataExt;
     let folder = sock.parent().expect("a socket in a folder");
     qweb_keyserver::server::start(qweb_keyserver::server::KeyserverConfig {
+        generated_keys: None,
         keys,
         threads: 1,
         queue: 64,
