@@ -76,7 +76,10 @@ fn certificates_from_caddys_acme_server_are_issued_renewed_and_kept() {
         "the namespaced scenario failed:\n{text}"
     );
     assert!(text.contains("1 passed"), "{text}");
-    if let Some(l) = text.lines().find(|l| l.contains("issued both within")) {
+    for l in text
+        .lines()
+        .filter(|l| l.contains("within") || l.contains("took"))
+    {
         eprintln!("{l}");
     }
 }
@@ -162,6 +165,105 @@ fn until<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T 
     }
 }
 
+/// `qweb keyserver` generating keys into `dir/ks/generated`, on `dir/ks.sock`.
+fn keyserver(dir: &Path) -> Qweb {
+    let conf = write_file(
+        dir,
+        "keyserver.toml",
+        &format!(
+            "generated_keys = \"{}\"\n[unix]\npath = \"{}\"\n",
+            dir.join("ks/generated").display(),
+            dir.join("ks.sock").display()
+        ),
+    );
+    let mut cmd = Command::new(BIN);
+    cmd.args(["keyserver", "--config"])
+        .arg(conf)
+        .stdout(Stdio::null());
+    Qweb::spawn(cmd, qweb_testkit::process::KEYSERVER_READY)
+}
+
+/// Does process `pid`'s memory hold `needle` (or its bytes reversed, as a little-endian
+/// big number holds a scalar)? Reads every resident page of every readable mapping through
+/// `/proc/PID/mem` (`/proc/PID/pagemap` says which pages are resident: reading the others
+/// would only fault in zero pages of the allocator's reservations).
+fn memory_holds(pid: u32, needle: &[u8]) -> bool {
+    use std::os::unix::fs::FileExt;
+    const PAGE: u64 = 4096;
+    let reversed: Vec<u8> = needle.iter().rev().copied().collect();
+    let finders = [
+        memchr::memmem::Finder::new(needle),
+        memchr::memmem::Finder::new(&reversed),
+    ];
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap")).unwrap();
+    let mut scanned = 0u64;
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        if !perms.starts_with('r') || line.ends_with("[vvar]") || line.ends_with("[vsyscall]") {
+            continue;
+        }
+        let (a, b) = range.split_once('-').unwrap();
+        let start = u64::from_str_radix(a, 16).unwrap();
+        let end = u64::from_str_radix(b, 16).unwrap();
+        let pages = ((end - start) / PAGE) as usize;
+        let mut entries = vec![0u8; pages * 8];
+        if pagemap
+            .read_exact_at(&mut entries, start / PAGE * 8)
+            .is_err()
+        {
+            continue;
+        }
+        let present = |i: usize| {
+            let e = u64::from_le_bytes(entries[i * 8..i * 8 + 8].try_into().unwrap());
+            e & (1 << 63) != 0
+        };
+        let mut i = 0;
+        while i < pages {
+            if !present(i) {
+                i += 1;
+                continue;
+            }
+            // a run of resident pages, read whole (a needle may cross pages)
+            let first = i;
+            while i < pages && present(i) {
+                i += 1;
+            }
+            let mut run = vec![0u8; (i - first) * PAGE as usize];
+            if mem
+                .read_exact_at(&mut run, start + first as u64 * PAGE)
+                .is_err()
+            {
+                continue;
+            }
+            scanned += run.len() as u64;
+            if finders.iter().any(|f| f.find(&run).is_some()) {
+                return true;
+            }
+        }
+    }
+    assert!(
+        scanned > 1 << 20,
+        "only {scanned} bytes of memory could be read"
+    );
+    false
+}
+
+/// The private scalar of a PEM ECDSA P-256 key (PKCS#8: the ECPrivateKey's OCTET STRING).
+fn p256_scalar(key_file: &Path) -> Vec<u8> {
+    let der = qweb_tls::load_private_key(key_file).unwrap();
+    let der = der.secret_der();
+    let at = der
+        .windows(5)
+        .position(|w| w == [0x02, 0x01, 0x01, 0x04, 0x20])
+        .expect("an ECPrivateKey");
+    der[at + 5..at + 37].to_vec()
+}
+
 fn config(dir: &Path, root: &Path, www: &Path) -> PathBuf {
     let acme = format!(
         "directory = \"{DIRECTORY}\", ca_root = \"{}\", email = \"ops@qweb.test\", renew_before = \"12h\", retry_after = \"2s\"",
@@ -187,9 +289,17 @@ route = [{{ prefix = "/", root = "{www}" }}]
 server_names = ["b.qweb.test"]
 acme = {{ {acme}, challenge = "tls-alpn-01" }}
 route = [{{ prefix = "/", root = "{www}" }}]
+[[site]]
+server_names = ["c.qweb.test"]
+acme = {{ {acme}, key = "keyserver:ks" }}
+route = [{{ prefix = "/", root = "{www}" }}]
+[offload.engines.ks]
+kind = "keyserver"
+servers = ["unix:{sock}"]
 "#,
             state = dir.join("state").display(),
             www = www.display(),
+            sock = dir.join("ks.sock").display(),
         ),
     )
 }
@@ -208,7 +318,7 @@ fn in_namespace() {
     let hosts = write_file(
         dir,
         "hosts",
-        "127.0.0.1 localhost acme.test a.qweb.test b.qweb.test\n",
+        "127.0.0.1 localhost acme.test a.qweb.test b.qweb.test c.qweb.test\n",
     );
     sh(&format!("mount --bind {} /etc/hosts", hosts.display()));
     sh("ip link set lo up");
@@ -225,17 +335,53 @@ fn in_namespace() {
     });
 
     // a fresh qweb: no certificate yet, each site gets one within seconds
+    let ks = keyserver(dir);
     let conf = config(dir, &root, &www);
     let q = Qweb::spawn(serve_command(BIN, &conf), "worker(s)");
     let started = Instant::now();
-    for name in ["a.qweb.test", "b.qweb.test"] {
+    for name in ["a.qweb.test", "b.qweb.test", "c.qweb.test"] {
         until(
             Duration::from_secs(30),
             &format!("a certificate for {name}"),
             || (curl(name, &root) == (200, "acme ok\n".into())).then_some(()),
         );
     }
-    eprintln!("issued both within {:?}", started.elapsed());
+    eprintln!("issued all three within {:?}", started.elapsed());
+
+    // c's key exists only on the key server: not in qweb's memory, not in its state folder;
+    // a's key (qweb's own) is found by the same scan, so the scan can see a key
+    let generated: Vec<PathBuf> = std::fs::read_dir(dir.join("ks/generated"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(generated.len(), 1, "{generated:?}");
+    let c_key = p256_scalar(&generated[0]);
+    let acme_dir = std::fs::read_dir(dir.join("state/acme"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let a_key = p256_scalar(&acme_dir.join("a.qweb.test.pem"));
+    let scan = Instant::now();
+    assert!(
+        memory_holds(q.pid(), &a_key),
+        "the scan finds qweb's own key"
+    );
+    assert!(
+        !memory_holds(q.pid(), &c_key),
+        "the key server's key is in qweb's memory"
+    );
+    eprintln!("memory scans took {:?}", scan.elapsed());
+    let c_file = std::fs::read(acme_dir.join("c.qweb.test.pem")).unwrap();
+    assert!(!String::from_utf8_lossy(&c_file).contains("PRIVATE KEY"));
+    for f in std::fs::read_dir(dir.join("state")).unwrap() {
+        let p = f.unwrap().path();
+        if p.is_file() {
+            let bytes = std::fs::read(&p).unwrap();
+            assert!(!bytes.windows(32).any(|w| w == c_key), "{}", p.display());
+        }
+    }
     q.wait_for("answered an ACME HTTP-01 challenge", 1);
     // the plain listener still redirects everything else
     let o = Command::new("curl")
@@ -302,9 +448,11 @@ fn in_namespace() {
             files += 1;
         }
     }
-    assert_eq!(files, 3, "account.json, a.qweb.test.pem, b.qweb.test.pem");
+    assert_eq!(files, 4, "account.json, a, b and c.qweb.test.pem");
     drop(q);
     let _q = Qweb::spawn(serve_command(BIN, &conf), "worker(s)");
     assert_eq!(curl("a.qweb.test", &root), (200, "acme ok\n".into()));
     assert_eq!(curl("b.qweb.test", &root), (200, "acme ok\n".into()));
+    assert_eq!(curl("c.qweb.test", &root), (200, "acme ok\n".into()));
+    drop(ks);
 }

@@ -28,6 +28,7 @@ pub(crate) struct RawAcme {
     pub challenge: Option<Spanned<String>>,
     pub renew_before: Option<Spanned<Dur>>,
     pub retry_after: Option<Spanned<Dur>>,
+    pub key: Option<Spanned<String>>,
 }
 
 /// How the CA checks that qweb answers for a name.
@@ -58,6 +59,10 @@ pub struct AcmeConfig {
     pub renew_before: Option<Duration>,
     /// First wait after a failed order; doubles up to [`MAX_ACME_RETRY`].
     pub retry_after: Duration,
+    /// `key = "keyserver:ENGINE"`: the key server of that engine generates and keeps the
+    /// certificate's key and signs with it (`None`: qweb generates the key and keeps it in
+    /// the state folder).
+    pub keyserver: Option<String>,
 }
 
 impl Validator<'_> {
@@ -69,6 +74,7 @@ impl Validator<'_> {
         names: &[String],
         has_files: bool,
         listeners: &[ListenerConfig],
+        engines: &super::OffloadConfig,
     ) -> Result<AcmeConfig, ConfigError> {
         let a = raw.get_ref();
         let key = format!("{key}.acme");
@@ -168,6 +174,24 @@ impl Validator<'_> {
             Some(v) => Ok(Some(v.get_ref().0)),
             None => Ok(None),
         };
+        let keyserver = match &a.key {
+            None => None,
+            Some(k) => {
+                let name = k.get_ref().strip_prefix("keyserver:").unwrap_or("");
+                let is_keyserver = engines
+                    .engines
+                    .iter()
+                    .any(|e| e.name == name && matches!(e.kind, super::EngineKind::Keyserver(_)));
+                if !is_keyserver {
+                    return Err(self.err(
+                        Some(k.span()),
+                        at("key"),
+                        "`keyserver:ENGINE`, naming an [offload.engines.ENGINE] of kind \"keyserver\"",
+                    ));
+                }
+                Some(name.to_owned())
+            }
+        };
         let renew_before = positive(&a.renew_before, "renew_before")?;
         let retry_after = positive(&a.retry_after, "retry_after")?.unwrap_or(DEFAULT_ACME_RETRY);
         Ok(AcmeConfig {
@@ -177,6 +201,7 @@ impl Validator<'_> {
             challenge,
             renew_before,
             retry_after: retry_after.min(MAX_ACME_RETRY),
+            keyserver,
         })
     }
 }
@@ -266,6 +291,16 @@ address = "127.0.0.1:0"
                 "nonexistent",
             ),
             ("{ bogus = 1 }", "site[0].acme", "unknown field"),
+            (
+                "{ key = \"keyserver:nope\" }",
+                "site[0].acme.key",
+                "keyserver:ENGINE",
+            ),
+            (
+                "{ key = \"/etc/k.pem\" }",
+                "site[0].acme.key",
+                "keyserver:ENGINE",
+            ),
         ] {
             let e = parse(&site(acme)).unwrap_err();
             assert!(e.contains(key) && e.contains(says), "{acme}: {e}");

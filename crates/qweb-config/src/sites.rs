@@ -349,9 +349,14 @@ impl Validator<'_> {
             }
             routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
             let acme = match &sr.acme {
-                Some(a) => {
-                    Some(self.acme(&key, a, &names, !sr.certificates.is_empty(), listeners)?)
-                }
+                Some(a) => Some(self.acme(
+                    &key,
+                    a,
+                    &names,
+                    !sr.certificates.is_empty(),
+                    listeners,
+                    engines,
+                )?),
                 None => None,
             };
             let mut certificates = Vec::new();

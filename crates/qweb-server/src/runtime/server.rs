@@ -347,10 +347,10 @@ fn build(
         .map(|(n, b)| (n.as_str(), b.engine.clone()))
         .collect();
     let mut refreshers = Vec::new();
-    let acme = crate::runtime::acme::prepare(config).map(|(managed, jobs)| {
+    let acme = crate::runtime::acme::prepare(config, &by_name).map(|(managed, jobs)| {
         refreshers.extend(
             jobs.into_iter()
-                .map(crate::runtime::tls_session::Refresher::Acme),
+                .map(|j| crate::runtime::tls_session::Refresher::Acme(Box::new(j))),
         );
         managed
     });
@@ -520,6 +520,20 @@ fn check_worker_setup(config: &Config) -> Result<(), ServerError> {
         }
     }
     Ok(())
+}
+
+/// A one-connection client of a `keyserver` engine's key servers (ticket keys, ACME key
+/// generation), with its mutual-TLS configuration.
+pub(crate) fn keyserver_client(
+    k: &crate::config::KeyserverEngineConfig,
+) -> Result<qweb_keyserver::client::ClientConfig, ServerError> {
+    Ok(qweb_keyserver::client::ClientConfig {
+        servers: k.servers.clone(),
+        connections: 1,
+        max_in_flight: 1,
+        timeout: k.timeout,
+        tls: keyserver_client_tls(k)?,
+    })
 }
 
 /// The mutual-TLS client configuration for `tls://` key servers.

@@ -47,7 +47,7 @@ pub(crate) enum Refresher {
     /// OCSP responses fetched from the certificate's responder.
     OcspFetch(Arc<qweb_tls::ocsp::OcspStaple>),
     /// A site's certificate ordered and renewed from an ACME CA.
-    Acme(crate::runtime::acme::Job),
+    Acme(Box<crate::runtime::acme::Job>),
 }
 
 enum Refresh {
@@ -152,13 +152,7 @@ pub(crate) fn setup(
                         _ => None,
                     })
                     .ok_or_else(|| bad(format!("no keyserver engine `{engine}`")))?;
-                let client = qweb_keyserver::client::ClientConfig {
-                    servers: k.servers.clone(),
-                    connections: 1,
-                    max_in_flight: 1,
-                    timeout: k.timeout,
-                    tls: crate::runtime::server::keyserver_client_tls(k)?,
-                };
+                let client = crate::runtime::server::keyserver_client(k)?;
                 // local keys until the fleet's arrive (or the fleet keys the configuration
                 // this one replaces had)
                 let t = match kept_ticketer {
@@ -248,7 +242,7 @@ pub(crate) fn spawn(
                 .spawn(move || crate::runtime::ocsp_fetch::run(holder, rx)),
             Refresher::Acme(job) => std::thread::Builder::new()
                 .name("qweb-acme".into())
-                .spawn(move || crate::runtime::acme::run(job, rx)),
+                .spawn(move || crate::runtime::acme::run(*job, rx)),
             Refresher::Keyserver(engine, client, ticketer, fetch) => {
                 qweb_keyserver::tickets::spawn_refresher(engine, client, ticketer, fetch, rx)
             }

@@ -33,18 +33,84 @@ pub(crate) struct Job {
     managed: Arc<qweb_tls::Managed>,
     /// When to order: `None` at once (no usable certificate saved).
     due: Option<SystemTime>,
+    /// `key = "keyserver:ENGINE"`: the key server makes and keeps the key.
+    keyless: Option<Keyless>,
+}
+
+/// A certificate whose key only a key server holds.
+pub(crate) struct Keyless {
+    /// For the key's generation and the certificate request's signature.
+    client: qweb_keyserver::client::ClientConfig,
+    /// Signs handshakes with the key: the engine, with the policy of the first TLS listener
+    /// that offloads to it (else sync, no fallback: there is no local key).
+    offload: qweb_tls::KeyOffload,
+}
+
+/// The key server side of `acme`'s `key = "keyserver:ENGINE"`.
+fn keyless(
+    config: &Config,
+    engine: &str,
+    engines: &std::collections::HashMap<&str, Arc<dyn qweb_offload::Engine>>,
+) -> Result<Keyless, String> {
+    let k = config
+        .offload
+        .engines
+        .iter()
+        .find_map(|e| match &e.kind {
+            crate::config::EngineKind::Keyserver(k) if e.name == engine => Some(k),
+            _ => None,
+        })
+        .ok_or_else(|| format!("no keyserver engine `{engine}`"))?;
+    let client = crate::runtime::server::keyserver_client(k).map_err(|e| e.to_string())?;
+    let engine_ref = engines
+        .get(engine)
+        .cloned()
+        .ok_or_else(|| format!("engine `{engine}` did not start"))?;
+    let policy = config
+        .listeners
+        .iter()
+        .filter_map(|l| l.offload.as_ref())
+        .find(|o| o.engine == engine && o.policy.mode.offloads())
+        .map(|o| o.policy)
+        .unwrap_or(qweb_offload::Policy {
+            mode: qweb_offload::Mode::Sync,
+            fallback: qweb_offload::Fallback::Fail,
+            timeout: k.timeout,
+        });
+    Ok(Keyless {
+        client,
+        offload: qweb_tls::KeyOffload {
+            engine: engine_ref,
+            policy,
+        },
+    })
 }
 
 /// The managed certificates of `config`'s sites with `acme` (those saved already are
 /// installed) and their jobs; `None` when no site has `acme`.
-pub(crate) fn prepare(config: &Config) -> Option<(Arc<qweb_tls::Managed>, Vec<Job>)> {
+pub(crate) fn prepare(
+    config: &Config,
+    engines: &std::collections::HashMap<&str, Arc<dyn qweb_offload::Engine>>,
+) -> Option<(Arc<qweb_tls::Managed>, Vec<Job>)> {
     let managed = Arc::new(qweb_tls::Managed::default());
     let mut jobs = Vec::new();
     for site in &config.sites.sites {
         let Some(acme) = &site.acme else { continue };
         let store = Store::new(&config.state_dir, &acme.directory);
         let names = site.server_names.clone();
-        let due = match store.load(&names) {
+        let keyless = match acme
+            .keyserver
+            .as_deref()
+            .map(|e| keyless(config, e, engines))
+        {
+            None => None,
+            Some(Ok(k)) => Some(k),
+            Some(Err(e)) => {
+                tracing::error!(names = ?names, "ACME with a key server key: {e}; no certificate is ordered");
+                continue;
+            }
+        };
+        let due = match store.load(&names, keyless.as_ref().map(|k| &k.offload)) {
             Ok(Some(saved)) => {
                 managed.install(&names, saved.key.clone());
                 Some(renew_at(acme, &saved))
@@ -61,6 +127,7 @@ pub(crate) fn prepare(config: &Config) -> Option<(Arc<qweb_tls::Managed>, Vec<Jo
             store,
             managed: managed.clone(),
             due,
+            keyless,
         });
     }
     (!jobs.is_empty()).then_some((managed, jobs))

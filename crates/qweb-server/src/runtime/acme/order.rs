@@ -8,6 +8,10 @@ use instant_acme::{
     NewOrder, OrderStatus, RetryPolicy,
 };
 
+use std::sync::{Arc, Mutex};
+
+use zeroize::Zeroizing;
+
 use super::store::Stored;
 use super::Job;
 use crate::config::AcmeChallenge;
@@ -78,30 +82,23 @@ pub(super) async fn order(job: &Job) -> Result<Stored, String> {
     job.managed
         .clear_challenges(&answers.names, &answers.tokens);
     validated?;
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
-        .map_err(|e| format!("key: {e}"))?;
-    // the names as subjectAltNames, an empty subject (rcgen's default common name is not
-    // one of the names, and CAs refuse that)
-    let csr = rcgen::CertificateParams::new(job.names.clone())
-        .and_then(|mut p| {
-            p.distinguished_name = rcgen::DistinguishedName::new();
-            p.serialize_request(&key)
-        })
-        .map_err(|e| format!("CSR: {e}"))?;
+    let (csr, key_pem) = match &job.keyless {
+        None => local_csr(&job.names)?,
+        Some(k) => (keyless_csr(&job.names, k).await?, None),
+    };
     order
-        .finalize_csr(csr.der())
+        .finalize_csr(&csr)
         .await
         .map_err(|e| format!("finalize: {e}"))?;
     let chain = order
         .poll_certificate(&POLL)
         .await
         .map_err(|e| format!("certificate: {e}"))?;
-    let key_pem = zeroize::Zeroizing::new(key.serialize_pem());
     job.store
-        .save(&job.names, &chain, &key_pem)
+        .save(&job.names, &chain, key_pem.as_deref().map(|k| k.as_str()))
         .map_err(|e| format!("saving the certificate: {e}"))?;
     job.store
-        .load(&job.names)?
+        .load(&job.names, job.keyless.as_ref().map(|k| &k.offload))?
         .ok_or_else(|| "the CA issued a certificate that does not cover every name".to_owned())
 }
 
@@ -152,5 +149,100 @@ async fn validate(
         Ok(OrderStatus::Ready) => Ok(()),
         Ok(s) => Err(format!("the CA did not validate the order (it is {s:?})")),
         Err(e) => Err(format!("waiting for validation: {e}")),
+    }
+}
+
+/// The request's parameters: the names as subjectAltNames and an empty subject (rcgen's
+/// default common name is not one of the names, and CAs refuse that).
+fn csr_params(names: &[String]) -> Result<rcgen::CertificateParams, String> {
+    let mut p = rcgen::CertificateParams::new(names.to_vec()).map_err(|e| format!("CSR: {e}"))?;
+    p.distinguished_name = rcgen::DistinguishedName::new();
+    Ok(p)
+}
+
+/// A fresh ECDSA P-256 key of qweb's own and its certificate request (DER).
+fn local_csr(names: &[String]) -> Result<(Vec<u8>, Option<Zeroizing<String>>), String> {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+        .map_err(|e| format!("key: {e}"))?;
+    let csr = csr_params(names)?
+        .serialize_request(&key)
+        .map_err(|e| format!("CSR: {e}"))?;
+    Ok((
+        csr.der().to_vec(),
+        Some(Zeroizing::new(key.serialize_pem())),
+    ))
+}
+
+/// A key generated and kept by the key server, and a certificate request signed there. rcgen
+/// signs through a [`rcgen::RemoteKeyPair`], synchronously; the key server answers
+/// asynchronously. So the request is built twice: the first pass records the bytes to sign,
+/// the key server signs them, and the second pass (the same bytes: the parameters and the
+/// public key are the same) takes that signature.
+async fn keyless_csr(names: &[String], k: &super::Keyless) -> Result<Vec<u8>, String> {
+    let label = names.first().ok_or("no name")?;
+    let (key, spki) = qweb_keyserver::once::generate_key(&k.client, label)
+        .await
+        .map_err(|e| format!("key generation on the key server: {e}"))?;
+    // P-256 SubjectPublicKeyInfo: the uncompressed point is its last 65 bytes
+    let point = spki
+        .len()
+        .checked_sub(65)
+        .map(|at| &spki[at..])
+        .filter(|p| spki.len() == 91 && p[0] == 0x04)
+        .ok_or("the key server's key is not an ECDSA P-256 key")?
+        .to_vec();
+    let build = |signature: Option<Vec<u8>>| -> Result<(Vec<u8>, Vec<u8>), String> {
+        let remote = Arc::new(Remote {
+            point: point.clone(),
+            signature,
+            signed: Mutex::new(Vec::new()),
+        });
+        let pair = rcgen::KeyPair::from_remote(Box::new(RemoteRef(remote.clone())))
+            .map_err(|e| format!("CSR: {e}"))?;
+        let csr = csr_params(names)?
+            .serialize_request(&pair)
+            .map_err(|e| format!("CSR: {e}"))?;
+        let signed = std::mem::take(&mut *remote.signed.lock().unwrap_or_else(|e| e.into_inner()));
+        Ok((csr.der().to_vec(), signed))
+    };
+    let (_, to_sign) = build(None)?;
+    let signature = qweb_keyserver::once::sign(
+        &k.client,
+        key,
+        qweb_offload::SignScheme::EcdsaP256Sha256,
+        to_sign.clone(),
+    )
+    .await
+    .map_err(|e| format!("CSR signature on the key server: {e}"))?;
+    let (csr, signed_again) = build(Some(signature))?;
+    if signed_again != to_sign {
+        return Err("the certificate request changed between its two passes".into());
+    }
+    Ok(csr)
+}
+
+/// The key server's key as rcgen sees it: its public point, and either the signature to
+/// put in (second pass) or a placeholder (first pass); records what it was asked to sign.
+struct Remote {
+    point: Vec<u8>,
+    signature: Option<Vec<u8>>,
+    signed: Mutex<Vec<u8>>,
+}
+
+struct RemoteRef(Arc<Remote>);
+
+impl rcgen::RemoteKeyPair for RemoteRef {
+    fn public_key(&self) -> &[u8] {
+        &self.0.point
+    }
+
+    fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, rcgen::Error> {
+        *self.0.signed.lock().unwrap_or_else(|e| e.into_inner()) = msg.to_vec();
+        // a DER ECDSA signature's largest size as the first pass's placeholder
+        Ok(self.0.signature.clone().unwrap_or_else(|| vec![0; 72]))
+    }
+
+    fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
+        &rcgen::PKCS_ECDSA_P256_SHA256
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! STATE/acme/DIR/account.json     the account (its key included)
-//! STATE/acme/DIR/NAME.pem          the chain, leaf first, then its private key
+//! STATE/acme/DIR/NAME.pem          the chain, leaf first, then its private key (none
+//!                                  when a key server holds it)
 //! ```
 //!
 //! The chain and its key are one file, so that replacing it (one rename) never pairs a
@@ -71,13 +72,22 @@ impl Store {
 
     /// The saved certificate for `names`, when it loads, covers every name and is not
     /// expired.
-    pub(crate) fn load(&self, names: &[String]) -> Result<Option<Stored>, String> {
+    /// With `keyless`, the file holds no key: the key server of that engine signs.
+    pub(crate) fn load(
+        &self,
+        names: &[String],
+        keyless: Option<&qweb_tls::KeyOffload>,
+    ) -> Result<Option<Stored>, String> {
         let file = self.file(names);
         if !file.exists() {
             return Ok(None);
         }
-        let loaded = qweb_tls::load_certified_key(&file, &file, &qweb_tls::provider())
-            .map_err(|e| e.to_string())?;
+        let provider = qweb_tls::provider();
+        let loaded = match keyless {
+            None => qweb_tls::load_certified_key(&file, &file, &provider),
+            Some(k) => qweb_tls::load_offloaded(&file, None, &provider, k),
+        }
+        .map_err(|e| e.to_string())?;
         if !names.iter().all(|n| loaded.dns_names.contains(n)) {
             return Ok(None);
         }
@@ -94,17 +104,18 @@ impl Store {
         }))
     }
 
-    /// Saves a new certificate for `names` with its key, replacing the old one.
+    /// Saves a new certificate for `names` with its key (none: a key server holds it),
+    /// replacing the old one.
     pub(crate) fn save(
         &self,
         names: &[String],
         chain_pem: &str,
-        key_pem: &str,
+        key_pem: Option<&str>,
     ) -> std::io::Result<()> {
         Self::ensure(&self.dir)?;
         let mut bytes = chain_pem.trim_end().as_bytes().to_vec();
         bytes.push(b'\n');
-        bytes.extend_from_slice(key_pem.as_bytes());
+        bytes.extend_from_slice(key_pem.unwrap_or_default().as_bytes());
         let file =
             qweb_tls::state_file::write_replacing(&self.file(names), &bytes, 0o600, |_| Ok(()));
         bytes.fill(0);
