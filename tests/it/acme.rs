@@ -455,4 +455,66 @@ fn in_namespace() {
     assert_eq!(curl("b.qweb.test", &root), (200, "acme ok\n".into()));
     assert_eq!(curl("c.qweb.test", &root), (200, "acme ok\n".into()));
     drop(ks);
+
+    // a second node sharing a state folder: while another node's order lock is there it
+    // does not order (the CA is down: it could not), and it serves the certificate that
+    // node saves once it is there
+    let node1 = std::fs::read_dir(&acme_dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let shared = dir.join("state2/acme").join(node1.file_name().unwrap());
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::write(shared.join("a.qweb.test.lock"), "1\n").unwrap();
+    let node2 = write_file(
+        dir,
+        "node2.toml",
+        &format!(
+            "workers = 1\nstate_dir = \"{}\"\n[[listener]]\naddress = \"127.0.0.2:443\"\ntls = {{}}\n\
+             [[site]]\nserver_names = [\"a.qweb.test\"]\n\
+             acme = {{ directory = \"{DIRECTORY}\", ca_root = \"{}\" }}\n\
+             route = [{{ prefix = \"/\", root = \"{}\" }}]\n",
+            dir.join("state2").display(),
+            root.display(),
+            www.display()
+        ),
+    );
+    let n2 = Qweb::spawn(serve_command(BIN, &node2), "worker(s)");
+    n2.wait_for("another node sharing the state folder is ordering", 1);
+    let curl2 = || {
+        let o = Command::new("curl")
+            .args([
+                "-s",
+                "--max-time",
+                "5",
+                "--resolve",
+                "a.qweb.test:443:127.0.0.2",
+            ])
+            .arg("--cacert")
+            .arg(&root)
+            .arg("https://a.qweb.test/")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert_eq!(curl2(), "", "no certificate before the other node's");
+    // the other node saves its certificate and lets go of the lock
+    std::fs::copy(
+        node1.join("a.qweb.test.pem"),
+        shared.join("a.qweb.test.pem"),
+    )
+    .unwrap();
+    std::fs::remove_file(shared.join("a.qweb.test.lock")).unwrap();
+    n2.wait_for_within(
+        "picked up from the state folder",
+        1,
+        Duration::from_secs(15),
+    );
+    assert_eq!(curl2(), "acme ok\n");
+    assert!(
+        !shared.join("account.json").exists(),
+        "the waiting node never talked to the CA"
+    );
 }

@@ -25,6 +25,9 @@ use store::{Store, Stored};
 /// Longest an order may take from start to certificate.
 const ORDER_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// How often a node waiting for another node's order looks for its certificate.
+const LOCK_POLL: Duration = Duration::from_secs(5);
+
 /// One site's automatic certificate.
 pub(crate) struct Job {
     names: Vec<String>,
@@ -33,6 +36,10 @@ pub(crate) struct Job {
     managed: Arc<qweb_tls::Managed>,
     /// When to order: `None` at once (no usable certificate saved).
     due: Option<SystemTime>,
+    /// `notAfter` of the certificate served (`None`: none yet).
+    current: Option<SystemTime>,
+    /// Another node holds the order lock (logged once).
+    waiting: bool,
     /// `key = "keyserver:ENGINE"`: the key server makes and keeps the key.
     keyless: Option<Keyless>,
 }
@@ -110,15 +117,15 @@ pub(crate) fn prepare(
                 continue;
             }
         };
-        let due = match store.load(&names, keyless.as_ref().map(|k| &k.offload)) {
+        let (due, current) = match store.load(&names, keyless.as_ref().map(|k| &k.offload)) {
             Ok(Some(saved)) => {
                 managed.install(&names, saved.key.clone());
-                Some(renew_at(acme, &saved))
+                (Some(renew_at(acme, &saved)), Some(saved.not_after))
             }
-            Ok(None) => None,
+            Ok(None) => (None, None),
             Err(e) => {
                 tracing::warn!(names = ?names, "the saved certificate does not load ({e}); ordering a new one");
-                None
+                (None, None)
             }
         };
         jobs.push(Job {
@@ -127,6 +134,8 @@ pub(crate) fn prepare(
             store,
             managed: managed.clone(),
             due,
+            current,
+            waiting: false,
             keyless,
         });
     }
@@ -166,6 +175,26 @@ pub(crate) fn run(mut job: Job, shutdown: watch::Receiver<bool>) {
                     return;
                 }
             }
+            if job.pick_up(SystemTime::now()) {
+                continue;
+            }
+            // one node of those sharing the state folder orders; the others pick it up
+            let lock = match job.store.lock(&job.names) {
+                Ok(Some(l)) => Some(l),
+                Ok(None) => {
+                    if !job.waiting {
+                        tracing::info!(names = ?job.names, "another node sharing the state folder is ordering this certificate; waiting for it");
+                        job.waiting = true;
+                    }
+                    job.due = Some(SystemTime::now() + LOCK_POLL);
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(names = ?job.names, "no order lock ({e}); ordering anyway");
+                    None
+                }
+            };
+            job.waiting = false;
             let mut stop = shutdown.clone();
             let got = tokio::select! {
                 r = tokio::time::timeout(ORDER_TIMEOUT, order::order(&job)) => {
@@ -173,32 +202,64 @@ pub(crate) fn run(mut job: Job, shutdown: watch::Receiver<bool>) {
                 }
                 _ = stop.wait_for(|s| *s) => return,
             };
-            let now = SystemTime::now();
+            drop(lock);
             match got {
                 Ok(saved) => {
-                    job.managed.install(&job.names, saved.key.clone());
-                    let next = renew_at(&job.config, &saved);
-                    tracing::info!(
-                        names = ?job.names,
-                        valid_until = %httpdate::fmt_http_date(saved.not_after),
-                        renew_at = %httpdate::fmt_http_date(next),
-                        "ACME certificate issued and served"
-                    );
+                    job.issued(&saved);
                     backoff = job.config.retry_after;
-                    if next <= now {
-                        // a renewal window as long as the lifetime would order again at once
-                        tracing::warn!(names = ?job.names, "renew_before is not shorter than the certificate's lifetime: renewing every retry_after ({:?})", job.config.retry_after);
-                    }
-                    job.due = Some(next.max(now + job.config.retry_after));
                 }
                 Err(e) => {
                     tracing::warn!(names = ?job.names, "ACME order failed, next try in {backoff:?}: {e}");
-                    job.due = Some(now + backoff);
+                    job.due = Some(SystemTime::now() + backoff);
                     backoff = (backoff * 2).min(MAX_ACME_RETRY);
                 }
             }
         }
     });
+}
+
+impl Job {
+    /// Serves a certificate this node ordered.
+    fn issued(&mut self, saved: &Stored) {
+        let now = SystemTime::now();
+        self.managed.install(&self.names, saved.key.clone());
+        self.current = Some(saved.not_after);
+        let next = renew_at(&self.config, saved);
+        tracing::info!(
+            names = ?self.names,
+            valid_until = %httpdate::fmt_http_date(saved.not_after),
+            renew_at = %httpdate::fmt_http_date(next),
+            "ACME certificate issued and served"
+        );
+        if next <= now {
+            // a renewal window as long as the lifetime would order again at once
+            tracing::warn!(names = ?self.names, "renew_before is not shorter than the certificate's lifetime: renewing every retry_after ({:?})", self.config.retry_after);
+        }
+        self.due = Some(next.max(now + self.config.retry_after));
+    }
+
+    /// Serves a certificate another node sharing the state folder saved since, when it is not
+    /// due itself; `true` then.
+    fn pick_up(&mut self, now: SystemTime) -> bool {
+        let keyless = self.keyless.as_ref().map(|k| &k.offload);
+        let Ok(Some(saved)) = self.store.load(&self.names, keyless) else {
+            return false;
+        };
+        let next = renew_at(&self.config, &saved);
+        if Some(saved.not_after) == self.current || next <= now {
+            return false;
+        }
+        self.managed.install(&self.names, saved.key.clone());
+        self.current = Some(saved.not_after);
+        self.due = Some(next);
+        self.waiting = false;
+        tracing::info!(
+            names = ?self.names,
+            valid_until = %httpdate::fmt_http_date(saved.not_after),
+            "ACME certificate picked up from the state folder (ordered by another node)"
+        );
+        true
+    }
 }
 
 /// Sleeps until `at` (wall clock, checked at least hourly); `false` when told to stop first.

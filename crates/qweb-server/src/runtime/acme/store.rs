@@ -10,6 +10,12 @@
 //! The chain and its key are one file, so that replacing it (one rename) never pairs a
 //! chain with another key.
 //!
+//! Nodes that share the state folder (NFS, a shared volume) share the certificates: while one
+//! orders, `NAME.lock` exists (created with `O_EXCL`, which NFS v3+ honours) and the others
+//! wait and then pick the certificate up. The lock is a file rather than a key-server lock
+//! because the nodes must share the folder anyway to share the certificate; a lock older than
+//! an order can last ([`STALE_LOCK`]) was left by a node that died and is taken over.
+//!
 //! `DIR` names the CA (a hash of its directory URL), so that a certificate of a test CA is
 //! never served for a production one; `NAME` is the site's first server name.
 
@@ -23,6 +29,19 @@ use rustls::sign::CertifiedKey;
 #[derive(Debug, Clone)]
 pub(crate) struct Store {
     dir: PathBuf,
+}
+
+/// A lock file older than this was left by a node that died mid-order (an order gives up
+/// after 5 minutes).
+pub(crate) const STALE_LOCK: std::time::Duration = std::time::Duration::from_secs(360);
+
+/// An order in progress on this node: the lock file, removed when dropped.
+pub(crate) struct OrderLock(PathBuf);
+
+impl Drop for OrderLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// A certificate found in the store.
@@ -55,6 +74,42 @@ impl Store {
             .recursive(true)
             .mode(0o700)
             .create(dir)
+    }
+
+    /// Takes the order lock of `names`; `None` while another node holds it.
+    pub(crate) fn lock(&self, names: &[String]) -> std::io::Result<Option<OrderLock>> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        Self::ensure(&self.dir)?;
+        let first = names.first().map(String::as_str).unwrap_or("_");
+        let path = self.dir.join(format!("{first}.lock"));
+        for _ in 0..2 {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+            {
+                Ok(mut f) => {
+                    let _ = writeln!(f, "{}", std::process::id());
+                    return Ok(Some(OrderLock(path)));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let age = std::fs::metadata(&path)
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| t.elapsed().ok());
+                    if age.is_some_and(|a| a > STALE_LOCK) {
+                        tracing::warn!(lock = %path.display(), "taking over a stale order lock");
+                        let _ = std::fs::remove_file(&path);
+                        continue;
+                    }
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(None)
     }
 
     /// The account's credentials (JSON), if saved.
@@ -120,5 +175,33 @@ impl Store {
             qweb_tls::state_file::write_replacing(&self.file(names), &bytes, 0o600, |_| Ok(()));
         bytes.fill(0);
         file.map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One holder at a time; released when dropped; a lock older than an order can last is
+    /// taken over.
+    #[test]
+    fn the_order_lock_is_exclusive_released_and_stale_after_an_order_timeout() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::new(d.path(), "https://ca.test/directory");
+        let names = ["a.test".to_owned()];
+        let first = store.lock(&names).unwrap().expect("free");
+        assert!(store.lock(&names).unwrap().is_none(), "held");
+        assert!(
+            store.lock(&["b.test".to_owned()]).unwrap().is_some(),
+            "per name"
+        );
+        drop(first);
+        let again = store.lock(&names).unwrap().expect("released");
+        let file = std::fs::File::options().write(true).open(&again.0).unwrap();
+        file.set_modified(SystemTime::now() - STALE_LOCK - std::time::Duration::from_secs(1))
+            .unwrap();
+        let taken = store.lock(&names).unwrap();
+        assert!(taken.is_some(), "a stale lock is taken over");
+        std::mem::forget(again);
     }
 }
