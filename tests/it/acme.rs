@@ -419,6 +419,16 @@ fn in_namespace() {
     }
     assert_eq!(renewed, (true, true), "both renewed within 30 s");
 
+    // the key server goes away: c's renewals fail (no key can be made) and are retried,
+    // the other sites serve on; it comes back: c is served again
+    drop(ks);
+    q.wait_for("key generation on the key server", 1);
+    assert_eq!(curl("a.qweb.test", &root), (200, "acme ok\n".into()));
+    let ks = keyserver(dir);
+    until(Duration::from_secs(30), "c served again", || {
+        (curl("c.qweb.test", &root).0 == 200).then_some(())
+    });
+
     // the CA goes away: orders fail, the current certificates are still served
     drop(ca);
     q.wait_for("ACME order failed", 2);

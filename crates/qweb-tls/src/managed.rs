@@ -13,6 +13,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
+use crate::ocsp::OcspStaple;
 use crate::TlsError;
 
 /// ALPN protocol id of the TLS-ALPN-01 challenge (RFC 8737).
@@ -24,7 +25,8 @@ pub const HTTP_CHALLENGE_PREFIX: &str = "/.well-known/acme-challenge/";
 /// Managed certificates by name, and the challenge answers outstanding.
 #[derive(Debug, Default)]
 pub struct Managed {
-    certs: RwLock<HashMap<String, Arc<CertifiedKey>>>,
+    /// By name: the certificate, with its OCSP staple while one is current.
+    certs: RwLock<HashMap<String, Arc<OcspStaple>>>,
     alpn: RwLock<HashMap<String, Arc<CertifiedKey>>>,
     http: RwLock<HashMap<String, String>>,
     /// Any HTTP-01 token outstanding: requests look at the table only then.
@@ -40,17 +42,21 @@ fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 }
 
 impl Managed {
-    /// Serves `key` for `names` (lower-case, exact) to new handshakes from now on.
-    pub fn install(&self, names: &[String], key: Arc<CertifiedKey>) {
+    /// Serves `key` for `names` (lower-case, exact) to new handshakes from now on; returns
+    /// its (empty) OCSP staple holder, stapled once [`OcspStaple::set`] gets a response.
+    pub fn install(&self, names: &[String], key: Arc<CertifiedKey>) -> Arc<OcspStaple> {
+        let staple = Arc::new(OcspStaple::new(key));
         let mut certs = write(&self.certs);
         for n in names {
-            certs.insert(n.clone(), key.clone());
+            certs.insert(n.clone(), staple.clone());
         }
+        staple
     }
 
-    /// The certificate for `name`, if one was installed.
+    /// The certificate for `name`, if one was installed (with its staple while current).
     pub fn cert(&self, name: &str) -> Option<Arc<CertifiedKey>> {
-        read(&self.certs).get(name).cloned()
+        let staple = read(&self.certs).get(name).cloned()?;
+        Some(staple.key_at(std::time::SystemTime::now()))
     }
 
     /// Answers TLS-ALPN-01 for `name`: a self-signed certificate for it carrying the
@@ -134,6 +140,45 @@ mod tests {
         assert_eq!(m.http_answer("/t1"), None);
         m.clear_challenges(&[], &["t1".into()]);
         assert_eq!(m.http_answer("/.well-known/acme-challenge/t1"), None);
+    }
+
+    /// An installed certificate is served with its staple once the holder has a current
+    /// response (the ACME runtime fetches it when the certificate names a responder).
+    #[test]
+    fn installed_certificates_are_stapled_once_a_response_is_set() {
+        use std::time::{Duration, SystemTime};
+        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["s.test".into()]).unwrap();
+        params.serial_number = Some(rcgen::SerialNumber::from(vec![0x21]));
+        let cert = params.self_signed(&kp).unwrap();
+        let signing = crate::provider()
+            .key_provider
+            .load_private_key(PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
+                kp.serialize_der(),
+            )))
+            .unwrap();
+        let key = Arc::new(CertifiedKey::new(
+            vec![CertificateDer::from(cert.der().to_vec())],
+            signing,
+        ));
+        let m = Managed::default();
+        let holder = m.install(&["s.test".into()], key);
+        assert!(m.cert("s.test").unwrap().ocsp.is_none());
+        let now = SystemTime::now();
+        let response = crate::ocsp::tests::response(
+            cert.der(),
+            &[0x80, 0x00],
+            &crate::ocsp::tests::generalized(now - Duration::from_secs(3600)),
+            Some(&crate::ocsp::tests::generalized(
+                now + Duration::from_secs(86400),
+            )),
+            false,
+        );
+        holder.set(response.clone(), now).unwrap();
+        assert_eq!(
+            m.cert("s.test").unwrap().ocsp.as_deref(),
+            Some(&response[..])
+        );
     }
 
     #[test]

@@ -510,3 +510,44 @@ fn a_site_certificate_fetches_its_staple() {
     let _ = responder.wait();
     server.shutdown();
 }
+
+/// A certificate ordered by ACME that names an OCSP responder is stapled like
+/// `ocsp = "fetch"`: here a certificate already saved in the ACME store (its CA is not
+/// reachable, and not needed: the certificate is not due) is served at start, with the
+/// staple `openssl ocsp` answers.
+#[test]
+fn an_acme_certificate_naming_a_responder_is_stapled() {
+    let dir = pki();
+    let d = dir.path();
+    let _responder = responder_for_aia_leaf(d);
+    let text = format!(
+        "workers = 1\nstate_dir = \"{}/state-acme\"\n[log]\naccess = false\n\
+         [[listener]]\naddress = \"127.0.0.1:0\"\ntls = {{}}\n\
+         [[site]]\nserver_names = [\"localhost\"]\n\
+         acme = {{ directory = \"https://acme.invalid/directory\", retry_after = \"1h\" }}\n\
+         [[site.route]]\nprefix = \"/\"\nroot = \"site\"\n",
+        d.display()
+    );
+    // a first start makes the store's folder for that CA (its order fails at once)
+    let (first, _) = start_text(d, "acme-first", &text);
+    let store = d.join("state-acme/acme");
+    wait_for("the ACME store", 10, || {
+        std::fs::read_dir(&store).is_ok_and(|mut e| e.next().is_some())
+    });
+    first.shutdown();
+    let folder = std::fs::read_dir(&store)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let chain = std::fs::read_to_string(d.join("aia.crt")).unwrap();
+    let key = std::fs::read_to_string(d.join("aia.key")).unwrap();
+    std::fs::write(folder.join("localhost.pem"), format!("{chain}{key}")).unwrap();
+    let (server, addr) = start_text(d, "acme-saved", &text);
+    wait_for("a fetched staple on the ACME certificate", 15, || {
+        stapled(&status(addr, false))
+    });
+    assert!(stapled(&status(addr, true)));
+    server.shutdown();
+}

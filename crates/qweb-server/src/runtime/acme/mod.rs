@@ -40,6 +40,9 @@ pub(crate) struct Job {
     current: Option<SystemTime>,
     /// Another node holds the order lock (logged once).
     waiting: bool,
+    /// Stops the OCSP fetcher of the certificate served (when dropped: the certificate was
+    /// replaced, or this configuration).
+    ocsp: Option<watch::Sender<bool>>,
     /// `key = "keyserver:ENGINE"`: the key server makes and keeps the key.
     keyless: Option<Keyless>,
 }
@@ -117,15 +120,16 @@ pub(crate) fn prepare(
                 continue;
             }
         };
-        let (due, current) = match store.load(&names, keyless.as_ref().map(|k| &k.offload)) {
-            Ok(Some(saved)) => {
-                managed.install(&names, saved.key.clone());
-                (Some(renew_at(acme, &saved)), Some(saved.not_after))
-            }
-            Ok(None) => (None, None),
+        let (due, current, ocsp) = match store.load(&names, keyless.as_ref().map(|k| &k.offload)) {
+            Ok(Some(saved)) => (
+                Some(renew_at(acme, &saved)),
+                Some(saved.not_after),
+                staple(managed.install(&names, saved.key.clone())),
+            ),
+            Ok(None) => (None, None, None),
             Err(e) => {
                 tracing::warn!(names = ?names, "the saved certificate does not load ({e}); ordering a new one");
-                (None, None)
+                (None, None, None)
             }
         };
         jobs.push(Job {
@@ -136,10 +140,35 @@ pub(crate) fn prepare(
             due,
             current,
             waiting: false,
+            ocsp,
             keyless,
         });
     }
     (!jobs.is_empty()).then_some((managed, jobs))
+}
+
+/// Keeps `holder` stapled when its certificate names an `http://` OCSP responder and its
+/// chain holds the issuer (the same fetcher as `ocsp = "fetch"`, on a thread of its own);
+/// the fetcher stops when the returned sender is dropped. Let's Encrypt's certificates name
+/// no responder since 2025: then nothing is fetched.
+fn staple(holder: Arc<qweb_tls::ocsp::OcspStaple>) -> Option<watch::Sender<bool>> {
+    let (leaf, issuer) = holder.chain();
+    let url = qweb_tls::ocsp::responder_url(leaf).ok().flatten()?;
+    issuer?;
+    let (tx, rx) = watch::channel(false);
+    let spawned = std::thread::Builder::new()
+        .name("qweb-acme-ocsp".into())
+        .spawn(move || crate::runtime::ocsp_fetch::run(holder, rx));
+    match spawned {
+        Ok(_) => {
+            tracing::info!(%url, "stapling OCSP responses to an ACME certificate");
+            Some(tx)
+        }
+        Err(e) => {
+            tracing::warn!("no OCSP stapling for an ACME certificate: {e}");
+            None
+        }
+    }
 }
 
 /// When `saved` is due for renewal.
@@ -222,7 +251,7 @@ impl Job {
     /// Serves a certificate this node ordered.
     fn issued(&mut self, saved: &Stored) {
         let now = SystemTime::now();
-        self.managed.install(&self.names, saved.key.clone());
+        self.ocsp = staple(self.managed.install(&self.names, saved.key.clone()));
         self.current = Some(saved.not_after);
         let next = renew_at(&self.config, saved);
         tracing::info!(
@@ -249,7 +278,7 @@ impl Job {
         if Some(saved.not_after) == self.current || next <= now {
             return false;
         }
-        self.managed.install(&self.names, saved.key.clone());
+        self.ocsp = staple(self.managed.install(&self.names, saved.key.clone()));
         self.current = Some(saved.not_after);
         self.due = Some(next);
         self.waiting = false;
