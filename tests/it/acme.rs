@@ -431,7 +431,7 @@ fn in_namespace() {
 
     // the CA goes away: orders fail, the current certificates are still served
     drop(ca);
-    q.wait_for("ACME order failed", 2);
+    q.wait_for("cannot connect to acme.test:9443", 1);
     for _ in 0..5 {
         assert_eq!(curl("a.qweb.test", &root), (200, "acme ok\n".into()));
         assert_eq!(curl("b.qweb.test", &root).0, 200);
@@ -455,7 +455,8 @@ fn in_namespace() {
             let mode =
                 std::os::unix::fs::PermissionsExt::mode(&f.metadata().unwrap().permissions());
             assert_eq!(mode & 0o077, 0, "{} is {mode:o}", f.path().display());
-            files += 1;
+            // (an order lock is there while an order is tried)
+            files += usize::from(f.path().extension().is_some_and(|x| x != "lock"));
         }
     }
     assert_eq!(files, 4, "account.json, a, b and c.qweb.test.pem");

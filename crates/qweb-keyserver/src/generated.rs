@@ -9,8 +9,8 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use qweb_offload::{KeyId, LocalKey};
 
+use crate::error::KeyserverError;
 use crate::protocol::ErrorCode;
-use crate::server::KeyserverError;
 
 /// Most keys kept in `generated_keys`: beyond it, generate requests are refused.
 pub const MAX_GENERATED_KEYS: usize = 10_000;
@@ -41,7 +41,7 @@ impl Generated {
             }
         }
         files.sort();
-        let keys = crate::server::load_keys(&files)?;
+        let keys = crate::keys::load_keys(&files)?;
         Ok(Generated {
             dir: dir.to_owned(),
             keys: RwLock::new(keys),

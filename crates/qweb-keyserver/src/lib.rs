@@ -18,7 +18,9 @@
 pub mod accept;
 pub mod client;
 pub mod conn;
+mod error;
 mod generated;
+mod keys;
 mod metrics;
 pub mod once;
 pub mod protocol;

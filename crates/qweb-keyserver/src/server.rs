@@ -1,6 +1,5 @@
 //! The key server.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -8,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use qweb_offload::{KeyId, LocalKey, PoolConfig, PoolEngine};
+use qweb_offload::{KeyId, PoolConfig, PoolEngine};
 use serde::Deserialize;
 use tokio::sync::watch;
 
@@ -18,25 +17,8 @@ use crate::shutdown::stopped;
 use crate::state::State;
 pub use crate::state::{ConnLimits, ServerMetrics};
 
-/// Why the key server cannot start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum KeyserverError {
-    /// The configuration is invalid.
-    #[error("{0}")]
-    Config(String),
-    /// A key or certificate could not be loaded.
-    #[error(transparent)]
-    Tls(#[from] qweb_tls::TlsError),
-    /// A socket or thread could not be set up.
-    #[error("{what}: {source}")]
-    Io {
-        /// What was being done.
-        what: String,
-        /// The error.
-        source: std::io::Error,
-    },
-}
+pub use crate::error::KeyserverError;
+pub use crate::keys::load_keys;
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> KeyserverError {
     let what = what.into();
@@ -213,27 +195,6 @@ impl KeyserverConfig {
             ticket_rotation,
         })
     }
-}
-
-/// Loads PEM private keys and names them by their SPKI SHA-256.
-pub fn load_keys(paths: &[PathBuf]) -> Result<HashMap<KeyId, Arc<LocalKey>>, KeyserverError> {
-    let provider = qweb_tls::provider();
-    let mut keys = HashMap::new();
-    for p in paths {
-        let der = qweb_tls::load_private_key(p)?;
-        let bad = |m: String| KeyserverError::Config(format!("{}: {m}", p.display()));
-        let signing = provider
-            .key_provider
-            .load_private_key(der.clone_key())
-            .map_err(|e| bad(format!("unsupported key: {e}")))?;
-        let spki = signing
-            .public_key()
-            .ok_or_else(|| bad("cannot derive the public key".into()))?;
-        let id = KeyId::of_spki(spki.as_ref());
-        let local = LocalKey::from_der(der.secret_der()).map_err(|e| bad(e.to_string()))?;
-        keys.insert(id, Arc::new(local));
-    }
-    Ok(keys)
 }
 
 /// A running key server (for tests and for `qweb keyserver`).

@@ -163,6 +163,31 @@ impl Service {
         Some(r)
     }
 
+    /// The answer to a request the request rules refused (`route`: the one its path would
+    /// take, for a 405's `Allow`).
+    fn refused(
+        &self,
+        refusal: &request_rules::Refusal,
+        route: Option<&Route>,
+        version: Version,
+    ) -> Response<Body> {
+        tracing::debug!(peer = %self.conn.peer, "refused request: {}", refusal.reason);
+        let mut r = response::status(refusal.status);
+        if refusal.status == StatusCode::METHOD_NOT_ALLOWED {
+            let allow = match route.map(|r| &r.handler) {
+                Some(Handler::Proxy(_)) => PROXY_METHODS,
+                _ => "GET, HEAD",
+            };
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
+        if refusal.close && version <= Version::HTTP_11 {
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        r
+    }
+
     fn find_route<'a>(routes: &'a [Route], path: &str) -> Option<&'a Route> {
         routes
             .iter()
@@ -223,22 +248,8 @@ impl Service {
         let authority = match checked {
             Ok(a) => a,
             Err(refusal) => {
-                tracing::debug!(peer = %self.conn.peer, "refused request: {}", refusal.reason);
-                let mut r = response::status(refusal.status);
-                if refusal.status == StatusCode::METHOD_NOT_ALLOWED {
-                    let route = path.as_ref().ok().and_then(|p| Self::find_route(routes, p));
-                    let allow = match route.map(|r| &r.handler) {
-                        Some(Handler::Proxy(_)) => PROXY_METHODS,
-                        _ => "GET, HEAD",
-                    };
-                    r.headers_mut()
-                        .insert(header::ALLOW, HeaderValue::from_static(allow));
-                }
-                if refusal.close && req.version() <= Version::HTTP_11 {
-                    r.headers_mut()
-                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-                }
-                return r;
+                let route = path.as_ref().ok().and_then(|p| Self::find_route(routes, p));
+                return self.refused(&refusal, route, req.version());
             }
         };
         if let Some(answer) = self.acme_answer(&req) {

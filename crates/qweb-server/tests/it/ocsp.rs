@@ -519,7 +519,7 @@ fn a_site_certificate_fetches_its_staple() {
 fn an_acme_certificate_naming_a_responder_is_stapled() {
     let dir = pki();
     let d = dir.path();
-    let _responder = responder_for_aia_leaf(d);
+    let mut responder = responder_for_aia_leaf(d);
     let text = format!(
         "workers = 1\nstate_dir = \"{}/state-acme\"\n[log]\naccess = false\n\
          [[listener]]\naddress = \"127.0.0.1:0\"\ntls = {{}}\n\
@@ -550,4 +550,6 @@ fn an_acme_certificate_naming_a_responder_is_stapled() {
     });
     assert!(stapled(&status(addr, true)));
     server.shutdown();
+    let _ = responder.kill();
+    let _ = responder.wait();
 }
