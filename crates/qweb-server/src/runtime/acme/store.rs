@@ -140,7 +140,14 @@ impl Store {
         let provider = qweb_tls::provider();
         let loaded = match keyless {
             None => qweb_tls::load_certified_key(&file, &file, &provider),
-            Some(k) => qweb_tls::load_offloaded(&file, None, &provider, k),
+            Some(k) => {
+                // ordered with a key of qweb's own before `key = "keyserver:..."` was set:
+                // the key server does not have that key, so order anew
+                if qweb_tls::load_private_key(&file).is_ok() {
+                    return Ok(None);
+                }
+                qweb_tls::load_offloaded(&file, None, &provider, k)
+            }
         }
         .map_err(|e| e.to_string())?;
         if !names.iter().all(|n| loaded.dns_names.contains(n)) {
@@ -203,5 +210,42 @@ mod tests {
         let taken = store.lock(&names).unwrap();
         assert!(taken.is_some(), "a stale lock is taken over");
         std::mem::forget(again);
+    }
+    /// A saved certificate loads as it was ordered: with its key for a local key; for a
+    /// key-server key, never from a file that holds a key (it was ordered with a local key
+    /// before `key = "keyserver:..."` was set: the key server lacks it), and a chain alone
+    /// does not load as a local-key certificate.
+    #[test]
+    fn saved_certificates_load_only_as_they_were_ordered() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::new(d.path(), "https://ca.test/directory");
+        let names = vec!["s.test".to_owned()];
+        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let cert = rcgen::CertificateParams::new(names.clone())
+            .unwrap()
+            .self_signed(&kp)
+            .unwrap();
+        let keyless = qweb_tls::KeyOffload {
+            engine: Arc::new(qweb_offload::InlineEngine::new("ks")),
+            policy: qweb_offload::Policy {
+                mode: qweb_offload::Mode::Sync,
+                fallback: qweb_offload::Fallback::Fail,
+                timeout: std::time::Duration::from_secs(1),
+            },
+        };
+        store
+            .save(&names, &cert.pem(), Some(&kp.serialize_pem()))
+            .unwrap();
+        assert!(store.load(&names, None).unwrap().is_some());
+        assert!(store.load(&names, Some(&keyless)).unwrap().is_none());
+        store.save(&names, &cert.pem(), None).unwrap();
+        assert!(store.load(&names, Some(&keyless)).unwrap().is_some());
+        assert!(store.load(&names, None).is_err());
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(store.file(&names)).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600);
+        // another name is not covered
+        assert!(store.load(&["t.test".to_owned()], None).unwrap().is_none());
     }
 }
