@@ -45,6 +45,16 @@ impl Chromium {
     /// fetches run for that long of virtual time first. Certificate errors are ignored (test
     /// CAs). Panics when the browser fails.
     pub fn dump_dom(&self, url: &str, virtual_time_ms: Option<u32>) -> String {
+        self.dump_dom_with(url, virtual_time_ms, &[])
+    }
+
+    /// [`Chromium::dump_dom`] with more command-line switches (e.g. [`Chromium::quic_to`]'s).
+    pub fn dump_dom_with(
+        &self,
+        url: &str,
+        virtual_time_ms: Option<u32>,
+        extra: &[String],
+    ) -> String {
         let mut cmd = Command::new("timeout");
         cmd.arg("90").arg(&self.bin).args([
             "--headless",
@@ -58,6 +68,7 @@ impl Chromium {
         if let Some(ms) = virtual_time_ms {
             cmd.arg(format!("--virtual-time-budget={ms}"));
         }
+        cmd.args(extra);
         let out = cmd
             .arg("--dump-dom")
             .arg(url)
@@ -69,5 +80,27 @@ impl Chromium {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8(out.stdout).expect("dom is utf-8")
+    }
+
+    /// The switches that make Chromium speak HTTP/3 to `addr` from the first request (not
+    /// only after an `Alt-Svc`), trusting the certificate in `cert_pem` by its public key
+    /// (QUIC ignores `--ignore-certificate-errors`; it takes an SPKI pin: the base64 SHA-256
+    /// of the certificate's SubjectPublicKeyInfo, computed with the `openssl` command).
+    pub fn quic_to(addr: std::net::SocketAddr, cert_pem: &std::path::Path) -> Vec<String> {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "openssl x509 -in '{}' -pubkey -noout | openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | base64",
+                cert_pem.display()
+            ))
+            .output()
+            .expect("openssl");
+        let pin = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        assert_eq!(pin.len(), 44, "SPKI pin of {}: {pin:?}", cert_pem.display());
+        vec![
+            "--enable-quic".into(),
+            format!("--origin-to-force-quic-on={addr}"),
+            format!("--ignore-certificate-errors-spki-list={pin}"),
+        ]
     }
 }

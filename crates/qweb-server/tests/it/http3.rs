@@ -1,5 +1,5 @@
 //! HTTP/3 (`http3 = true`): python's aioquic client against static files and the proxy,
-//! `Alt-Svc` over HTTPS/TCP, and hostile QUIC input (a flood of garbage Initial packets, a
+//! `Alt-Svc` over HTTPS/TCP, headless Chromium over QUIC, and hostile QUIC input (a flood of garbage Initial packets, a
 //! client opening more streams than allowed): the server stays up and serves another client.
 
 use qweb_testkit as common;
@@ -312,4 +312,37 @@ async fn quic_handshake_signatures_go_through_the_listeners_offload_engine() {
             "{mode}: one signature for one QUIC handshake\n{m}"
         );
     }
+}
+
+/// Headless Chromium forced onto QUIC for the listener's origin (`--origin-to-force-quic-on`,
+/// the self-signed certificate pinned by its public key) loads a static page and, from its
+/// script, a proxied response: the browser's own timing entries say both came over `h3`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chromium_loads_a_static_page_and_a_proxied_response_over_h3() {
+    let Some(browser) = common::browser::Chromium::find() else {
+        return;
+    };
+    let up = upstream::start("u1").await;
+    let route = api_route(up.addr, "");
+    let t = common::start_with(&format!("{}\n{route}", h3_listeners("")), |_| {});
+    std::fs::write(
+        t.site().join("h3.html"),
+        "<!doctype html><html><body><p id=\"nav\">pending</p><p id=\"api\">pending</p><script>\n\
+         const nav = performance.getEntriesByType('navigation')[0];\n\
+         document.getElementById('nav').textContent = 'nav:' + nav.nextHopProtocol;\n\
+         fetch('/api/hello').then(r => r.text()).then(text => {\n\
+           const e = performance.getEntriesByName(location.origin + '/api/hello')[0];\n\
+           document.getElementById('api').textContent = 'api:' + (e ? e.nextHopProtocol : 'none') + ':' + text;\n\
+         });\n\
+         </script></body></html>\n",
+    )
+    .unwrap();
+    let addr = t.addrs[0];
+    let args = common::browser::Chromium::quic_to(addr, &t.cert());
+    let url = format!("https://{addr}/h3.html");
+    let dom = tokio::task::spawn_blocking(move || browser.dump_dom_with(&url, Some(3000), &args))
+        .await
+        .unwrap();
+    assert!(dom.contains("nav:h3<"), "{dom}");
+    assert!(dom.contains("api:h3:up:u1:/api/hello<"), "{dom}");
 }
