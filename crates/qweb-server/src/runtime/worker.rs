@@ -34,8 +34,9 @@ pub(crate) struct ListenerCtx {
     pub local_addr: SocketAddr,
     /// Every request on this listener is redirected.
     pub redirect: Option<Rc<crate::config::RedirectConfig>>,
-    /// `Alt-Svc` of its responses (HTTP/3 on).
-    pub alt_svc: Option<http::HeaderValue>,
+    /// `Alt-Svc` of its responses: HTTP/3 on, and this worker's QUIC endpoint is up (a
+    /// worker whose UDP socket did not bind advertises nothing it cannot serve).
+    pub alt_svc: RefCell<Option<http::HeaderValue>>,
 }
 
 impl ListenerCtx {
@@ -51,7 +52,7 @@ impl ListenerCtx {
             self.tls.is_some(),
             self.local_addr,
             self.redirect.clone(),
-            self.alt_svc.clone(),
+            self.alt_svc.borrow().clone(),
         )
     }
 }
@@ -277,10 +278,11 @@ impl Worker {
                 tls,
                 local_addr: l.bound,
                 redirect: l.redirect.map(Rc::new),
-                alt_svc: l
-                    .http3
-                    .filter(|_| quic.is_some())
-                    .map(|age| crate::runtime::quic::alt_svc(l.bound.port(), age)),
+                alt_svc: RefCell::new(
+                    l.http3
+                        .filter(|_| quic.is_some())
+                        .map(|age| crate::runtime::quic::alt_svc(l.bound.port(), age)),
+                ),
             });
             let current = Current {
                 listener: lctx,
@@ -319,6 +321,9 @@ impl Worker {
             };
             let mut accepting = accepting;
             self.quic(&mut accepting, l.bound, quic);
+            if accepting.quic.is_none() {
+                accepting.current.borrow().listener.alt_svc.take();
+            }
             next.insert(l.bound, accepting);
         }
         for r in ctx.routes.iter().chain(ctx.sites.all_routes()) {

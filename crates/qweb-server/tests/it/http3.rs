@@ -346,3 +346,30 @@ async fn chromium_loads_a_static_page_and_a_proxied_response_over_h3() {
     assert!(dom.contains("nav:h3<"), "{dom}");
     assert!(dom.contains("api:h3:up:u1:/api/hello<"), "{dom}");
 }
+
+/// A listener whose UDP port another socket holds (bound without `SO_REUSEPORT`): no worker
+/// gets a QUIC endpoint, the TCP side serves, and its responses advertise no HTTP/3 that
+/// nothing would answer.
+#[tokio::test]
+async fn no_alt_svc_from_a_worker_whose_udp_socket_did_not_bind() {
+    let holder = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = holder.local_addr().unwrap().port();
+    let t = common::start_with(
+        &format!(
+            "workers = 2\n[[listener]]\naddress = \"127.0.0.1:{port}\"\nhttp3 = true\n\
+             [listener.tls]\nself_signed = true\n[[listener]]\naddress = \"127.0.0.1:0\"\n"
+        ),
+        |_| {},
+    );
+    std::fs::write(t.site().join("a.txt"), "a").unwrap();
+    for proto in [Proto::H1, Proto::H2, Proto::H1, Proto::H2] {
+        let r = client(&t.cert(), proto)
+            .get(format!("{}/a.txt", t.https()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(r.headers().get("alt-svc").is_none(), "{:?}", r.headers());
+    }
+    drop(holder);
+}
