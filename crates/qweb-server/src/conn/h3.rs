@@ -65,6 +65,8 @@ pub(crate) async fn serve<H: Host, S: Handle>(
             return;
         }
     };
+    let _open =
+        crate::observe::metrics::ProtocolOpen::new(m, crate::observe::metrics::HttpProtocol::H3);
     let state = Rc::new(ConnState::new(peer));
     state.protocol.set("HTTP/3");
     state.tls_version.set(Some("TLSv1.3"));

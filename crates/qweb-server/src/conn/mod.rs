@@ -474,7 +474,12 @@ async fn drive<T, H: Host, S: Handle>(
     // A connection that completed its handshake after shutdown began (it was paused) still
     // gets its first request served.
     let late = *worker.shutdown().borrow();
-    let _open = crate::observe::metrics::ProtocolOpen::new(worker.metrics(), h2);
+    let protocol = if h2 {
+        crate::observe::metrics::HttpProtocol::H2
+    } else {
+        crate::observe::metrics::HttpProtocol::Http1
+    };
+    let _open = crate::observe::metrics::ProtocolOpen::new(worker.metrics(), protocol);
     if h2 {
         // Boxed: what an HTTP/2 connection holds while it lives does not size the task of
         // every connection (see `crate::conn::idle`).

@@ -44,24 +44,44 @@ pub(crate) struct WorkerMetrics {
     pub http1: AtomicI64,
     /// Connections serving HTTP/2.
     pub h2: AtomicI64,
+    /// QUIC connections serving HTTP/3 (handshake done; also counted in `connections`).
+    pub h3: AtomicI64,
     pub requests: AtomicU64,
 }
 
-/// One connection serving HTTP in `protocol` (its count is up while this lives).
-pub(crate) struct ProtocolOpen<'a>(&'a AtomicI64);
+/// The HTTP protocol a connection serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HttpProtocol {
+    Http1,
+    H2,
+    /// Over QUIC: the connection is counted in `connections` here too (a TCP connection is
+    /// counted there from its accept).
+    H3,
+}
+
+/// One connection serving HTTP in a protocol (its counts are up while this lives).
+pub(crate) struct ProtocolOpen<'a>(&'a AtomicI64, Option<&'a AtomicI64>);
 
 impl<'a> ProtocolOpen<'a> {
-    /// Counts a connection of `w` serving HTTP/2 (`h2`) or HTTP/1.1.
-    pub(crate) fn new(w: &'a WorkerMetrics, h2: bool) -> Self {
-        let count = if h2 { &w.h2 } else { &w.http1 };
-        count.fetch_add(1, Relaxed);
-        ProtocolOpen(count)
+    /// Counts a connection of `w` serving `protocol`.
+    pub(crate) fn new(w: &'a WorkerMetrics, protocol: HttpProtocol) -> Self {
+        let (count, also) = match protocol {
+            HttpProtocol::Http1 => (&w.http1, None),
+            HttpProtocol::H2 => (&w.h2, None),
+            HttpProtocol::H3 => (&w.h3, Some(&w.connections)),
+        };
+        for c in std::iter::once(count).chain(also) {
+            c.fetch_add(1, Relaxed);
+        }
+        ProtocolOpen(count, also)
     }
 }
 
 impl Drop for ProtocolOpen<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Relaxed);
+        for c in std::iter::once(self.0).chain(self.1) {
+            c.fetch_sub(1, Relaxed);
+        }
     }
 }
 
@@ -194,7 +214,7 @@ impl Collector for WorkersCollector {
             MetricType::Gauge,
         )?;
         for (i, w) in self.0.iter().enumerate() {
-            for (protocol, count) in [("http/1.1", &w.http1), ("h2", &w.h2)] {
+            for (protocol, count) in [("http/1.1", &w.http1), ("h2", &w.h2), ("h3", &w.h3)] {
                 let labels = [("worker", i.to_string()), ("protocol", protocol.to_owned())];
                 let sample = family.encode_family(&labels)?;
                 encode_value(sample, MetricType::Gauge, count.load(Relaxed))?;

@@ -227,11 +227,12 @@ fn workers(s: &Samples) -> Value {
     );
     let mut h1 = HashMap::new();
     let mut h2 = HashMap::new();
+    let mut h3 = HashMap::new();
     for x in s.of("qweb_http_connections_open") {
-        let into = if x.label("protocol") == "h2" {
-            &mut h2
-        } else {
-            &mut h1
+        let into = match x.label("protocol") {
+            "h2" => &mut h2,
+            "h3" => &mut h3,
+            _ => &mut h1,
         };
         into.insert(x.label("worker").to_owned(), x.value);
     }
@@ -245,6 +246,7 @@ fn workers(s: &Samples) -> Value {
                     "connections": num(*open),
                     "http1": at(&h1, w),
                     "h2": at(&h2, w),
+                    "h3": at(&h3, w),
                     "requests": at(&requests, w),
                     "handshakes": at(&ok, w),
                     "handshakes_failed": at(&failed, w),

@@ -373,3 +373,65 @@ async fn no_alt_svc_from_a_worker_whose_udp_socket_did_not_bind() {
     }
     drop(holder);
 }
+
+/// An HTTP/3 connection counts in `qweb_connections_open` and in
+/// `qweb_http_connections_open{protocol="h3"}` while it lives (here: while a proxied request
+/// waits 2 s on its upstream), and `/status.json` shows it as `h3`; both go back to 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http3_connection_is_counted_while_it_lives() {
+    if !have_client() {
+        return;
+    }
+    let up = upstream::start("u1").await;
+    let route = api_route(up.addr, "strip_prefix = true\n");
+    let t = common::start_with(
+        &format!(
+            "workers = 1\n[admin]\naddress = \"127.0.0.1:0\"\n{}\n{route}",
+            h3_listeners("")
+        ),
+        |_| {},
+    );
+    let admin = t.admin.unwrap();
+    let (addr, ca) = (t.addrs[0], t.cert());
+    let slow = tokio::task::spawn_blocking(move || {
+        aioquic(addr, &ca, &[H3Request::get("/api/slow/2000")], false)
+    });
+    let h3 =
+        |m: &common::metrics::Metrics| m.sum("qweb_http_connections_open", &[("protocol", "h3")]);
+    let mut seen = false;
+    for _ in 0..40 {
+        let m = common::metrics::scrape(admin).await;
+        if h3(&m) == 1.0 {
+            assert!(m.sum("qweb_connections_open", &[]) >= 1.0);
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(seen, "the HTTP/3 connection was never counted");
+    let status: serde_json::Value = serde_json::from_str(
+        &reqwest::get(format!("http://{admin}/status.json"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(status["workers"]["rows"][0]["h3"], 1, "{status}");
+    let out = slow.await.unwrap().expect("aioquic connects");
+    assert_eq!(out[0].as_ref().expect("slow").status, 200);
+    let mut gone = false;
+    for _ in 0..60 {
+        let m = common::metrics::scrape(admin).await;
+        if h3(&m) == 0.0 && m.sum("qweb_connections_open", &[]) == 0.0 {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        gone,
+        "the HTTP/3 connection is still counted after it ended"
+    );
+}
