@@ -137,12 +137,16 @@ impl Validator<'_> {
             }
         };
         let plain = listeners.iter().any(|l| l.tls.is_none());
-        let tls = listeners.iter().any(|l| l.tls.is_some());
+        // the sites' certificates join the listeners with `certificates` (or `tls = {}`),
+        // not those with `self_signed`
+        let tls = listeners
+            .iter()
+            .any(|l| matches!(l.tls, Some(super::TlsConfig::Certificates(_))));
         if !tls {
             return Err(self.err(
                 Some(raw.span()),
                 key,
-                "no TLS listener would serve the certificate: add one (`tls = {}`)",
+                "no TLS listener would serve the certificate: add one with `tls = {}` or `certificates` (a `self_signed` listener serves only its own)",
             ));
         }
         let challenge = match a.challenge.as_ref().map(|c| (c, c.get_ref().as_str())) {
@@ -317,6 +321,15 @@ address = "127.0.0.1:0"
         let no_tls = "[[listener]]\naddress = \"127.0.0.1:0\"\n[[site]]\nserver_names = [\"a.example\"]\nacme = {}\nroute = [{ prefix = \"/\", root = \"/tmp\" }]\n";
         let e = parse(no_tls).unwrap_err();
         assert!(e.contains("no TLS listener"), "{e}");
+        let self_signed = no_tls.replace(
+            "address = \"127.0.0.1:0\"\n",
+            "address = \"127.0.0.1:0\"\ntls = { self_signed = true }\n",
+        );
+        let e = parse(&self_signed).unwrap_err();
+        assert!(
+            e.contains("no TLS listener") && e.contains("self_signed"),
+            "{e}"
+        );
     }
     /// The README's recipe is a valid configuration: TLS-ALPN-01 (no plain listener), both
     /// names, Let's Encrypt.
