@@ -98,11 +98,9 @@ pub(crate) fn generalized_time(v: &[u8]) -> Result<SystemTime, DerError> {
     Ok(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
 }
 
-/// The parts of a certificate after its issuer: subject Name DER, subjectPublicKey bits,
-/// extensions DER if any.
-pub(crate) type CertParts = (Vec<u8>, Vec<u8>, Option<Vec<u8>>);
-
-pub(crate) fn cert_parts(cert: &[u8]) -> Result<CertParts, DerError> {
+/// A certificate's tbsCertificate fields, from its serial number on (the version, when
+/// present, skipped).
+pub(crate) fn tbs_fields(cert: &[u8]) -> Result<Der<'_>, DerError> {
     let c = DerError::Certificate;
     let mut top = Der(cert);
     let mut certificate = Der(top
@@ -114,6 +112,16 @@ pub(crate) fn cert_parts(cert: &[u8]) -> Result<CertParts, DerError> {
     if tbs.peek_tag() == Some(0xa0) {
         tbs.next().map_err(|_| c("version"))?;
     }
+    Ok(tbs)
+}
+
+/// The parts of a certificate after its issuer: subject Name DER, subjectPublicKey bits,
+/// extensions DER if any.
+pub(crate) type CertParts = (Vec<u8>, Vec<u8>, Option<Vec<u8>>);
+
+pub(crate) fn cert_parts(cert: &[u8]) -> Result<CertParts, DerError> {
+    let c = DerError::Certificate;
+    let mut tbs = tbs_fields(cert)?;
     for what in ["serial", "signature", "issuer", "validity"] {
         tbs.next().map_err(|_| c(what))?;
     }
@@ -136,16 +144,7 @@ pub(crate) fn cert_parts(cert: &[u8]) -> Result<CertParts, DerError> {
 /// A certificate's validity: `notBefore` and `notAfter` (UTCTime or GeneralizedTime).
 pub fn validity(cert: &[u8]) -> Result<(SystemTime, SystemTime), DerError> {
     let c = DerError::Certificate;
-    let mut top = Der(cert);
-    let mut certificate = Der(top
-        .expect(SEQ, "certificate")
-        .map_err(|_| c("not a SEQUENCE"))?);
-    let mut tbs = Der(certificate
-        .expect(SEQ, "tbs")
-        .map_err(|_| c("no tbsCertificate"))?);
-    if tbs.peek_tag() == Some(0xa0) {
-        tbs.next().map_err(|_| c("version"))?;
-    }
+    let mut tbs = tbs_fields(cert)?;
     for what in ["serial", "signature", "issuer"] {
         tbs.next().map_err(|_| c(what))?;
     }

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use rustls::sign::CertifiedKey;
 
-use crate::der::{cert_parts, generalized_time, Der, DerError, SEQ};
+use crate::der::{cert_parts, generalized_time, tbs_fields, Der, DerError, SEQ};
 
 /// Why an OCSP response is not stapled.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -67,16 +67,7 @@ struct LeafId {
 
 fn leaf_id(cert: &[u8]) -> Result<LeafId, OcspError> {
     let c = OcspError::Certificate;
-    let mut top = Der(cert);
-    let mut certificate = Der(top
-        .expect(SEQ, "certificate")
-        .map_err(|_| c("not a SEQUENCE"))?);
-    let mut tbs = Der(certificate
-        .expect(SEQ, "tbs")
-        .map_err(|_| c("no tbsCertificate"))?);
-    if tbs.peek_tag() == Some(0xa0) {
-        tbs.next().map_err(|_| c("version"))?;
-    }
+    let mut tbs = tbs_fields(cert)?;
     let serial = tbs
         .expect(0x02, "serial")
         .map_err(|_| c("no serial"))?
