@@ -154,15 +154,8 @@ fn handshake(name: &str, alpn: &[&[u8]]) -> std::io::Result<Vec<u8>> {
 }
 
 /// Polls until `f` gives `Some` (every 200 ms, up to `limit`).
-fn until<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+fn until<T>(limit: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
+    qweb_testkit::poll_until(what, limit, Duration::from_millis(200), f)
 }
 
 /// `qweb keyserver` generating keys into `dir/ks/generated`, on `dir/ks.sock`.

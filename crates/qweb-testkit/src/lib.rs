@@ -39,6 +39,34 @@ pub mod ws;
 pub use server::{raw_exchange, start, start_file, start_text, start_with, TestServer};
 pub use tls::{client, install_provider, plain_client, tls_client_config, Proto, BOTH};
 
+/// Calls `f` every `every` until it gives `Some`, and returns that; panics naming `what`
+/// once `limit` has passed.
+///
+/// ```
+/// use std::time::Duration;
+/// let mut n = 0;
+/// let got = qweb_testkit::poll_until("the third call", Duration::from_secs(5), Duration::ZERO, || {
+///     n += 1;
+///     (n == 3).then_some(n)
+/// });
+/// assert_eq!(got, 3);
+/// ```
+pub fn poll_until<T>(
+    what: &str,
+    limit: std::time::Duration,
+    every: std::time::Duration,
+    mut f: impl FnMut() -> Option<T>,
+) -> T {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(every);
+    }
+}
+
 /// A TCP port on 127.0.0.1 that was free a moment ago: for the few tests that must put a
 /// fixed port in a config before the server starts (a reload keeping its listener, a second
 /// instance on the same address). Everything else binds `127.0.0.1:0` and asks the server.

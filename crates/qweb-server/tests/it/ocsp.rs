@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use qweb_server::RunningServer;
 use qweb_testkit::metrics;
@@ -360,11 +360,8 @@ fn aia_leaf(d: &Path, port: u16, name: &str) {
 }
 
 fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !f() {
-        assert!(started.elapsed() < Duration::from_secs(secs), "{what}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    let (limit, every) = (Duration::from_secs(secs), Duration::from_millis(250));
+    qweb_testkit::poll_until(what, limit, every, || f().then_some(()));
 }
 
 /// `aia.crt` (see [`aia_leaf`]) and `openssl ocsp` answering for it on the port its AIA
