@@ -67,6 +67,27 @@ pub fn poll_until<T>(
     }
 }
 
+/// [`poll_until`] for an async check: awaits `f()` every `every` (a tokio sleep, so the
+/// runtime serves other tasks meanwhile) until it gives `Some`.
+pub async fn poll_until_async<T, F>(
+    what: &str,
+    limit: std::time::Duration,
+    every: std::time::Duration,
+    mut f: impl FnMut() -> F,
+) -> T
+where
+    F: std::future::Future<Output = Option<T>>,
+{
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(every).await;
+    }
+}
+
 /// A TCP port on 127.0.0.1 that was free a moment ago: for the few tests that must put a
 /// fixed port in a config before the server starts (a reload keeping its listener, a second
 /// instance on the same address). Everything else binds `127.0.0.1:0` and asks the server.

@@ -8,6 +8,7 @@ pub(crate) mod listen;
 pub mod notify;
 pub(crate) mod ocsp_fetch;
 pub(crate) mod quic;
+pub(crate) mod quic_handshake;
 pub(crate) mod server;
 pub(crate) mod status_page;
 pub(crate) mod tls_session;

@@ -9,9 +9,13 @@
 
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use socket2::{Protocol, Type};
+
+use crate::observe::metrics::WorkerMetrics;
+use crate::runtime::quic_handshake::OffloadingConfig;
 
 /// Streams of other kinds than requests a client may have open at once: HTTP/3 needs three
 /// (control, QPACK encoder and decoder); the rest is room for reserved (grease) streams.
@@ -38,17 +42,26 @@ pub(crate) enum QuicError {
 
 /// The QUIC server configuration of a listener: its rustls configuration (certificates, SNI,
 /// the offloading signing keys, tickets) with ALPN `h3` and no 0-RTT (replayable), and the
-/// limits of `[limits]` as QUIC transport parameters.
+/// limits of `[limits]` as QUIC transport parameters. With `offload` (the listener's mode is
+/// `async`), handshake signatures go to the worker's offloader without blocking the worker
+/// (`quic_handshake`).
 pub(crate) fn server_config(
     tls: &rustls::ServerConfig,
     limits: &crate::config::Limits,
+    offload: Option<(Rc<qweb_offload::Offloader>, Arc<WorkerMetrics>)>,
 ) -> Result<quinn::ServerConfig, QuicError> {
     let mut tls = tls.clone();
     tls.alpn_protocols = vec![crate::conn::h3::ALPN_H3.to_vec()];
     // 0-RTT refused: early data could be replayed
     tls.max_early_data_size = 0;
-    let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(tls))
-        .map_err(|_| QuicError::NoInitialSuite)?;
+    let crypto = Arc::new(
+        quinn::crypto::rustls::QuicServerConfig::try_from(Arc::new(tls))
+            .map_err(|_| QuicError::NoInitialSuite)?,
+    );
+    let crypto: Arc<dyn quinn::crypto::ServerConfig> = match offload {
+        Some((offloader, metrics)) => Arc::new(OffloadingConfig::new(crypto, offloader, metrics)),
+        None => crypto,
+    };
     let mut transport = quinn::TransportConfig::default();
     transport
         .max_concurrent_bidi_streams(limits.max_concurrent_streams.into())
@@ -59,7 +72,7 @@ pub(crate) fn server_config(
                 .try_into()
                 .map_err(|_| QuicError::IdleTimeout)?,
         ));
-    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    let mut config = quinn::ServerConfig::with_crypto(crypto);
     config
         .transport_config(Arc::new(transport))
         .max_incoming(MAX_INCOMING);
@@ -78,8 +91,36 @@ pub(crate) fn endpoint(
         quinn::EndpointConfig::default(),
         Some(config),
         socket,
-        Arc::new(quinn::TokioRuntime),
+        Arc::new(WorkerRuntime),
     )?)
+}
+
+/// quinn's tokio runtime with its tasks (the endpoint's and each connection's driver) spawned
+/// on the worker's `LocalSet` rather than beside it: what they poll may use the worker's
+/// thread-local parts (an async offload's op is submitted through the worker's batching
+/// offloader, which schedules its flush with `spawn_local`), and they stop with the worker's
+/// other tasks.
+#[derive(Debug)]
+struct WorkerRuntime;
+
+impl quinn::Runtime for WorkerRuntime {
+    fn new_timer(&self, i: std::time::Instant) -> std::pin::Pin<Box<dyn quinn::AsyncTimer>> {
+        quinn::TokioRuntime.new_timer(i)
+    }
+
+    fn spawn(&self, future: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>) {
+        // quinn spawns from the worker's own tasks (creating the endpoint, accepting): the
+        // worker's LocalSet is the current one
+        tokio::task::spawn_local(future);
+    }
+
+    fn wrap_udp_socket(&self, t: UdpSocket) -> io::Result<Arc<dyn quinn::AsyncUdpSocket>> {
+        quinn::TokioRuntime.wrap_udp_socket(t)
+    }
+
+    fn now(&self) -> std::time::Instant {
+        quinn::TokioRuntime.now()
+    }
 }
 
 /// The `Alt-Svc` value a listener with HTTP/3 on `port` sends: `h3=":PORT"; ma=MAX_AGE`.

@@ -264,7 +264,12 @@ impl Worker {
             });
             let quic = match (&tls, l.http3) {
                 (Some(tls), Some(_)) => {
-                    match crate::runtime::quic::server_config(&tls.config, &config.limits) {
+                    let offload = tls
+                        .offloader
+                        .as_ref()
+                        .map(|o| (o.clone(), ctx.metrics.clone()));
+                    match crate::runtime::quic::server_config(&tls.config, &config.limits, offload)
+                    {
                         Ok(c) => Some(c),
                         Err(e) => {
                             tracing::error!(worker = self.id, listener = %l.bound, "no HTTP/3 on this listener: {e}");

@@ -279,17 +279,21 @@ async fn a_shutdown_lets_an_http3_request_in_flight_finish() {
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
 }
 
-#[tokio::test]
+/// A QUIC handshake's signature goes to the listener's engine (a pool adding 2 s): in mode
+/// `async` the worker pauses that handshake and meanwhile answers a plain request at once;
+/// in `sync` the same request waits for the signature (the baseline the test tells apart).
+/// Either way the handshake completes with one signature op and the request over HTTP/3 is
+/// answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quic_handshake_signatures_go_through_the_listeners_offload_engine() {
     if !have_client() {
         return;
     }
-    // `sync` waits on the engine in place; `async` has no job in a QUIC handshake yet and
-    // takes the same path (docs/ARCHITECTURE.md, "HTTP/3")
+    const LATENCY: std::time::Duration = std::time::Duration::from_secs(2);
     for mode in ["sync", "async"] {
         let extra = format!(
             "[admin]\naddress = \"127.0.0.1:0\"\n\
-             [offload.engines.pool]\nkind = \"pool\"\nthreads = 1\n\
+             [offload.engines.pool]\nkind = \"pool\"\nthreads = 1\nadded_latency = \"2s\"\n\
              [[listener]]\naddress = \"127.0.0.1:0\"\nhttp3 = true\n\
              [listener.tls]\nself_signed = true\n\
              [listener.offload]\nengine = \"pool\"\nmode = \"{mode}\"\n\
@@ -298,20 +302,143 @@ async fn quic_handshake_signatures_go_through_the_listeners_offload_engine() {
         let t = common::start_with(&extra, |_| {});
         std::fs::write(t.site().join("a.txt"), "signed").unwrap();
         let (addr, ca) = (t.addrs[0], t.cert());
-        let out = tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        let h3 = tokio::task::spawn_blocking(move || {
             aioquic(addr, &ca, &[H3Request::get("/a.txt")], false)
-        })
-        .await
-        .unwrap()
-        .expect("aioquic connects");
+        });
+        // the signature is out (the admin listener answers on its own thread)
+        let submitted = || async {
+            let m = t.metrics().await;
+            m.sum("qweb_offload_ops_submitted_total", &[("engine", "pool")])
+        };
+        common::poll_until_async(
+            "the handshake's signature op",
+            std::time::Duration::from_secs(10),
+            std::time::Duration::from_millis(20),
+            || async { (submitted().await >= 1.0).then_some(()) },
+        )
+        .await;
+        // a plain request to the same (only) worker meanwhile
+        let asked = std::time::Instant::now();
+        let (status, body) = common::tls::get_text(
+            &common::plain_client(),
+            &format!("http://{}/a.txt", t.addrs[1]),
+        )
+        .await;
+        let waited = asked.elapsed();
+        assert_eq!((status, body.as_str()), (200, "signed"), "{mode}");
+        let paused = t.metrics().await.sum("qweb_jobs_paused", &[]);
+        let out = h3.await.unwrap().expect("aioquic connects");
         assert_eq!(out[0].as_ref().expect("GET").body, b"signed", "{mode}");
-        let m = t.metrics().await;
-        let submitted = m.sum("qweb_offload_ops_submitted_total", &[("engine", "pool")]);
+        assert!(
+            started.elapsed() >= LATENCY,
+            "{mode}: the handshake waited for the engine"
+        );
+        match mode {
+            "async" => {
+                assert!(
+                    waited < LATENCY / 2,
+                    "async: the worker answered other requests while the QUIC handshake was paused ({waited:?})"
+                );
+                assert_eq!(paused, 1.0, "async: one handshake job paused meanwhile");
+            }
+            _ => assert!(
+                waited >= LATENCY / 2,
+                "sync: the worker waited in place for the signature ({waited:?})"
+            ),
+        }
         assert_eq!(
-            submitted, 1.0,
-            "{mode}: one signature for one QUIC handshake\n{m}"
+            submitted().await,
+            1.0,
+            "{mode}: one signature for one QUIC handshake"
+        );
+        assert_eq!(
+            t.metrics().await.sum("qweb_jobs_paused", &[]),
+            0.0,
+            "{mode}: none left paused"
         );
     }
+}
+
+/// A listener in mode `async` whose pool engine never answers (`added_latency = "1h"`).
+fn stuck_engine(offload_timeout: &str) -> String {
+    format!(
+        "[admin]\naddress = \"127.0.0.1:0\"\n\
+         [limits]\ntls_handshake_timeout = \"1s\"\n\
+         [offload.engines.stuck]\nkind = \"pool\"\nthreads = 1\nadded_latency = \"1h\"\n\
+         [[listener]]\naddress = \"127.0.0.1:0\"\nhttp3 = true\n\
+         [listener.tls]\nself_signed = true\n\
+         [listener.offload]\nengine = \"stuck\"\nmode = \"async\"\ntimeout = \"{offload_timeout}\"\n\
+         [[listener]]\naddress = \"127.0.0.1:0\"\n"
+    )
+}
+
+/// An engine that never answers, past the offload `timeout`: the paused QUIC handshake is
+/// resumed with the timeout and signs in software (`fallback`, as over TCP); the client is
+/// served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quic_handshake_whose_engine_never_answers_falls_back_to_software() {
+    if !have_client() {
+        return;
+    }
+    let t = common::start_with(&stuck_engine("200ms"), |_| {});
+    std::fs::write(t.site().join("a.txt"), "fallback").unwrap();
+    let (addr, ca) = (t.addrs[0], t.cert());
+    let out =
+        tokio::task::spawn_blocking(move || aioquic(addr, &ca, &[H3Request::get("/a.txt")], false))
+            .await
+            .unwrap()
+            .expect("aioquic connects");
+    assert_eq!(out[0].as_ref().expect("GET").body, b"fallback");
+    let m = t.metrics().await;
+    assert_eq!(
+        m.sum("qweb_offload_ops_fallback_total", &[("engine", "stuck")]),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(m.sum("qweb_jobs_paused", &[]), 0.0, "{m}");
+}
+
+/// A QUIC handshake paused on a signature that does not come back within
+/// `tls_handshake_timeout` (the offload timeout is longer): the connection is closed, its
+/// paused job unwound (the gauge goes back to 0: nothing pinned), the client told, and the
+/// worker serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quic_handshake_paused_past_its_timeout_is_dropped_with_its_job() {
+    if !have_client() {
+        return;
+    }
+    let t = common::start_with(&stuck_engine("60s"), |_| {});
+    std::fs::write(t.site().join("a.txt"), "served").unwrap();
+    let (addr, ca) = (t.addrs[0], t.cert());
+    let h3 =
+        tokio::task::spawn_blocking(move || aioquic(addr, &ca, &[H3Request::get("/a.txt")], false));
+    let paused = || async { t.metrics().await.sum("qweb_jobs_paused", &[]) };
+    let every = std::time::Duration::from_millis(20);
+    common::poll_until_async(
+        "a paused handshake",
+        std::time::Duration::from_secs(10),
+        every,
+        || async { (paused().await == 1.0).then_some(()) },
+    )
+    .await;
+    let out = h3.await.unwrap();
+    assert!(out.is_err(), "the client's handshake fails: {out:?}");
+    common::poll_until_async(
+        "the job unwound",
+        std::time::Duration::from_secs(10),
+        every,
+        || async { (paused().await == 0.0).then_some(()) },
+    )
+    .await;
+    let m = t.metrics().await;
+    assert_eq!(m.sum("qweb_tls_handshakes_failed_total", &[]), 1.0, "{m}");
+    let (status, body) = common::tls::get_text(
+        &common::plain_client(),
+        &format!("http://{}/a.txt", t.addrs[1]),
+    )
+    .await;
+    assert_eq!((status, body.as_str()), (200, "served"));
 }
 
 /// Headless Chromium forced onto QUIC for the listener's origin (`--origin-to-force-quic-on`,
@@ -324,7 +451,18 @@ async fn chromium_loads_a_static_page_and_a_proxied_response_over_h3() {
     };
     let up = upstream::start("u1").await;
     let route = api_route(up.addr, "");
-    let t = common::start_with(&format!("{}\n{route}", h3_listeners("")), |_| {});
+    // its QUIC handshakes' signatures offloaded asynchronously: Chromium's ClientHello (with
+    // a post-quantum key share) comes in several CRYPTO frames, the signature pauses on the last
+    let offload = "[listener.offload]\nengine = \"pool\"\nmode = \"async\"";
+    let t = common::start_with(
+        &format!(
+            "[admin]\naddress = \"127.0.0.1:0\"\n\
+             [offload.engines.pool]\nkind = \"pool\"\nthreads = 1\nadded_latency = \"20ms\"\n\
+             {}\n{route}",
+            h3_listeners(offload)
+        ),
+        |_| {},
+    );
     std::fs::write(
         t.site().join("h3.html"),
         "<!doctype html><html><body><p id=\"nav\">pending</p><p id=\"api\">pending</p><script>\n\
@@ -345,6 +483,13 @@ async fn chromium_loads_a_static_page_and_a_proxied_response_over_h3() {
         .unwrap();
     assert!(dom.contains("nav:h3<"), "{dom}");
     assert!(dom.contains("api:h3:up:u1:/api/hello<"), "{dom}");
+    let m = t.metrics().await;
+    assert!(
+        m.sum("qweb_offload_ops_submitted_total", &[("engine", "pool")]) >= 1.0,
+        "the browser's QUIC handshake signed through the engine\n{m}"
+    );
+    assert_eq!(m.sum("qweb_offload_ops_fallback_total", &[]), 0.0, "{m}");
+    assert_eq!(m.sum("qweb_jobs_paused", &[]), 0.0, "{m}");
 }
 
 /// A listener whose UDP port another socket holds (bound without `SO_REUSEPORT`): no worker
