@@ -82,6 +82,8 @@ pub struct QwebSpec {
     /// Ticket keys shared through a key server: the body of an `[offload.engines.tickets]`
     /// table (`kind = "keyserver"` is added) and `ticket_keys = "keyserver:tickets"`.
     pub ticket_keyserver: Option<String>,
+    /// HTTP/3 on the TLS listener too (`http3 = true`; responses then carry `Alt-Svc`).
+    pub http3: bool,
 }
 
 /// A TOML basic string holding `s`.
@@ -156,6 +158,9 @@ pub fn qweb_toml(spec: &QwebSpec) -> String {
     let _ = writeln!(t, "[[listener]]");
     let _ = writeln!(t, "address = \"127.0.0.1:{}\"", spec.port);
     let _ = writeln!(t, "http2 = true");
+    if spec.http3 {
+        let _ = writeln!(t, "http3 = true");
+    }
     let _ = writeln!(t, "[listener.tls]");
     let entry = |cert: &std::path::Path, key: &Option<PathBuf>| match key {
         Some(k) => format!("{{ cert = {}, key = {} }}", path_str(cert), path_str(k)),
@@ -215,7 +220,19 @@ mod tests {
             plain_port: None,
             resumption: false,
             ticket_keyserver: None,
+            http3: false,
         }
+    }
+
+    #[test]
+    fn http3_only_when_asked() {
+        let plain = qweb_toml(&qspec(Offload::None));
+        assert!(!plain.contains("http3"), "{plain}");
+        let mut spec = qspec(Offload::None);
+        spec.http3 = true;
+        let t = qweb_toml(&spec);
+        let listener = &t[t.find("[[listener]]").unwrap()..t.find("[listener.tls]").unwrap()];
+        assert!(listener.contains("http3 = true"), "{t}");
     }
 
     #[test]

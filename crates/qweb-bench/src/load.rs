@@ -38,6 +38,7 @@ use crate::tls::{
 };
 use crate::{Error, Result};
 
+mod quic;
 mod spec;
 pub use spec::{ErrorCounts, LoadReport, LoadSpec, Mode};
 
@@ -99,6 +100,8 @@ struct Shared {
     resume_connector: Option<TlsConnector>,
     /// With --rsa-only-ratio: offers only RSA signature schemes.
     rsa_connector: Option<TlsConnector>,
+    /// With --http 3: the QUIC client configuration (same verifier and tally).
+    quic: Option<quinn::ClientConfig>,
     /// Server signatures verified, by algorithm.
     tally: Arc<SignatureTally>,
     start: Instant,
@@ -111,6 +114,20 @@ struct Shared {
     last_done: AtomicU64,
     stop: AtomicBool,
     timeout: Duration,
+}
+
+impl Shared {
+    /// The target of the next new connection: round-robin over `target` and `--also`.
+    fn next(&self) -> &Target {
+        if self.others.is_empty() {
+            return &self.target;
+        }
+        let i = self.next_target.fetch_add(1, Relaxed) as usize % (self.others.len() + 1);
+        match i {
+            0 => &self.target,
+            _ => &self.others[i - 1],
+        }
+    }
 }
 
 #[derive(Default)]
@@ -253,16 +270,7 @@ async fn connect_tls(
     resume: bool,
     rsa_only: bool,
 ) -> Result<(TlsStream<TcpStream>, HsKind), OpError> {
-    let target = if sh.others.is_empty() {
-        &sh.target
-    } else {
-        let i = sh.next_target.fetch_add(1, Relaxed) as usize % (sh.others.len() + 1);
-        if i == 0 {
-            &sh.target
-        } else {
-            &sh.others[i - 1]
-        }
-    };
+    let target = sh.next();
     let tcp = TcpStream::connect(target.addr)
         .await
         .map_err(|e| OpError::Connect(e.to_string()))?;
@@ -288,6 +296,7 @@ async fn connect_tls(
 enum Sender {
     H1(http1::SendRequest<Empty<Bytes>>),
     H2(http2::SendRequest<Empty<Bytes>>),
+    H3(quic::H3Sender),
 }
 
 impl Clone for Sender {
@@ -296,6 +305,7 @@ impl Clone for Sender {
             // HTTP/1.1 senders are not shared between streams; see `keepalive_conn`.
             Sender::H1(_) => unreachable!("HTTP/1.1 senders are never cloned"),
             Sender::H2(s) => Sender::H2(s.clone()),
+            Sender::H3(s) => Sender::H3(s.clone()),
         }
     }
 }
@@ -317,6 +327,9 @@ async fn http_handshake(
                 }),
             ))
         }
+        HttpVersion::H3 => Err(OpError::Http(
+            "HTTP/3 runs over QUIC, not over a TLS stream".into(),
+        )),
         HttpVersion::H2 => {
             let (s, c) = http2::handshake(TokioExecutor::new(), io)
                 .await
@@ -331,13 +344,65 @@ async fn http_handshake(
     }
 }
 
+/// A response as the checks need it: status, Content-Encoding, Content-Length, body size and
+/// its first two and last four bytes (gzip magic and ISIZE trailer).
+#[derive(Default)]
+struct Fetched {
+    status: u16,
+    encoding: Option<String>,
+    content_length: Option<u64>,
+    bytes: u64,
+    head: [u8; 2],
+    tail: [u8; 4],
+}
+
+impl Fetched {
+    fn headers(status: http::StatusCode, headers: &http::HeaderMap) -> Self {
+        Fetched {
+            status: status.as_u16(),
+            encoding: headers
+                .get(CONTENT_ENCODING)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+            content_length: headers
+                .get(CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok()),
+            ..Fetched::default()
+        }
+    }
+
+    /// Counts a piece of the body.
+    fn data(&mut self, d: &[u8]) {
+        let n = self.bytes;
+        for (i, b) in d.iter().take(2).enumerate() {
+            if n + (i as u64) < 2 {
+                self.head[n as usize + i] = *b;
+            }
+        }
+        let k = d.len().min(4);
+        self.tail.rotate_left(k);
+        self.tail[4 - k..].copy_from_slice(&d[d.len() - k..]);
+        self.bytes += d.len() as u64;
+    }
+}
+
 /// Sends one request and checks the response; returns the body bytes.
 async fn request(sh: &Shared, sender: &mut Sender) -> Result<u64, OpError> {
+    let got = match sender {
+        Sender::H3(s) => quic::fetch(sh, s).await?,
+        _ => fetch(sh, sender).await?,
+    };
+    check(sh, got)
+}
+
+/// One request over HTTP/1.1 or HTTP/2.
+async fn fetch(sh: &Shared, sender: &mut Sender) -> Result<Fetched, OpError> {
     let mut b = Request::get(match sender {
         Sender::H1(_) => {
             Uri::try_from(sh.target.path.as_str()).map_err(|e| OpError::Http(e.to_string()))?
         }
-        Sender::H2(_) => sh.target.uri.clone(),
+        Sender::H2(_) | Sender::H3(_) => sh.target.uri.clone(),
     });
     if matches!(sender, Sender::H1(_)) {
         b = b.header(HOST, sh.target.authority.as_str());
@@ -357,38 +422,30 @@ async fn request(sh: &Shared, sender: &mut Sender) -> Result<u64, OpError> {
             s.ready().await.map_err(|e| OpError::Http(e.to_string()))?;
             s.send_request(req).await
         }
+        Sender::H3(_) => unreachable!("HTTP/3 requests go through quic::fetch"),
     }
     .map_err(|e| OpError::Http(e.to_string()))?;
-    let status = resp.status().as_u16();
-    let enc = resp
-        .headers()
-        .get(CONTENT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let clen = resp
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let mut got = Fetched::headers(resp.status(), resp.headers());
     let mut body = resp.into_body();
-    let mut n = 0u64;
-    // First two and last four body bytes (gzip magic and ISIZE trailer).
-    let mut head = [0u8; 2];
-    let mut tail = [0u8; 4];
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| OpError::Http(e.to_string()))?;
         if let Some(d) = frame.data_ref() {
-            for (i, b) in d.iter().take(2).enumerate() {
-                if n + (i as u64) < 2 {
-                    head[n as usize + i] = *b;
-                }
-            }
-            let k = d.len().min(4);
-            tail.rotate_left(k);
-            tail[4 - k..].copy_from_slice(&d[d.len() - k..]);
-            n += d.len() as u64;
+            got.data(d);
         }
     }
+    Ok(got)
+}
+
+/// The checks every response passes: status, encoding, gzip trailer, body size.
+fn check(sh: &Shared, got: Fetched) -> Result<u64, OpError> {
+    let Fetched {
+        status,
+        encoding: enc,
+        content_length: clen,
+        bytes: n,
+        head,
+        tail,
+    } = got;
     if status != sh.spec.expect_status {
         return Err(OpError::Status(format!(
             "{status}, expected {}",
@@ -447,6 +504,10 @@ async fn handshake_op(sh: &Shared, resume: bool, rsa_only: bool) -> Result<(u64,
 }
 
 async fn handshake_task(sh: Arc<Shared>, stats: Stats, index: usize) {
+    let ep = match quic_endpoint(&sh, &stats) {
+        Ok(ep) => ep,
+        Err(()) => return,
+    };
     // Whether each connection offers a session: a per-task xorshift, so runs are repeatable.
     let mut rng = (index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     while let Some(counted) = admit(&sh) {
@@ -458,7 +519,15 @@ async fn handshake_task(sh: Arc<Shared>, stats: Stats, index: usize) {
         let resume = draw < sh.spec.resume_ratio;
         let rsa_only = draw < sh.spec.rsa_only_ratio;
         let began = Instant::now();
-        match tokio::time::timeout(sh.timeout, handshake_op(&sh, resume, rsa_only)).await {
+        let op = async {
+            match &ep {
+                Some(ep) => quic::handshake_op(&sh, ep)
+                    .await
+                    .map(|n| (n, HsKind::default())),
+                None => handshake_op(&sh, resume, rsa_only).await,
+            }
+        };
+        match tokio::time::timeout(sh.timeout, op).await {
             Ok(Ok((n, kind))) => complete(&sh, &stats, counted, began, n, Some(kind)),
             Ok(Err(e)) => {
                 record_error(&stats, e);
@@ -503,10 +572,25 @@ async fn request_loop(
     }
 }
 
+/// This task's QUIC client endpoint with `--http 3` (`None` otherwise); `Err` (recorded) when
+/// it cannot bind.
+fn quic_endpoint(sh: &Shared, stats: &Stats) -> Result<Option<quinn::Endpoint>, ()> {
+    if sh.spec.http != HttpVersion::H3 {
+        return Ok(None);
+    }
+    quic::endpoint(sh)
+        .map(Some)
+        .map_err(|e| record_error(stats, e))
+}
+
 async fn keepalive_task(sh: Arc<Shared>, stats: Stats, index: usize) {
     let streams = match sh.spec.http {
         HttpVersion::H1 => 1,
-        HttpVersion::H2 => sh.spec.streams.max(1),
+        HttpVersion::H2 | HttpVersion::H3 => sh.spec.streams.max(1),
+    };
+    let ep = match quic_endpoint(&sh, &stats) {
+        Ok(ep) => ep,
+        Err(()) => return,
     };
     let interval = sh
         .spec
@@ -517,6 +601,9 @@ async fn keepalive_task(sh: Arc<Shared>, stats: Stats, index: usize) {
             return;
         }
         let setup = async {
+            if let Some(ep) = &ep {
+                return quic::open(&sh, ep).await;
+            }
             let (tls, _) = connect_tls(&sh, false, false).await?;
             http_handshake(&sh, tls).await
         };
@@ -591,6 +678,13 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadReport> {
             "--rsa-only-ratio needs --mode handshake and no --resume-ratio".into(),
         ));
     }
+    if spec.http == HttpVersion::H3
+        && (spec.tls != TlsVersion::Tls13 || spec.resume_ratio > 0.0 || spec.rsa_only_ratio > 0.0)
+    {
+        return Err(Error::Arg(
+            "--http 3 needs --tls 1.3 and no --resume-ratio or --rsa-only-ratio".into(),
+        ));
+    }
     let tally = Arc::new(SignatureTally::default());
     let target = parse_target(&spec.url)?;
     let others = spec
@@ -626,6 +720,15 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadReport> {
     } else {
         None
     };
+    let quic = match spec.http {
+        HttpVersion::H3 => Some(quic::client_config(client_config_signing(
+            spec.tls,
+            spec.http,
+            false,
+            tally.clone(),
+        )?)?),
+        _ => None,
+    };
     crate::raise_fd_limit(spec.connections as u64 * 2 + 1024);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(spec.threads.unwrap_or_else(crate::cpus).max(1))
@@ -637,7 +740,7 @@ pub fn run_load(spec: &LoadSpec) -> Result<LoadReport> {
         target,
         others,
         connector,
-        (resume_connector, rsa_connector),
+        (resume_connector, rsa_connector, quic),
         tally,
     ))
 }
@@ -647,7 +750,11 @@ async fn run_async(
     target: Target,
     others: Vec<Target>,
     connector: TlsConnector,
-    (resume_connector, rsa_connector): (Option<TlsConnector>, Option<TlsConnector>),
+    (resume_connector, rsa_connector, quic): (
+        Option<TlsConnector>,
+        Option<TlsConnector>,
+        Option<quinn::ClientConfig>,
+    ),
     tally: Arc<SignatureTally>,
 ) -> Result<LoadReport> {
     let start = Instant::now();
@@ -666,6 +773,7 @@ async fn run_async(
         connector,
         resume_connector,
         rsa_connector,
+        quic,
         tally,
         start,
         warmup_end,

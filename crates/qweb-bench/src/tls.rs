@@ -39,6 +39,10 @@ pub enum HttpVersion {
     #[value(name = "2")]
     #[serde(rename = "2")]
     H2,
+    /// HTTP/3 over QUIC (ALPN "h3", TLS 1.3 only), to the URL's port over UDP.
+    #[value(name = "3")]
+    #[serde(rename = "3")]
+    H3,
 }
 
 /// Accepts any server certificate: this is a benchmark client talking to servers it started
@@ -354,6 +358,7 @@ pub fn client_config_signing(
     cfg.alpn_protocols = match http {
         HttpVersion::H1 => vec![b"http/1.1".to_vec()],
         HttpVersion::H2 => vec![b"h2".to_vec()],
+        HttpVersion::H3 => vec![b"h3".to_vec()],
     };
     Ok(Arc::new(cfg))
 }

@@ -36,6 +36,12 @@ impl IdleSet {
             connector,
             resume_connector: None,
             rsa_connector: None,
+            quic: match spec.http {
+                HttpVersion::H3 => Some(quic::client_config(crate::tls::client_config(
+                    spec.tls, spec.http,
+                )?)?),
+                _ => None,
+            },
             tally: Arc::default(),
             start: now,
             warmup_end: now,
@@ -52,8 +58,15 @@ impl IdleSet {
                 set.spawn(async move {
                     let _permit = sem.acquire_owned().await.ok()?;
                     let open = async {
-                        let (tls, _) = connect_tls(&sh, false, false).await?;
-                        let (mut s, c) = http_handshake(&sh, tls).await?;
+                        let (mut s, c) = match sh.spec.http {
+                            // an endpoint (UDP port) per connection, as separate clients; it
+                            // lives on while its connection does
+                            HttpVersion::H3 => quic::open(&sh, &quic::endpoint(&sh)?).await?,
+                            _ => {
+                                let (tls, _) = connect_tls(&sh, false, false).await?;
+                                http_handshake(&sh, tls).await?
+                            }
+                        };
                         match request(&sh, &mut s).await {
                             Ok(_) => Ok((s, c)),
                             Err(e) => {

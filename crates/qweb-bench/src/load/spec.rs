@@ -154,6 +154,7 @@ impl LoadSpec {
             match self.http {
                 HttpVersion::H1 => "1.1",
                 HttpVersion::H2 => "2",
+                HttpVersion::H3 => "3",
             }
         ));
         if let Some(e) = &self.accept_encoding {

@@ -27,6 +27,8 @@ pub struct CaddySpec {
     pub keepalive_secs: u64,
     /// Session tickets on (Caddy's default) or off.
     pub tickets: bool,
+    /// HTTP/3 too (`h3` among the TLS server's protocols; Caddy then sends `Alt-Svc`).
+    pub http3: bool,
 }
 
 /// The Caddy JSON configuration for `spec`.
@@ -46,7 +48,7 @@ pub fn caddy_json(spec: &CaddySpec) -> String {
                 "default_sni": "localhost"
             }],
             "automatic_https": { "disable": true },
-            "protocols": ["h1", "h2"]
+            "protocols": if spec.http3 { json!(["h1", "h2", "h3"]) } else { json!(["h1", "h2"]) }
         }),
     );
     if let Some(p) = spec.plain_port {
@@ -102,12 +104,14 @@ mod tests {
             prefix: "/d/caddy".into(),
             keepalive_secs: 300,
             tickets: false,
+            http3: false,
         });
         let v: serde_json::Value = serde_json::from_str(&c).unwrap();
         assert_eq!(v["admin"]["disabled"], true);
         assert_eq!(v["apps"]["tls"]["session_tickets"]["disabled"], true);
         let tls = &v["apps"]["http"]["servers"]["tls"];
         assert_eq!(tls["listen"][0], "127.0.0.1:9443");
+        assert_eq!(tls["protocols"], serde_json::json!(["h1", "h2"]), "no HTTP/3 unless asked");
         assert_eq!(tls["routes"][0]["handle"][0]["root"], "/d/www");
         assert_eq!(tls["automatic_https"]["disable"], true);
         let plain = &v["apps"]["http"]["servers"]["plain"];

@@ -145,6 +145,7 @@ impl Runner {
             plain_port: Some(at.plain),
             resumption,
             ticket_keyserver: ticket_keyserver.clone(),
+            http3: self.http3,
         };
         let cfg = write_conf(
             &self.out.join("configs"),
@@ -261,6 +262,7 @@ impl Runner {
             prefix: prefix.clone(),
             keepalive_secs: 300,
             tickets: false,
+            http3: self.http3,
         };
         let conf = write_conf(&prefix, "caddy.json", &caddy_json(&spec))?;
         // Caddy's own state (autosave, locks) goes to its prefix, not $HOME; its

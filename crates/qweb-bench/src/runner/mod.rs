@@ -33,6 +33,7 @@ use crate::{Error, Result};
 mod compression;
 mod dual;
 mod handshakes;
+mod http3;
 mod latency;
 mod measure;
 mod memory;
@@ -80,7 +81,7 @@ pub struct RunArgs {
     /// `GOMAXPROCS`; default: one per CPU).
     #[arg(long)]
     pub workers: Option<usize>,
-    /// Only these experiments (comma-separated: A,sweep,B,C,D,E,F,G,H,I,J).
+    /// Only these experiments (comma-separated: A,sweep,B,C,D,E,F,G,H,I,J,K).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -343,6 +344,9 @@ struct Runner {
     started: Instant,
     /// Open-file limit in force (children inherit it).
     fd_limit: u64,
+    /// Servers started while this is set serve HTTP/3 too (qweb `http3 = true`, Caddy's
+    /// `h3`): only in experiment K, so that no other row carries an `Alt-Svc` header.
+    http3: bool,
 }
 
 /// Runs the experiment matrix; returns the results folder. Fails (after writing the results)
@@ -433,9 +437,10 @@ pub fn run(args: RunArgs) -> Result<PathBuf> {
         server_seq: 0,
         started,
         fd_limit: limit,
+        http3: false,
     };
     type Experiment = fn(&mut Runner) -> Result<()>;
-    let experiments: [(&str, Experiment); 11] = [
+    let experiments: [(&str, Experiment); 12] = [
         ("A", Runner::exp_a),
         ("sweep", Runner::exp_sweep),
         ("B", Runner::exp_b),
@@ -447,6 +452,7 @@ pub fn run(args: RunArgs) -> Result<PathBuf> {
         ("H", Runner::exp_h),
         ("I", Runner::exp_i),
         ("J", Runner::exp_j),
+        ("K", Runner::exp_k),
     ];
     for (name, f) in experiments {
         if !r.args.only.is_empty() && !r.args.only.iter().any(|o| o.eq_ignore_ascii_case(name)) {
@@ -567,6 +573,7 @@ fn http_name(v: HttpVersion) -> &'static str {
     match v {
         HttpVersion::H1 => "1.1",
         HttpVersion::H2 => "2",
+        HttpVersion::H3 => "3",
     }
 }
 

@@ -238,6 +238,7 @@ pub(super) fn detect_compression(
             plain_port: None,
             resumption: false,
             ticket_keyserver: None,
+            http3: false,
         };
         let p = dir.join(format!("check-compression-{mode}.toml"));
         if let Err(e) = std::fs::write(&p, configs::qweb_toml(&spec)) {
