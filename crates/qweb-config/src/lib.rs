@@ -37,7 +37,10 @@ pub use compression::CompressionConfig;
 pub use error::ConfigError;
 pub use file_cache::FileCacheConfig;
 pub use limits::Limits;
-pub use listener::{CertificateConfig, ListenerConfig, TlsConfig, DEFAULT_ALT_SVC_MAX_AGE};
+pub use listener::{
+    CertificateConfig, ListenerConfig, TlsConfig, DEFAULT_ALT_SVC_MAX_AGE,
+    DEFAULT_QUIC_RETRY_THRESHOLD,
+};
 pub use log::{AccessFormat, LogConfig};
 pub use offload::{
     EngineConfig, EngineKind, KeyserverEngineConfig, ListenerOffload, OffloadConfig,

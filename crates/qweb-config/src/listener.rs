@@ -25,6 +25,11 @@ pub struct ListenerConfig {
     /// `ma` of the `Alt-Svc: h3=":PORT"` header the listener's responses carry when `http3`
     /// is on, in seconds (default [`DEFAULT_ALT_SVC_MAX_AGE`]).
     pub alt_svc_max_age: u64,
+    /// QUIC handshakes in progress on a worker past which a new connection from an address
+    /// not yet validated gets a Retry (it must echo a token, proving its address, before the
+    /// server spends a handshake on it); 0: every new connection (default
+    /// [`DEFAULT_QUIC_RETRY_THRESHOLD`]).
+    pub quic_retry_threshold: u32,
     /// Offload of the TLS private-key operations (`None`: rustls signs in place).
     pub offload: Option<ListenerOffload>,
     /// Every request on this listener is redirected (`redirect = { to = ... }`).
@@ -58,6 +63,12 @@ pub struct CertificateConfig {
 /// How long a client may remember that a listener serves HTTP/3 (`Alt-Svc`'s `ma`): one day.
 pub const DEFAULT_ALT_SVC_MAX_AGE: u64 = 86_400;
 
+/// Default `quic_retry_threshold`: QUIC handshakes in progress per worker before new
+/// connections must validate their address with a Retry. Far below the 1 024 half-open
+/// connections a worker holds at most: a flood of Initial packets from spoofed addresses is
+/// answered with stateless Retry packets (no state, no signature) long before that.
+pub const DEFAULT_QUIC_RETRY_THRESHOLD: u32 = 128;
+
 /// The listeners without a config: HTTPS on 127.0.0.1:8443 (self-signed), HTTP on
 /// 127.0.0.1:8080.
 pub(super) fn default_listeners() -> Vec<ListenerConfig> {
@@ -68,6 +79,7 @@ pub(super) fn default_listeners() -> Vec<ListenerConfig> {
             http2: true,
             http3: false,
             alt_svc_max_age: DEFAULT_ALT_SVC_MAX_AGE,
+            quic_retry_threshold: DEFAULT_QUIC_RETRY_THRESHOLD,
             offload: None,
             redirect: None,
             session: SessionConfig::default(),
@@ -78,6 +90,7 @@ pub(super) fn default_listeners() -> Vec<ListenerConfig> {
             http2: false,
             http3: false,
             alt_svc_max_age: DEFAULT_ALT_SVC_MAX_AGE,
+            quic_retry_threshold: DEFAULT_QUIC_RETRY_THRESHOLD,
             offload: None,
             redirect: None,
             session: SessionConfig::default(),
@@ -118,6 +131,24 @@ impl Validator<'_> {
     }
 
     /// Validates listener `i` (its TLS, offload, HTTP/2 and redirect).
+    /// `quic_retry_threshold` of listener `i` (only with `http3 = true`).
+    fn quic_retry_threshold(
+        &self,
+        i: usize,
+        l: &RawListener,
+        http3: bool,
+    ) -> Result<u32, ConfigError> {
+        match &l.quic_retry_threshold {
+            None => Ok(DEFAULT_QUIC_RETRY_THRESHOLD),
+            Some(t) if http3 => Ok(*t.get_ref()),
+            Some(t) => Err(self.err(
+                Some(t.span()),
+                format!("listener[{i}].quic_retry_threshold"),
+                "quic_retry_threshold needs http3 = true on this listener",
+            )),
+        }
+    }
+
     fn listener(
         &self,
         i: usize,
@@ -204,6 +235,7 @@ impl Validator<'_> {
                 .alt_svc_max_age
                 .as_ref()
                 .map_or(DEFAULT_ALT_SVC_MAX_AGE, |m| *m.get_ref()),
+            quic_retry_threshold: self.quic_retry_threshold(i, l, http3)?,
             tls,
             offload,
             redirect: match &l.redirect {
@@ -265,5 +297,22 @@ mod http3 {
         let c = Config::from_str_at(text, None).unwrap();
         assert!(c.listeners[0].http3);
         assert_eq!(c.listeners[0].alt_svc_max_age, 60);
+        assert_eq!(c.listeners[0].quic_retry_threshold, 128);
+    }
+
+    #[test]
+    fn quic_retry_threshold_is_read_and_refused_without_http3() {
+        let text = "[[listener]]\naddress = \"127.0.0.1:0\"\nhttp3 = true\nquic_retry_threshold = 0\ntls = { self_signed = true }\n";
+        let c = Config::from_str_at(text, None).unwrap();
+        assert_eq!(c.listeners[0].quic_retry_threshold, 0);
+        let text = "[[listener]]\naddress = \"127.0.0.1:0\"\nquic_retry_threshold = 4\ntls = { self_signed = true }\n";
+        let e = Config::from_str_at(text, Some(Path::new("q.toml")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("q.toml:3:24") && e.contains("listener[0].quic_retry_threshold"),
+            "{e}"
+        );
+        assert!(e.contains("needs http3 = true"), "{e}");
     }
 }

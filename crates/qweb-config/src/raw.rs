@@ -144,6 +144,7 @@ pub(crate) struct RawListener {
     pub http2: Option<Spanned<bool>>,
     pub http3: Option<Spanned<bool>>,
     pub alt_svc_max_age: Option<Spanned<u64>>,
+    pub quic_retry_threshold: Option<Spanned<u32>>,
     pub tls: Option<Spanned<RawTls>>,
     pub offload: Option<Spanned<RawListenerOffload>>,
     pub redirect: Option<Spanned<super::sites::RawRedirect>>,

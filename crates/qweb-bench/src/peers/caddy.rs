@@ -111,7 +111,11 @@ mod tests {
         assert_eq!(v["apps"]["tls"]["session_tickets"]["disabled"], true);
         let tls = &v["apps"]["http"]["servers"]["tls"];
         assert_eq!(tls["listen"][0], "127.0.0.1:9443");
-        assert_eq!(tls["protocols"], serde_json::json!(["h1", "h2"]), "no HTTP/3 unless asked");
+        assert_eq!(
+            tls["protocols"],
+            serde_json::json!(["h1", "h2"]),
+            "no HTTP/3 unless asked"
+        );
         assert_eq!(tls["routes"][0]["handle"][0]["root"], "/d/www");
         assert_eq!(tls["automatic_https"]["disable"], true);
         let plain = &v["apps"]["http"]["servers"]["plain"];

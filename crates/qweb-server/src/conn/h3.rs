@@ -49,6 +49,7 @@ pub(crate) async fn serve<H: Host, S: Handle>(
             return;
         }
     };
+    let handshaking = Handshaking::new(m);
     let conn = match tokio::time::timeout(limits.tls_handshake_timeout, connecting).await {
         Ok(Ok(c)) => {
             m.handshakes_ok.fetch_add(1, Relaxed);
@@ -65,6 +66,7 @@ pub(crate) async fn serve<H: Host, S: Handle>(
             return;
         }
     };
+    drop(handshaking);
     let _open =
         crate::observe::metrics::ProtocolOpen::new(m, crate::observe::metrics::HttpProtocol::H3);
     let state = Rc::new(ConnState::new(peer));
@@ -225,5 +227,22 @@ async fn timed(
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err("send_timeout: the client took nothing".into()),
+    }
+}
+
+/// Counts a QUIC handshake in progress on the worker while it lives (the accept loop's Retry
+/// threshold reads the count).
+struct Handshaking<'a>(&'a crate::observe::metrics::WorkerMetrics);
+
+impl<'a> Handshaking<'a> {
+    fn new(m: &'a crate::observe::metrics::WorkerMetrics) -> Self {
+        m.quic_handshaking.fetch_add(1, Relaxed);
+        Handshaking(m)
+    }
+}
+
+impl Drop for Handshaking<'_> {
+    fn drop(&mut self) {
+        self.0.quic_handshaking.fetch_sub(1, Relaxed);
     }
 }

@@ -46,6 +46,10 @@ pub(crate) struct WorkerMetrics {
     pub h2: AtomicI64,
     /// QUIC connections serving HTTP/3 (handshake done; also counted in `connections`).
     pub h3: AtomicI64,
+    /// QUIC handshakes in progress (accepted, not yet done or failed).
+    pub quic_handshaking: AtomicI64,
+    /// New QUIC connections answered with a Retry (address validation).
+    pub quic_retries: AtomicU64,
     pub requests: AtomicU64,
 }
 
@@ -168,7 +172,7 @@ impl std::fmt::Debug for WorkersCollector {
 impl Collector for WorkersCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         type Get = fn(&WorkerMetrics) -> i64;
-        let families: [(&str, MetricType, &str, Get); 5] = [
+        let families: [(&str, MetricType, &str, Get); 7] = [
             (
                 "qweb_tls_handshakes",
                 MetricType::Counter,
@@ -186,6 +190,18 @@ impl Collector for WorkersCollector {
                 MetricType::Gauge,
                 "Handshake jobs paused on an offloaded op.",
                 |w| w.handshake.paused.load(Relaxed),
+            ),
+            (
+                "qweb_quic_handshakes_in_progress",
+                MetricType::Gauge,
+                "QUIC handshakes accepted and not yet complete.",
+                |w| w.quic_handshaking.load(Relaxed),
+            ),
+            (
+                "qweb_quic_retries",
+                MetricType::Counter,
+                "New QUIC connections answered with a Retry (quic_retry_threshold).",
+                |w| w.quic_retries.load(Relaxed) as i64,
             ),
             (
                 "qweb_connections_open",

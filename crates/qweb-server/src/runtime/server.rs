@@ -487,6 +487,12 @@ fn generation_for_worker(
                 .get(i)
                 .filter(|c| c.http3)
                 .map(|c| c.alt_svc_max_age),
+            quic_retry_threshold: config
+                .listeners
+                .get(i)
+                .map_or(crate::config::DEFAULT_QUIC_RETRY_THRESHOLD, |c| {
+                    c.quic_retry_threshold
+                }),
         })
         .collect();
     Generation {

@@ -14,6 +14,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +38,9 @@ pub(crate) struct ListenerCtx {
     /// `Alt-Svc` of its responses: HTTP/3 on, and this worker's QUIC endpoint is up (a
     /// worker whose UDP socket did not bind advertises nothing it cannot serve).
     pub alt_svc: RefCell<Option<http::HeaderValue>>,
+    /// QUIC handshakes in progress on this worker past which a new connection from an
+    /// unvalidated address gets a Retry (`quic_retry_threshold`).
+    pub quic_retry_threshold: i64,
 }
 
 impl ListenerCtx {
@@ -72,6 +76,8 @@ pub(crate) struct GenListener {
     pub sessions: Option<Arc<qweb_tls::HandshakeStats>>,
     /// HTTP/3 on (a TLS listener): `Alt-Svc`'s max-age.
     pub http3: Option<u64>,
+    /// `quic_retry_threshold` of the listener.
+    pub quic_retry_threshold: u32,
 }
 
 /// A configuration generation for one worker.
@@ -288,6 +294,7 @@ impl Worker {
                         .filter(|_| quic.is_some())
                         .map(|age| crate::runtime::quic::alt_svc(l.bound.port(), age)),
                 ),
+                quic_retry_threshold: l.quic_retry_threshold.into(),
             });
             let current = Current {
                 listener: lctx,
@@ -547,6 +554,21 @@ async fn quic_accept_loop(
         };
         if ctx.connections.get() >= ctx.ctx.limits.max_connections_per_worker {
             incoming.refuse();
+            continue;
+        }
+        let m = &ctx.ctx.metrics;
+        if m.quic_handshaking.load(Relaxed) >= listener.quic_retry_threshold
+            && !incoming.remote_address_validated()
+            && incoming.may_retry()
+        {
+            // stateless: the client must echo the token from its address before a
+            // handshake is spent on it
+            match incoming.retry() {
+                Ok(()) => {
+                    m.quic_retries.fetch_add(1, Relaxed);
+                }
+                Err(e) => e.into_incoming().ignore(),
+            }
             continue;
         }
         let count = ConnCount::new(&ctx);

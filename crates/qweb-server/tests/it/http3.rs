@@ -441,6 +441,82 @@ async fn a_quic_handshake_paused_past_its_timeout_is_dropped_with_its_job() {
     assert_eq!((status, body.as_str()), (200, "served"));
 }
 
+/// `quic_retry_threshold = 0`: every new connection first gets a Retry and must come back
+/// with its token (aioquic does); it is then served, and the Retry is counted.
+#[tokio::test]
+async fn a_retry_threshold_of_zero_validates_every_new_address() {
+    if !have_client() {
+        return;
+    }
+    let t = common::start_with(
+        &format!(
+            "[admin]\naddress = \"127.0.0.1:0\"\n{}",
+            h3_listeners("quic_retry_threshold = 0")
+        ),
+        |_| {},
+    );
+    std::fs::write(t.site().join("a.txt"), "validated").unwrap();
+    let (addr, ca) = (t.addrs[0], t.cert());
+    let out =
+        tokio::task::spawn_blocking(move || aioquic(addr, &ca, &[H3Request::get("/a.txt")], false))
+            .await
+            .unwrap()
+            .expect("aioquic connects after the Retry");
+    assert_eq!(out[0].as_ref().expect("GET").body, b"validated");
+    let m = t.metrics().await;
+    assert_eq!(m.sum("qweb_quic_retries_total", &[]), 1.0, "{m}");
+    assert_eq!(m.sum("qweb_tls_handshakes_total", &[]), 1.0, "{m}");
+    assert_eq!(m.sum("qweb_quic_handshakes_in_progress", &[]), 0.0, "{m}");
+}
+
+/// Past the threshold only: with `quic_retry_threshold = 1`, a first handshake paused on a
+/// slow engine (2 s) is in progress, so a second client is sent a Retry; both are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_connections_get_a_retry_once_handshakes_in_progress_reach_the_threshold() {
+    if !have_client() {
+        return;
+    }
+    let t = common::start_with(
+        "[admin]\naddress = \"127.0.0.1:0\"\n\
+         [offload.engines.pool]\nkind = \"pool\"\nthreads = 2\nadded_latency = \"2s\"\n\
+         [[listener]]\naddress = \"127.0.0.1:0\"\nhttp3 = true\nquic_retry_threshold = 1\n\
+         [listener.tls]\nself_signed = true\n\
+         [listener.offload]\nengine = \"pool\"\nmode = \"async\"\n\
+         [[listener]]\naddress = \"127.0.0.1:0\"\n",
+        |_| {},
+    );
+    std::fs::write(t.site().join("a.txt"), "both").unwrap();
+    let (addr, ca) = (t.addrs[0], t.cert());
+    let client = move || {
+        let ca = ca.clone();
+        tokio::task::spawn_blocking(move || aioquic(addr, &ca, &[H3Request::get("/a.txt")], false))
+    };
+    let first = client();
+    common::poll_until_async(
+        "the first handshake in progress",
+        std::time::Duration::from_secs(10),
+        std::time::Duration::from_millis(20),
+        || async {
+            let m = t.metrics().await;
+            (m.sum("qweb_quic_handshakes_in_progress", &[]) == 1.0).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(t.metrics().await.sum("qweb_quic_retries_total", &[]), 0.0);
+    let second = client();
+    for c in [first, second] {
+        let out = c.await.unwrap().expect("aioquic connects");
+        assert_eq!(out[0].as_ref().expect("GET").body, b"both");
+    }
+    let m = t.metrics().await;
+    assert_eq!(
+        m.sum("qweb_quic_retries_total", &[]),
+        1.0,
+        "the second client only\n{m}"
+    );
+    assert_eq!(m.sum("qweb_tls_handshakes_total", &[]), 2.0, "{m}");
+}
+
 /// Headless Chromium forced onto QUIC for the listener's origin (`--origin-to-force-quic-on`,
 /// the self-signed certificate pinned by its public key) loads a static page and, from its
 /// script, a proxied response: the browser's own timing entries say both came over `h3`.
