@@ -28,16 +28,22 @@ fn bind_one(addr: SocketAddr) -> io::Result<TcpListener> {
     Ok(socket.into())
 }
 
-/// Is another process listening on `addr`? Binds it once without `SO_REUSEPORT` (with
-/// `SO_REUSEADDR`, so that old connections in TIME_WAIT do not count): that fails with
-/// `EADDRINUSE` exactly when some socket listens there. Port 0 needs no probe.
-pub(crate) fn in_use(addr: SocketAddr) -> io::Result<bool> {
-    // inherited from the process this one replaces (binary upgrade): ours
+/// Is another process listening on `addr` (TCP), or bound to it (`udp`: HTTP/3's side)?
+/// Binds it once without `SO_REUSEPORT` (TCP with `SO_REUSEADDR`, so that old connections in
+/// TIME_WAIT do not count): that fails with `EADDRINUSE` exactly when some socket is there.
+/// Port 0 needs no probe, nor an address inherited from the process this one replaces (a
+/// binary upgrade: its TCP and UDP sockets are ours).
+pub(crate) fn in_use(addr: SocketAddr, udp: bool) -> io::Result<bool> {
     if addr.port() == 0 || crate::runtime::upgrade::has_inherited(addr) {
         return Ok(false);
     }
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-    socket.set_reuse_address(true)?;
+    let socket = if udp {
+        Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?
+    } else {
+        let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        s.set_reuse_address(true)?;
+        s
+    };
     if addr.is_ipv6() {
         socket.set_only_v6(true)?;
     }

@@ -568,20 +568,49 @@ async fn chromium_loads_a_static_page_and_a_proxied_response_over_h3() {
     assert_eq!(m.sum("qweb_jobs_paused", &[]), 0.0, "{m}");
 }
 
-/// A listener whose UDP port another socket holds (bound without `SO_REUSEPORT`): no worker
-/// gets a QUIC endpoint, the TCP side serves, and its responses advertise no HTTP/3 that
-/// nothing would answer.
+/// A listener's UDP port held by another socket (bound without `SO_REUSEPORT`). At start,
+/// qweb refuses to start and names the listener and UDP, as for a TCP port in use. A reload
+/// that turns `http3` on for a listener it keeps (its TCP sockets are ours, so the start-up
+/// probe does not run): no worker gets a QUIC endpoint, the TCP side serves, and its responses
+/// advertise no HTTP/3 that nothing would answer.
 #[tokio::test]
-async fn no_alt_svc_from_a_worker_whose_udp_socket_did_not_bind() {
+async fn a_udp_port_held_by_another_socket_is_refused_at_start_and_not_advertised_after_a_reload() {
     let holder = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let port = holder.local_addr().unwrap().port();
-    let t = common::start_with(
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "state_dir = \"{}\"\n[[listener]]\naddress = \"127.0.0.1:{port}\"\nhttp3 = true\n\
+         [listener.tls]\nself_signed = true\n",
+        dir.path().display()
+    );
+    let config = qweb_server::Config::from_str_at(&text, None).unwrap();
+    let e = match qweb_server::Server::start(config) {
+        Ok(_) => panic!("started on a UDP port another socket holds"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains(&format!("127.0.0.1:{port} is already in use"))
+            && e.contains("listener[0].address (UDP, http3)"),
+        "{e}"
+    );
+    let mut t = common::start_with(
         &format!(
-            "workers = 2\n[[listener]]\naddress = \"127.0.0.1:{port}\"\nhttp3 = true\n\
+            "workers = 2\n[[listener]]\naddress = \"127.0.0.1:{port}\"\n\
              [listener.tls]\nself_signed = true\n[[listener]]\naddress = \"127.0.0.1:0\"\n"
         ),
         |_| {},
     );
+    let file = t.dir.path().join("qweb.toml");
+    let listener = format!("address = \"127.0.0.1:{port}\"\n");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(
+        &file,
+        text.replace(&listener, &format!("{listener}http3 = true\n")),
+    )
+    .unwrap();
+    let config = qweb_server::Config::from_file(&file).unwrap();
+    assert!(config.listeners[0].http3);
+    t.server.as_mut().unwrap().reload(config).unwrap();
     std::fs::write(t.site().join("a.txt"), "a").unwrap();
     for proto in [Proto::H1, Proto::H2, Proto::H1, Proto::H2] {
         let r = client(&t.cert(), proto)

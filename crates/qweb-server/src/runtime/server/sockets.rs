@@ -26,18 +26,26 @@ pub(super) fn refuse_addresses_in_use(
     running: &[BoundListener],
     admin: bool,
 ) -> Result<(), ServerError> {
-    let mut to_check: Vec<(SocketAddr, String)> = config
-        .listeners
-        .iter()
-        .enumerate()
-        .filter(|(_, l)| kept(l, running).is_none())
-        .map(|(i, l)| (l.address, format!("listener[{i}].address")))
-        .collect();
-    if let (true, Some(addr)) = (admin, config.admin) {
-        to_check.push((addr, "admin.address".into()));
+    // (address, key naming it, UDP: HTTP/3's socket on the same address)
+    let mut to_check: Vec<(SocketAddr, String, bool)> = Vec::new();
+    for (i, l) in config.listeners.iter().enumerate() {
+        if kept(l, running).is_some() {
+            continue;
+        }
+        to_check.push((l.address, format!("listener[{i}].address"), false));
+        if l.http3 {
+            to_check.push((
+                l.address,
+                format!("listener[{i}].address (UDP, http3)"),
+                true,
+            ));
+        }
     }
-    for (addr, key) in to_check {
-        match crate::runtime::listen::in_use(addr) {
+    if let (true, Some(addr)) = (admin, config.admin) {
+        to_check.push((addr, "admin.address".into(), false));
+    }
+    for (addr, key, udp) in to_check {
+        match crate::runtime::listen::in_use(addr, udp) {
             Ok(false) => {}
             Ok(true) => return Err(ServerError::InUse { addr, key }),
             Err(source) => return Err(ServerError::Bind { addr, source }),
