@@ -37,6 +37,12 @@ use crate::conn::write_burst::WriteBurst;
 use crate::session::logged::Logged;
 use crate::session::{ConnState, StreamCancel};
 
+thread_local! {
+    /// This worker's turns for handshake steps computed in place (modes `none` and `sync`):
+    /// one per thread, whatever the configuration generation, since they share its CPU.
+    static HANDSHAKE_TURNS: Rc<qweb_tls::handshake::HandshakeTurns> = Rc::default();
+}
+
 /// What a connection driver reads from the worker that runs it.
 pub(crate) trait Host: 'static {
     /// The configured limits and timeouts.
@@ -386,12 +392,13 @@ async fn handshake<H: Host>(
             return None;
         }
     }
+    let turns = HANDSHAKE_TURNS.with(Rc::clone);
     let driver = match &tls.offloader {
         Some(offloader) => qweb_tls::handshake::Driver::Job {
             offloader,
             gauges: &worker.metrics().handshake,
         },
-        None => qweb_tls::handshake::Driver::Direct,
+        None => qweb_tls::handshake::Driver::Fair(&turns),
     };
     // A handshake in progress (perhaps paused on an offloaded signature) is not cut by
     // a shutdown: it may finish within its own timeout, bounded by the drain deadline.
