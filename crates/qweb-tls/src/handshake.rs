@@ -89,7 +89,8 @@ impl Default for HandshakeTurns {
 
 impl HandshakeTurns {
     /// Waits for the turn, then yields once; the turn is held until the permit is dropped.
-    async fn take(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+    /// (QUIC handshakes, stepped inside quinn, take one around the step that signs.)
+    pub async fn take(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
         // never closed: `None` would only mean running without a turn
         let permit = self.0.acquire().await.ok();
         tokio::task::yield_now().await;

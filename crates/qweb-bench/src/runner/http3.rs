@@ -16,6 +16,51 @@ impl Runner {
         r
     }
 
+    /// K4: small HTTP/3 requests during a storm of full QUIC handshakes, on `servers` (qweb
+    /// none, qweb async behind the engine, Caddy).
+    fn exp_k_storm(&mut self, servers: &[Option<ServerProc>], labels: &[String]) -> Result<()> {
+        let rows = self.storm_rounds("K", servers, labels, HttpVersion::H3)?;
+        let med =
+            |v: &[Measured], f: fn(&Measured) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
+        let mut t = Table::new(
+            format!(
+                "K4. Latency of small HTTP/3 requests (1 KiB, {:.0} req/s over 8 connections) during a storm of full QUIC handshakes ({} connections, ECDSA P-256)",
+                super::latency::PROBE_RATE,
+                self.profile.hs_connections
+            ),
+            &[
+                "server", "idle p50 ms", "idle p99 ms", "storm p50 ms", "storm p99 ms",
+                "storm p99 vs caddy", "storm handshakes/s", "errors",
+            ],
+        );
+        let caddy = rows
+            .iter()
+            .find(|r| r.0 == "caddy")
+            .map(|r| med(&r.2, |m| m.p99_us))
+            .unwrap_or(f64::NAN);
+        for (label, idle, storm, rates) in &rows {
+            let errors: u64 = idle.iter().chain(storm).map(|m| m.errors).sum();
+            t.row(vec![
+                label.clone(),
+                ms(med(idle, |m| m.p50_us)),
+                ms(med(idle, |m| m.p99_us)),
+                ms(med(storm, |m| m.p50_us)),
+                ms(med(storm, |m| m.p99_us)),
+                ratio(med(storm, |m| m.p99_us), caddy),
+                num(median(rates)),
+                errors.to_string(),
+            ]);
+        }
+        t.notes.push(
+            "As E, over HTTP/3: the probe's 8 QUIC connections stay open and send 1 KiB requests at \
+             a fixed schedule (latency from the scheduled time, so a stalled server is not hidden), \
+             while 128 other client endpoints open QUIC connections back to back."
+                .into(),
+        );
+        self.section(t, None);
+        Ok(())
+    }
+
     /// K3: resident memory per idle HTTP/3 connection (one request each), qweb and Caddy.
     fn exp_k_memory(&mut self) -> Result<()> {
         let cert = self.cert(KeyKind::EcdsaP256);
@@ -178,6 +223,12 @@ impl Runner {
             }
         }
         let res = self.interleave("K", &servers, &rows);
+        // K4 on qweb none, qweb async and Caddy
+        let storm_at = [0usize, 2, 3];
+        let mut servers = servers;
+        let storm_servers: Vec<Option<ServerProc>> =
+            storm_at.iter().map(|&i| servers[i].take()).collect();
+        let storm_labels: Vec<String> = storm_at.iter().map(|&i| kinds[i].0.clone()).collect();
         drop(servers);
         let mut t = Table::new(
             format!(
@@ -220,6 +271,6 @@ impl Runner {
                 .into(),
         );
         self.section(t, None);
-        Ok(())
+        self.exp_k_storm(&storm_servers, &storm_labels)
     }
 }

@@ -20,60 +20,9 @@ impl Runner {
             .iter()
             .map(|(l, k, _)| self.start(l, k, &cert))
             .collect();
-        let probe_rate = 200.0;
-        // Per server: label, idle probe rounds, storm probe rounds, storm handshake rates.
-        type ERow = (String, Vec<Measured>, Vec<Measured>, Vec<f64>);
-        let mut results: Vec<ERow> = kinds
-            .iter()
-            .map(|(l, _, _)| (l.clone(), vec![], vec![], vec![]))
-            .collect();
-        for round in 0..self.profile.rounds {
-            for i in measure::abba(round, kinds.len()) {
-                let Some(s) = &servers[i] else { continue };
-                let mut probe = self.base_spec(s.port, "1k.bin", Mode::Keepalive);
-                probe.connections = 8;
-                probe.rate = Some(probe_rate);
-                probe.expect_bytes = Some(self.files.sizes["1k.bin"]);
-                // Idle: the probe alone.
-                match self.measure_once(s, &probe, None, true) {
-                    Ok(m) => results[i]
-                        .1
-                        .push(Measured::from_rounds("E", &kinds[i].0, vec![m])),
-                    Err(e) => self.failures.push(format!("E {}: {e}", kinds[i].0)),
-                }
-                // Storm: handshakes on other connections during the probe.
-                let mut storm = self.base_spec(s.port, "", Mode::Handshake);
-                storm.connections = self.profile.hs_connections;
-                storm.warmup = probe.warmup;
-                storm.duration = probe.duration + 1.0;
-                let storm_thread = std::thread::spawn(move || run_load(&storm));
-                std::thread::sleep(Duration::from_millis(500));
-                // The storm's handshakes land in the server's counter too: no counter check.
-                let pr = self.measure_once(s, &probe, None, false);
-                let st = storm_thread
-                    .join()
-                    .map_err(|_| Error::Other("storm thread panicked".into()))?;
-                match (pr, st) {
-                    (Ok(m), Ok(st)) => {
-                        if st.errors.total() > 0 {
-                            self.failures.push(format!(
-                                "E {} storm: {} errors {:?}",
-                                kinds[i].0,
-                                st.errors.total(),
-                                st.error_samples
-                            ));
-                        }
-                        results[i]
-                            .2
-                            .push(Measured::from_rounds("E", &kinds[i].0, vec![m]));
-                        results[i].3.push(st.ops_per_sec);
-                    }
-                    (Err(e), _) | (_, Err(e)) => {
-                        self.failures.push(format!("E {}: {e}", kinds[i].0))
-                    }
-                }
-            }
-        }
+        let probe_rate = PROBE_RATE;
+        let labels: Vec<String> = kinds.iter().map(|(l, _, _)| l.clone()).collect();
+        let results = self.storm_rounds("E", &servers, &labels, HttpVersion::H1)?;
         drop(servers);
         let med =
             |v: &[Measured], f: fn(&Measured) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
@@ -146,5 +95,82 @@ impl Runner {
         );
         self.section(t, Some("e-latency.svg"));
         Ok(())
+    }
+}
+
+/// Requests per second of the latency probe (E and K4).
+pub(super) const PROBE_RATE: f64 = 200.0;
+
+/// Per server: label, idle probe rounds, storm probe rounds, storm handshake rates.
+pub(super) type StormRow = (String, Vec<Measured>, Vec<Measured>, Vec<f64>);
+
+impl Runner {
+    /// The rounds of a latency-under-storm experiment: per server (ABBA order), the probe
+    /// (1 KiB requests paced at [`PROBE_RATE`] over 8 keep-alive connections over `http`)
+    /// alone, then during a storm of full handshakes (`hs_connections` connections, same
+    /// protocol: TLS over TCP, or QUIC for HTTP/3).
+    pub(super) fn storm_rounds(
+        &mut self,
+        exp: &str,
+        servers: &[Option<ServerProc>],
+        labels: &[String],
+        http: HttpVersion,
+    ) -> Result<Vec<StormRow>> {
+        let mut results: Vec<StormRow> = labels
+            .iter()
+            .map(|l| (l.clone(), vec![], vec![], vec![]))
+            .collect();
+        for round in 0..self.profile.rounds {
+            for i in measure::abba(round, labels.len()) {
+                let Some(s) = &servers[i] else { continue };
+                let mut probe = self.base_spec(s.port, "1k.bin", Mode::Keepalive);
+                probe.connections = 8;
+                probe.rate = Some(PROBE_RATE);
+                probe.http = http;
+                probe.expect_bytes = Some(self.files.sizes["1k.bin"]);
+                // Idle: the probe alone.
+                match self.measure_once(s, &probe, None, true) {
+                    Ok(m) => results[i]
+                        .1
+                        .push(Measured::from_rounds(exp, &labels[i], vec![m])),
+                    Err(e) => self.failures.push(format!("{exp} {}: {e}", labels[i])),
+                }
+                // Storm: handshakes on other connections during the probe.
+                let mut storm = self.base_spec(s.port, "", Mode::Handshake);
+                storm.connections = self.profile.hs_connections;
+                storm.warmup = probe.warmup;
+                storm.duration = probe.duration + 1.0;
+                if http == HttpVersion::H3 {
+                    storm.http = http;
+                }
+                let storm_thread = std::thread::spawn(move || run_load(&storm));
+                std::thread::sleep(Duration::from_millis(500));
+                // The storm's handshakes land in the server's counter too: no counter check.
+                let pr = self.measure_once(s, &probe, None, false);
+                let st = storm_thread
+                    .join()
+                    .map_err(|_| Error::Other("storm thread panicked".into()))?;
+                match (pr, st) {
+                    (Ok(m), Ok(st)) => {
+                        if st.errors.total() > 0 {
+                            self.failures.push(format!(
+                                "{exp} {} storm: {} errors {:?}",
+                                labels[i],
+                                st.errors.total(),
+                                st.error_samples
+                            ));
+                        }
+                        results[i]
+                            .2
+                            .push(Measured::from_rounds(exp, &labels[i], vec![m]));
+                        results[i].3.push(st.ops_per_sec);
+                    }
+                    (Err(e), _) | (_, Err(e)) => {
+                        self.failures.push(format!("{exp} {}: {e}", labels[i]))
+                    }
+                }
+            }
+        }
+        Ok(results)
     }
 }

@@ -41,6 +41,12 @@ pub(crate) async fn serve<H: Host, S: Handle>(
     let peer = incoming.remote_address();
     let limits = worker.limits();
     let m = worker.metrics();
+    // quinn runs the ClientHello's step (the signature, in modes `none` and `sync`) inside
+    // `accept`: it takes the worker's handshake turn as a TCP handshake's step does, so that a
+    // burst of new QUIC connections does not queue ahead of requests already ready
+    let handshaking = Handshaking::new(m);
+    let turns = crate::conn::handshake_turns();
+    let turn = turns.take().await;
     let connecting = match incoming.accept() {
         Ok(c) => c,
         Err(e) => {
@@ -49,7 +55,7 @@ pub(crate) async fn serve<H: Host, S: Handle>(
             return;
         }
     };
-    let handshaking = Handshaking::new(m);
+    drop(turn);
     let conn = match tokio::time::timeout(limits.tls_handshake_timeout, connecting).await {
         Ok(Ok(c)) => {
             m.handshakes_ok.fetch_add(1, Relaxed);

@@ -43,6 +43,11 @@ thread_local! {
     static HANDSHAKE_TURNS: Rc<qweb_tls::handshake::HandshakeTurns> = Rc::default();
 }
 
+/// This worker's handshake turns (TLS over TCP and QUIC share them).
+pub(crate) fn handshake_turns() -> Rc<qweb_tls::handshake::HandshakeTurns> {
+    HANDSHAKE_TURNS.with(Rc::clone)
+}
+
 /// What a connection driver reads from the worker that runs it.
 pub(crate) trait Host: 'static {
     /// The configured limits and timeouts.
@@ -392,7 +397,7 @@ async fn handshake<H: Host>(
             return None;
         }
     }
-    let turns = HANDSHAKE_TURNS.with(Rc::clone);
+    let turns = handshake_turns();
     let driver = match &tls.offloader {
         Some(offloader) => qweb_tls::handshake::Driver::Job {
             offloader,
