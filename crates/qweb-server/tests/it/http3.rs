@@ -260,14 +260,13 @@ async fn a_shutdown_lets_an_http3_request_in_flight_finish() {
         aioquic(addr, &ca, &[H3Request::get("/api/slow/1000")], false)
     });
     // shut down once the request is at the upstream (python takes a while to start)
-    let waiting = std::time::Instant::now();
-    while up.connections.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-        assert!(
-            waiting.elapsed() < std::time::Duration::from_secs(20),
-            "no request came"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    common::poll_until_async(
+        "the request at the upstream",
+        std::time::Duration::from_secs(20),
+        std::time::Duration::from_millis(20),
+        || async { (up.connections.load(std::sync::atomic::Ordering::SeqCst) > 0).then_some(()) },
+    )
+    .await;
     let started = std::time::Instant::now();
     let server = t.server.take().unwrap();
     tokio::task::spawn_blocking(move || server.shutdown())
@@ -648,17 +647,17 @@ async fn an_http3_connection_is_counted_while_it_lives() {
     });
     let h3 =
         |m: &common::metrics::Metrics| m.sum("qweb_http_connections_open", &[("protocol", "h3")]);
-    let mut seen = false;
-    for _ in 0..40 {
-        let m = common::metrics::scrape(admin).await;
-        if h3(&m) == 1.0 {
-            assert!(m.sum("qweb_connections_open", &[]) >= 1.0);
-            seen = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert!(seen, "the HTTP/3 connection was never counted");
+    let m = common::poll_until_async(
+        "the HTTP/3 connection counted",
+        std::time::Duration::from_secs(10),
+        std::time::Duration::from_millis(50),
+        || async {
+            let m = common::metrics::scrape(admin).await;
+            (h3(&m) == 1.0).then_some(m)
+        },
+    )
+    .await;
+    assert!(m.sum("qweb_connections_open", &[]) >= 1.0, "{m}");
     let status: serde_json::Value = serde_json::from_str(
         &reqwest::get(format!("http://{admin}/status.json"))
             .await
@@ -671,17 +670,14 @@ async fn an_http3_connection_is_counted_while_it_lives() {
     assert_eq!(status["workers"]["rows"][0]["h3"], 1, "{status}");
     let out = slow.await.unwrap().expect("aioquic connects");
     assert_eq!(out[0].as_ref().expect("slow").status, 200);
-    let mut gone = false;
-    for _ in 0..60 {
-        let m = common::metrics::scrape(admin).await;
-        if h3(&m) == 0.0 && m.sum("qweb_connections_open", &[]) == 0.0 {
-            gone = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    assert!(
-        gone,
-        "the HTTP/3 connection is still counted after it ended"
-    );
+    common::poll_until_async(
+        "the HTTP/3 connection no longer counted after it ended",
+        std::time::Duration::from_secs(6),
+        std::time::Duration::from_millis(100),
+        || async {
+            let m = common::metrics::scrape(admin).await;
+            (h3(&m) == 0.0 && m.sum("qweb_connections_open", &[]) == 0.0).then_some(())
+        },
+    )
+    .await;
 }
