@@ -21,6 +21,19 @@ use crate::runtime::quic_handshake::OffloadingConfig;
 /// (control, QPACK encoder and decoder); the rest is room for reserved (grease) streams.
 pub(crate) const MAX_UNI_STREAMS: u32 = 8;
 
+/// Request body bytes a client may send on one HTTP/3 stream ahead of what qweb has read
+/// (QUIC stream flow control; quinn's default is 1.25 MB). As HTTP/2's stream window.
+pub(crate) const STREAM_RECEIVE_WINDOW: u32 = 1024 * 1024;
+
+/// Request body bytes a client may send on a whole connection ahead of what qweb has read.
+/// quinn's default is unlimited: a client could then park `max_concurrent_streams` x the
+/// stream window (128 x 1.25 MB) of bodies that a slow upstream does not take.
+pub(crate) const RECEIVE_WINDOW: u32 = 2 * 1024 * 1024;
+
+/// Response bytes a connection buffers until the client acknowledges them (quinn's default is
+/// 10 MB): a client that grants credit but does not acknowledge holds at most this.
+pub(crate) const SEND_WINDOW: u64 = 2 * 1024 * 1024;
+
 /// QUIC handshakes a worker's endpoint holds before it answers more Initial packets with a
 /// refusal (quinn's own default is 65 536): a flood of Initials from many ports holds at most
 /// this many half-open connections per worker, each for at most `tls_handshake_timeout`.
@@ -66,6 +79,9 @@ pub(crate) fn server_config(
     transport
         .max_concurrent_bidi_streams(limits.max_concurrent_streams.into())
         .max_concurrent_uni_streams(MAX_UNI_STREAMS.into())
+        .stream_receive_window(STREAM_RECEIVE_WINDOW.into())
+        .receive_window(RECEIVE_WINDOW.into())
+        .send_window(SEND_WINDOW)
         .max_idle_timeout(Some(
             limits
                 .keepalive_timeout

@@ -516,6 +516,45 @@ async fn new_connections_get_a_retry_once_handshakes_in_progress_reach_the_thres
     assert_eq!(m.sum("qweb_tls_handshakes_total", &[]), 2.0, "{m}");
 }
 
+/// The flow-control limits qweb advertises, read by a real client from the server's transport
+/// parameters: 1 MiB per request stream and 2 MiB per connection of unread request body (quinn
+/// alone would allow an unlimited connection total: 128 streams x 1.25 MB parked on a slow
+/// upstream).
+#[test]
+fn the_flow_control_windows_advertised_bound_unread_request_bodies() {
+    if !have_client() {
+        return;
+    }
+    let t = common::start_with(&h3_listeners(""), |_| {});
+    let script = r#"
+import asyncio, sys
+from aioquic.asyncio.client import connect
+from aioquic.h3.connection import H3_ALPN
+from aioquic.quic.configuration import QuicConfiguration
+async def main():
+    cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
+    cfg.load_verify_locations(sys.argv[3])
+    async with connect(sys.argv[1], int(sys.argv[2]), configuration=cfg) as c:
+        q = c._quic
+        print(q._remote_max_data, q._remote_max_stream_data_bidi_remote, flush=True)
+asyncio.run(asyncio.wait_for(main(), 20))
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(t.addrs[0].ip().to_string())
+        .arg(t.addrs[0].port().to_string())
+        .arg(t.cert())
+        .output()
+        .expect("python3 runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.split_whitespace().collect::<Vec<_>>(),
+        ["2097152", "1048576"],
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Headless Chromium forced onto QUIC for the listener's origin (`--origin-to-force-quic-on`,
 /// the self-signed certificate pinned by its public key) loads a static page and, from its
 /// script, a proxied response: the browser's own timing entries say both came over `h3`.
