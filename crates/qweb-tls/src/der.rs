@@ -85,14 +85,7 @@ pub(crate) fn generalized_time(v: &[u8]) -> Result<SystemTime, DerError> {
     if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
         return Err(bad());
     }
-    // days from the civil date (Howard Hinnant's algorithm)
-    let y2 = if mo <= 2 { y - 1 } else { y };
-    let era = y2.div_euclid(400);
-    let yoe = y2 - era * 400;
-    let mp = (mo + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
+    let days = crate::utc::days_from_civil(y, mo, d);
     let secs = days * 86_400 + h * 3600 + mi * 60 + s;
     let secs = u64::try_from(secs).map_err(|_| bad())?;
     Ok(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))

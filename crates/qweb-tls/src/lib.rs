@@ -25,6 +25,7 @@ mod sni;
 pub mod state_file;
 mod stream;
 pub mod ticket;
+pub mod utc;
 
 pub use certs::{
     cert_key_id, load_certified_key, load_certified_key_with, load_certs, load_offloaded,

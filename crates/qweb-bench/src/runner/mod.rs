@@ -516,7 +516,7 @@ fn now_secs() -> u64 {
 
 /// `secs` since the epoch as "YYYYmmdd-HHMMSS" (UTC).
 pub fn utc_stamp(secs: u64) -> String {
-    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    let (y, m, d) = qweb_tls::utc::civil_from_days((secs / 86_400) as i64);
     let s = secs % 86_400;
     format!(
         "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
@@ -524,20 +524,6 @@ pub fn utc_stamp(secs: u64) -> String {
         s / 60 % 60,
         s % 60
     )
-}
-
-/// Days since 1970-01-01 to (year, month, day) (H. Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
 fn command_output(program: &Path, args: &[&str]) -> Option<String> {

@@ -65,16 +65,7 @@ fn wants_json(query: Option<&str>) -> bool {
 /// `YYYY-MM-DD`, `HH:MM:SS` of `secs` since the epoch, UTC (proleptic Gregorian).
 fn utc(secs: i64) -> (String, String) {
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's civil_from_days
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (y, m, d) = qweb_tls::utc::civil_from_days(days);
     (
         format!("{y:04}-{m:02}-{d:02}"),
         format!("{:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60),
