@@ -183,12 +183,7 @@ except BaseException as e:
 
 /// Runs `aioquic` against `addr` (UDP) trusting `ca`: one connection, `reqs` in parallel.
 /// `Err`: the connection failed; per request `Err` when that stream failed.
-pub fn aioquic(
-    addr: SocketAddr,
-    ca: &Path,
-    reqs: &[H3Request],
-    greedy: bool,
-) -> Result<Vec<Result<H3Response, String>>, String> {
+pub fn aioquic(addr: SocketAddr, ca: &Path, reqs: &[H3Request], greedy: bool) -> AioquicResult {
     let list: Vec<serde_json::Value> = reqs
         .iter()
         .map(|r| {
@@ -227,6 +222,20 @@ pub fn aioquic(
     }
     let list = v["ok"].as_array().cloned().unwrap_or_default();
     Ok(list.into_iter().map(parse).collect())
+}
+
+/// aioquic's answer: the connection's result, then each request's.
+pub type AioquicResult = Result<Vec<Result<H3Response, String>>, String>;
+
+/// One GET of `path` with [`aioquic`] on tokio's blocking pool, so that an async test goes on
+/// (polls metrics, shuts the server down) while python waits; the handle gives its result.
+pub fn aioquic_get(
+    addr: SocketAddr,
+    ca: &Path,
+    path: &str,
+) -> tokio::task::JoinHandle<AioquicResult> {
+    let (ca, req) = (ca.to_path_buf(), H3Request::get(path));
+    tokio::task::spawn_blocking(move || aioquic(addr, &ca, &[req], false))
 }
 
 fn parse(v: serde_json::Value) -> Result<H3Response, String> {

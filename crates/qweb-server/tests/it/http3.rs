@@ -4,7 +4,7 @@
 
 use qweb_testkit as common;
 
-use common::h3::{aioquic, aioquic_available, initial_flood, H3Request};
+use common::h3::{aioquic, aioquic_available, aioquic_get, initial_flood, H3Request};
 use common::{client, upstream, Proto};
 
 /// A TLS listener with HTTP/3 (and `extra` listener keys), then a plain one.
@@ -256,9 +256,7 @@ async fn a_shutdown_lets_an_http3_request_in_flight_finish() {
     let route = api_route(up.addr, "strip_prefix = true\n");
     let mut t = common::start_with(&format!("{}\n{route}", h3_listeners("")), |_| {});
     let (addr, ca) = (t.addrs[0], t.cert());
-    let client = tokio::task::spawn_blocking(move || {
-        aioquic(addr, &ca, &[H3Request::get("/api/slow/1000")], false)
-    });
+    let client = aioquic_get(addr, &ca, "/api/slow/1000");
     // shut down once the request is at the upstream (python takes a while to start)
     common::poll_until_async(
         "the request at the upstream",
@@ -302,9 +300,7 @@ async fn quic_handshake_signatures_go_through_the_listeners_offload_engine() {
         std::fs::write(t.site().join("a.txt"), "signed").unwrap();
         let (addr, ca) = (t.addrs[0], t.cert());
         let started = std::time::Instant::now();
-        let h3 = tokio::task::spawn_blocking(move || {
-            aioquic(addr, &ca, &[H3Request::get("/a.txt")], false)
-        });
+        let h3 = aioquic_get(addr, &ca, "/a.txt");
         // the signature is out (the admin listener answers on its own thread)
         let submitted = || async {
             let m = t.metrics().await;
@@ -383,11 +379,10 @@ async fn a_quic_handshake_whose_engine_never_answers_falls_back_to_software() {
     let t = common::start_with(&stuck_engine("200ms"), |_| {});
     std::fs::write(t.site().join("a.txt"), "fallback").unwrap();
     let (addr, ca) = (t.addrs[0], t.cert());
-    let out =
-        tokio::task::spawn_blocking(move || aioquic(addr, &ca, &[H3Request::get("/a.txt")], false))
-            .await
-            .unwrap()
-            .expect("aioquic connects");
+    let out = aioquic_get(addr, &ca, "/a.txt")
+        .await
+        .unwrap()
+        .expect("aioquic connects");
     assert_eq!(out[0].as_ref().expect("GET").body, b"fallback");
     let m = t.metrics().await;
     assert_eq!(
@@ -410,8 +405,7 @@ async fn a_quic_handshake_paused_past_its_timeout_is_dropped_with_its_job() {
     let t = common::start_with(&stuck_engine("60s"), |_| {});
     std::fs::write(t.site().join("a.txt"), "served").unwrap();
     let (addr, ca) = (t.addrs[0], t.cert());
-    let h3 =
-        tokio::task::spawn_blocking(move || aioquic(addr, &ca, &[H3Request::get("/a.txt")], false));
+    let h3 = aioquic_get(addr, &ca, "/a.txt");
     let paused = || async { t.metrics().await.sum("qweb_jobs_paused", &[]) };
     let every = std::time::Duration::from_millis(20);
     common::poll_until_async(
@@ -456,11 +450,10 @@ async fn a_retry_threshold_of_zero_validates_every_new_address() {
     );
     std::fs::write(t.site().join("a.txt"), "validated").unwrap();
     let (addr, ca) = (t.addrs[0], t.cert());
-    let out =
-        tokio::task::spawn_blocking(move || aioquic(addr, &ca, &[H3Request::get("/a.txt")], false))
-            .await
-            .unwrap()
-            .expect("aioquic connects after the Retry");
+    let out = aioquic_get(addr, &ca, "/a.txt")
+        .await
+        .unwrap()
+        .expect("aioquic connects after the Retry");
     assert_eq!(out[0].as_ref().expect("GET").body, b"validated");
     let m = t.metrics().await;
     assert_eq!(m.sum("qweb_quic_retries_total", &[]), 1.0, "{m}");
@@ -486,10 +479,7 @@ async fn new_connections_get_a_retry_once_handshakes_in_progress_reach_the_thres
     );
     std::fs::write(t.site().join("a.txt"), "both").unwrap();
     let (addr, ca) = (t.addrs[0], t.cert());
-    let client = move || {
-        let ca = ca.clone();
-        tokio::task::spawn_blocking(move || aioquic(addr, &ca, &[H3Request::get("/a.txt")], false))
-    };
+    let client = || aioquic_get(addr, &ca, "/a.txt");
     let first = client();
     common::poll_until_async(
         "the first handshake in progress",
@@ -681,9 +671,7 @@ async fn an_http3_connection_is_counted_while_it_lives() {
     );
     let admin = t.admin.unwrap();
     let (addr, ca) = (t.addrs[0], t.cert());
-    let slow = tokio::task::spawn_blocking(move || {
-        aioquic(addr, &ca, &[H3Request::get("/api/slow/2000")], false)
-    });
+    let slow = aioquic_get(addr, &ca, "/api/slow/2000");
     let h3 =
         |m: &common::metrics::Metrics| m.sum("qweb_http_connections_open", &[("protocol", "h3")]);
     let m = common::poll_until_async(
