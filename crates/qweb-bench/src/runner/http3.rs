@@ -91,24 +91,9 @@ impl Runner {
                 ]);
                 continue;
             };
-            std::thread::sleep(Duration::from_millis(300));
-            let (rss0, _) = s.memory_kib();
-            let mut spec = self.base_spec(s.port, "1k.bin", Mode::Keepalive);
-            spec.http = HttpVersion::H3;
-            spec.connections = 64;
-            spec.expect_bytes = Some(self.files.sizes["1k.bin"]);
-            spec.timeout = 30.0;
-            let set = IdleSet::open(&spec, n)?;
-            std::thread::sleep(Duration::from_millis(1000));
-            let (rss1, _) = s.memory_kib();
-            let held = set.len();
-            if set.errors.total() > 0 || held != n {
-                self.failures.push(format!(
-                    "K3 {label}: {held} of {n} connections held; errors {:?} {:?}",
-                    set.errors, set.error_samples
-                ));
-            }
-            drop(set);
+            let super::memory::Idle {
+                rss0, rss1, held, ..
+            } = self.idle_memory(&format!("K3 {label}"), &s, HttpVersion::H3, n)?;
             let pc = (rss1 as f64 - rss0 as f64) / n as f64;
             eprintln!(
                 "  {label:<10} {n:>6} HTTP/3 conns: RSS {:.1} → {:.1} MiB ({pc:.1} KiB/conn), {held} held",

@@ -41,31 +41,12 @@ impl Runner {
                     rows[si].extend(vec![String::new(); 6]);
                     continue;
                 };
-                std::thread::sleep(Duration::from_millis(300));
-                let (rss0, _) = s.memory_kib();
-                let mut spec = self.base_spec(s.port, "1k.bin", Mode::Keepalive);
-                spec.connections = 64;
-                spec.expect_bytes = Some(self.files.sizes["1k.bin"]);
-                spec.timeout = 30.0;
-                let set = IdleSet::open(&spec, n)?;
-                std::thread::sleep(Duration::from_millis(1000));
-                let (rss1, pss1) = s.memory_kib();
-                let held = set.len();
-                if set.errors.total() > 0 || held != n {
-                    self.failures.push(format!(
-                        "F {label}: {held} of {n} connections held; errors {:?} {:?}",
-                        set.errors, set.error_samples
-                    ));
-                }
-                if let Ok(m) = s.metrics() {
-                    let open = parse_metric(&m, "qweb_connections_open", &[]);
-                    if (open as usize) < held {
-                        self.failures.push(format!(
-                            "F {label}: server reports {open} open connections, client holds {held}"
-                        ));
-                    }
-                }
-                drop(set);
+                let Idle {
+                    rss0,
+                    rss1,
+                    pss1,
+                    held,
+                } = self.idle_memory(&format!("F {label}"), &s, HttpVersion::H1, n)?;
                 let pc = (rss1 as f64 - rss0 as f64) / n as f64;
                 per_conn[si][ci] = pc;
                 rows[si].extend([
@@ -119,5 +100,59 @@ impl Runner {
         );
         self.section(t, Some("f-memory.svg"));
         Ok(())
+    }
+}
+
+/// Resident memory of a server before and with idle connections (KiB), and how many were held.
+pub(super) struct Idle {
+    pub rss0: u64,
+    pub rss1: u64,
+    pub pss1: u64,
+    pub held: usize,
+}
+
+impl Runner {
+    /// Opens `n` idle connections to `s` over `http` (one checked 1 KiB request each, 64 at a
+    /// time) and reads the server's memory before and with them; a connection that did not
+    /// open, or a qweb that counts fewer open connections than the client holds, is recorded
+    /// as a failure under `what`. The connections close when this returns.
+    pub(super) fn idle_memory(
+        &mut self,
+        what: &str,
+        s: &ServerProc,
+        http: HttpVersion,
+        n: usize,
+    ) -> Result<Idle> {
+        std::thread::sleep(Duration::from_millis(300));
+        let (rss0, _) = s.memory_kib();
+        let mut spec = self.base_spec(s.port, "1k.bin", Mode::Keepalive);
+        spec.http = http;
+        spec.connections = 64;
+        spec.expect_bytes = Some(self.files.sizes["1k.bin"]);
+        spec.timeout = 30.0;
+        let set = IdleSet::open(&spec, n)?;
+        std::thread::sleep(Duration::from_millis(1000));
+        let (rss1, pss1) = s.memory_kib();
+        let held = set.len();
+        if set.errors.total() > 0 || held != n {
+            self.failures.push(format!(
+                "{what}: {held} of {n} connections held; errors {:?} {:?}",
+                set.errors, set.error_samples
+            ));
+        }
+        if let Ok(m) = s.metrics() {
+            let open = parse_metric(&m, "qweb_connections_open", &[]);
+            if (open as usize) < held {
+                self.failures.push(format!(
+                    "{what}: server reports {open} open connections, client holds {held}"
+                ));
+            }
+        }
+        Ok(Idle {
+            rss0,
+            rss1,
+            pss1,
+            held,
+        })
     }
 }
