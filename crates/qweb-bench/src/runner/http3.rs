@@ -20,8 +20,6 @@ impl Runner {
     /// none, qweb async behind the engine, Caddy).
     fn exp_k_storm(&mut self, servers: &[Option<ServerProc>], labels: &[String]) -> Result<()> {
         let rows = self.storm_rounds("K", servers, labels, HttpVersion::H3)?;
-        let med =
-            |v: &[Measured], f: fn(&Measured) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
         let mut t = Table::new(
             format!(
                 "K4. Latency of small HTTP/3 requests (1 KiB, {:.0} req/s over 8 connections) during a storm of full QUIC handshakes ({} connections, ECDSA P-256)",
@@ -33,24 +31,7 @@ impl Runner {
                 "storm p99 vs caddy", "storm handshakes/s", "errors",
             ],
         );
-        let caddy = rows
-            .iter()
-            .find(|r| r.0 == "caddy")
-            .map(|r| med(&r.2, |m| m.p99_us))
-            .unwrap_or(f64::NAN);
-        for (label, idle, storm, rates) in &rows {
-            let errors: u64 = idle.iter().chain(storm).map(|m| m.errors).sum();
-            t.row(vec![
-                label.clone(),
-                ms(med(idle, |m| m.p50_us)),
-                ms(med(idle, |m| m.p99_us)),
-                ms(med(storm, |m| m.p50_us)),
-                ms(med(storm, |m| m.p99_us)),
-                ratio(med(storm, |m| m.p99_us), caddy),
-                num(median(rates)),
-                errors.to_string(),
-            ]);
-        }
+        self.storm_table_rows(&mut t, &rows, "caddy");
         t.notes.push(
             "As E, over HTTP/3: the probe's 8 QUIC connections stay open and send 1 KiB requests at \
              a fixed schedule (latency from the scheduled time, so a stalled server is not hidden), \

@@ -24,8 +24,6 @@ impl Runner {
         let labels: Vec<String> = kinds.iter().map(|(l, _, _)| l.clone()).collect();
         let results = self.storm_rounds("E", &servers, &labels, HttpVersion::H1)?;
         drop(servers);
-        let med =
-            |v: &[Measured], f: fn(&Measured) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
         let mut t = Table::new(
             format!(
                 "E. Latency of small keep-alive requests (1 KiB, {probe_rate:.0} req/s over 8 connections) \
@@ -37,48 +35,18 @@ impl Runner {
                 "storm p99 vs nginx", "storm handshakes/s", "errors",
             ],
         );
-        let ngx_p99 = results
+        let vals = self.storm_table_rows(&mut t, &results, "nginx");
+        let series: Vec<(String, Vec<f64>)> = ["idle p50", "idle p99", "storm p50", "storm p99"]
             .iter()
-            .find(|r| r.0 == "nginx")
-            .map(|r| med(&r.2, |m| m.p99_us))
-            .unwrap_or(f64::NAN);
-        let mut series = vec![
-            ("idle p50".to_string(), vec![]),
-            ("idle p99".to_string(), vec![]),
-            ("storm p50".to_string(), vec![]),
-            ("storm p99".to_string(), vec![]),
-        ];
-        let mut cats = vec![];
-        for (label, idle, storm, rates) in &results {
-            let errs: u64 = idle.iter().chain(storm.iter()).map(|m| m.errors).sum();
-            let vals = [
-                med(idle, |m| m.p50_us),
-                med(idle, |m| m.p99_us),
-                med(storm, |m| m.p50_us),
-                med(storm, |m| m.p99_us),
-            ];
-            for (k, v) in vals.iter().enumerate() {
-                series[k].1.push(v / 1000.0);
-            }
-            cats.push(label.clone());
-            t.row(vec![
-                label.clone(),
-                ms(vals[0]),
-                ms(vals[1]),
-                ms(vals[2]),
-                ms(vals[3]),
-                ratio(vals[3], ngx_p99),
-                num(median(rates)),
-                errs.to_string(),
-            ]);
-            for (what, v) in [("idle", idle), ("during storm", storm)] {
-                for m in v {
-                    let mut m = m.clone();
-                    m.label = format!("{label} probe {what}");
-                    self.measured.push(m);
-                }
-            }
-        }
+            .enumerate()
+            .map(|(k, name)| {
+                (
+                    name.to_string(),
+                    vals.iter().map(|v| v[k] / 1000.0).collect(),
+                )
+            })
+            .collect();
+        let cats: Vec<String> = results.iter().map(|r| r.0.clone()).collect();
         t.notes.push(
             "Latency is measured from each request's scheduled send time (open loop), so time a \
              request waits behind a busy worker counts. \"storm p99 vs nginx\": lower is better."
@@ -105,6 +73,53 @@ pub(super) const PROBE_RATE: f64 = 200.0;
 pub(super) type StormRow = (String, Vec<Measured>, Vec<Measured>, Vec<f64>);
 
 impl Runner {
+    /// Adds a row per server to `t` (idle p50/p99, storm p50/p99 as medians over the rounds,
+    /// storm p99 against the row labelled `base`, storm handshakes/s, errors), records each
+    /// probe run in the results, and returns the four latencies per row (µs).
+    pub(super) fn storm_table_rows(
+        &mut self,
+        t: &mut Table,
+        results: &[StormRow],
+        base: &str,
+    ) -> Vec<[f64; 4]> {
+        let med =
+            |v: &[Measured], f: fn(&Measured) -> f64| median(&v.iter().map(f).collect::<Vec<_>>());
+        let base_p99 = results
+            .iter()
+            .find(|r| r.0 == base)
+            .map(|r| med(&r.2, |m| m.p99_us))
+            .unwrap_or(f64::NAN);
+        let mut out = Vec::new();
+        for (label, idle, storm, rates) in results {
+            let errs: u64 = idle.iter().chain(storm.iter()).map(|m| m.errors).sum();
+            let vals = [
+                med(idle, |m| m.p50_us),
+                med(idle, |m| m.p99_us),
+                med(storm, |m| m.p50_us),
+                med(storm, |m| m.p99_us),
+            ];
+            t.row(vec![
+                label.clone(),
+                ms(vals[0]),
+                ms(vals[1]),
+                ms(vals[2]),
+                ms(vals[3]),
+                ratio(vals[3], base_p99),
+                num(median(rates)),
+                errs.to_string(),
+            ]);
+            for (what, v) in [("idle", idle), ("during storm", storm)] {
+                for m in v {
+                    let mut m = m.clone();
+                    m.label = format!("{label} probe {what}");
+                    self.measured.push(m);
+                }
+            }
+            out.push(vals);
+        }
+        out
+    }
+
     /// The rounds of a latency-under-storm experiment: per server (ABBA order), the probe
     /// (1 KiB requests paced at [`PROBE_RATE`] over 8 keep-alive connections over `http`)
     /// alone, then during a storm of full handshakes (`hs_connections` connections, same
