@@ -346,3 +346,127 @@ fn transport_error(code: TransportErrorCode, reason: &str) -> TransportError {
         reason: reason.into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use qweb_offload::{KeyId, KeyRef, Op, SignOp, SignScheme};
+
+    /// A TLS session stand-in whose `read_handshake` asks for one signature (as rustls' signer
+    /// does inside a ClientHello step) and then reports handshake data ready.
+    struct Signs;
+
+    impl crypto::Session for Signs {
+        fn initial_keys(&self, _: &ConnectionId, _: Side) -> Keys {
+            unreachable!("not asked in this test")
+        }
+        fn handshake_data(&self) -> Option<Box<dyn Any>> {
+            None
+        }
+        fn peer_identity(&self) -> Option<Box<dyn Any>> {
+            None
+        }
+        fn early_crypto(&self) -> Option<(Box<dyn crypto::HeaderKey>, Box<dyn PacketKey>)> {
+            None
+        }
+        fn early_data_accepted(&self) -> Option<bool> {
+            None
+        }
+        fn is_handshaking(&self) -> bool {
+            true
+        }
+        fn read_handshake(&mut self, _: &[u8]) -> Result<bool, TransportError> {
+            let op = Op::Sign(SignOp {
+                key: KeyRef {
+                    id: KeyId([0; 32]),
+                    local: None,
+                },
+                scheme: SignScheme::EcdsaP256Sha256,
+                message: b"transcript".to_vec(),
+            });
+            let _ = qweb_offload::job::pause(op);
+            Ok(true)
+        }
+        fn transport_parameters(&self) -> Result<Option<TransportParameters>, TransportError> {
+            Ok(None)
+        }
+        fn write_handshake(&mut self, _: &mut Vec<u8>) -> Option<Keys> {
+            None
+        }
+        fn next_1rtt_keys(&mut self) -> Option<KeyPair<Box<dyn PacketKey>>> {
+            None
+        }
+        fn is_valid_retry(&self, _: &ConnectionId, _: &[u8], _: &[u8]) -> bool {
+            false
+        }
+        fn export_keying_material(
+            &self,
+            _: &mut [u8],
+            _: &[u8],
+            _: &[u8],
+        ) -> Result<(), ExportKeyingMaterialError> {
+            Err(ExportKeyingMaterialError)
+        }
+    }
+
+    fn session(metrics: &Arc<WorkerMetrics>) -> OffloadingSession {
+        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+            .unwrap()
+            .self_signed(&kp)
+            .unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(kp.serialize_der().into());
+        let tls = rustls::ServerConfig::builder_with_provider(Arc::new(qweb_tls::provider()))
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone()], key)
+            .unwrap();
+        let config = Arc::new(QuicServerConfig::try_from(Arc::new(tls)).unwrap());
+        let engine = Arc::new(
+            qweb_offload::PoolEngine::new("test", qweb_offload::PoolConfig::default()).unwrap(),
+        );
+        let offloader = Offloader::new(
+            engine,
+            qweb_offload::BatchConfig {
+                enabled: false,
+                max: 1,
+            },
+            std::time::Duration::from_secs(5),
+        );
+        OffloadingSession {
+            config,
+            version: 1,
+            worker: SendWrapper::new(Rc::new(Worker {
+                offloader,
+                metrics: metrics.clone(),
+            })),
+            state: State::Ready(Box::new(Signs)),
+        }
+    }
+
+    /// While the signature is out, the session keeps what arrives up to `MAX_HELD_INPUT` and
+    /// refuses more with CRYPTO_BUFFER_EXCEEDED; it reports a handshake in progress with
+    /// nothing to write, and counts as paused until it is dropped.
+    #[test]
+    fn bytes_held_while_paused_are_bounded() {
+        use crypto::Session as _;
+        let metrics = Arc::new(WorkerMetrics::default());
+        let mut s = session(&metrics);
+        assert!(
+            !s.read_handshake(b"client hello").unwrap(),
+            "paused: no handshake data yet"
+        );
+        assert!(matches!(s.state, State::Paused(_)));
+        assert_eq!(metrics.handshake.paused.load(Relaxed), 1);
+        assert!(s.is_handshaking());
+        assert!(s.write_handshake(&mut Vec::new()).is_none());
+        assert!(s.transport_parameters().unwrap().is_none());
+        s.read_handshake(&[0; MAX_HELD_INPUT - 1]).unwrap();
+        s.read_handshake(&[0]).unwrap();
+        let e = s.read_handshake(&[0]).unwrap_err();
+        assert_eq!(e.code, TransportErrorCode::CRYPTO_BUFFER_EXCEEDED);
+        drop(s);
+        assert_eq!(metrics.handshake.paused.load(Relaxed), 0, "the job unwound");
+    }
+}
