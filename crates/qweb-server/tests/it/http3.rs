@@ -603,8 +603,16 @@ async fn chromium_loads_a_static_page_and_a_proxied_response_over_h3() {
 /// advertise no HTTP/3 that nothing would answer.
 #[tokio::test]
 async fn a_udp_port_held_by_another_socket_is_refused_at_start_and_not_advertised_after_a_reload() {
-    let holder = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let port = holder.local_addr().unwrap().port();
+    // a port below the kernel's range for client sockets (32768 and up), so that no client
+    // socket of another test takes its TCP side: held for UDP, free for TCP a moment ago
+    let start = 20_000 + (std::process::id() % 1_000) as u16 * 7;
+    let (holder, port) = (start..32_000)
+        .find_map(|p| {
+            let udp = std::net::UdpSocket::bind(("127.0.0.1", p)).ok()?;
+            std::net::TcpListener::bind(("127.0.0.1", p)).ok()?;
+            Some((udp, p))
+        })
+        .expect("a port free for TCP and UDP below 32000");
     let dir = tempfile::tempdir().unwrap();
     let text = format!(
         "state_dir = \"{}\"\n[[listener]]\naddress = \"127.0.0.1:{port}\"\nhttp3 = true\n\
