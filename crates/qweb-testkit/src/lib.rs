@@ -88,7 +88,7 @@ where
     }
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago: for the few tests that must put a
+/// A port on 127.0.0.1, below 32768, free for TCP and UDP a moment ago: for the few tests that must put a
 /// fixed port in a config before the server starts (a reload keeping its listener, a second
 /// instance on the same address). Everything else binds `127.0.0.1:0` and asks the server.
 ///
@@ -97,8 +97,30 @@ where
 /// assert_ne!(port, 0);
 /// ```
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind 127.0.0.1:0")
-        .port()
+    // Below the kernel's range for client sockets (32768 and up): a port taken from `:0` is
+    // in that range, and a client socket of another test may take it before the server
+    // binds it. Each call starts past the last one's port (per process; processes start
+    // apart by their pid), and the port is free for TCP and UDP (HTTP/3 binds both).
+    use std::sync::atomic::{AtomicU16, Ordering::Relaxed};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    const LOW: u16 = 10_000;
+    const SPAN: u16 = 22_000;
+    let _ = NEXT.compare_exchange(
+        0,
+        (std::process::id() % u32::from(SPAN)) as u16,
+        Relaxed,
+        Relaxed,
+    );
+    for _ in 0..SPAN {
+        let port = LOW + NEXT.fetch_add(1, Relaxed) % SPAN;
+        let tcp = std::net::TcpListener::bind(("127.0.0.1", port));
+        let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
+        if tcp.is_ok() && udp.is_ok() {
+            return port;
+        }
+    }
+    panic!(
+        "no port free for TCP and UDP between {LOW} and {}",
+        LOW + SPAN
+    )
 }
