@@ -597,7 +597,13 @@ impl Signals {
         });
         if upgraded {
             // no STOPPING=1: the service goes on, in the new process
-            return Signals::stop_gracefully(rt, int, term, move || server.hand_over());
+            return Signals::stop_gracefully(rt, int, term, move || {
+                server.hand_over();
+                let (sent, received) = qweb_server::upgrade::quic_forwarding();
+                if sent + received > 0 {
+                    eprintln!("qweb: upgrade: HTTP/3: {received} datagram(s) of this process's connections came through the new process ({sent} sent the other way)");
+                }
+            });
         }
         qweb_server::notify::stopping();
         Signals::stop_gracefully(rt, int, term, move || server.shutdown())

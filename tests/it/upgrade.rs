@@ -26,6 +26,13 @@ fn client(ca: &Path, h2: bool, fresh: bool) -> reqwest::Client {
     b.build().unwrap()
 }
 
+/// `d/site/index.html` ("home"), a free port, and where the configuration goes.
+fn home_site(d: &Path) -> (u16, PathBuf) {
+    std::fs::create_dir_all(d.join("site")).unwrap();
+    std::fs::write(d.join("site/index.html"), "home").unwrap();
+    (free_port(), d.join("qweb.toml"))
+}
+
 fn pid_alive(pid: i32) -> bool {
     // SAFETY: kill(2) with signal 0 only checks that the process exists.
     unsafe { libc::kill(pid, 0) == 0 }
@@ -39,10 +46,8 @@ fn read_pid(path: &PathBuf) -> Option<i32> {
 async fn sigusr2_hands_the_sockets_to_a_new_process_without_losing_a_request() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::create_dir_all(d.join("site")).unwrap();
-    std::fs::write(d.join("site/index.html"), "home").unwrap();
-    let (tls_port, plain_port) = (free_port(), free_port());
-    let file = d.join("qweb.toml");
+    let (tls_port, file) = home_site(d);
+    let plain_port = free_port();
     std::fs::write(
         &file,
         format!(
@@ -153,16 +158,107 @@ async fn sigusr2_hands_the_sockets_to_a_new_process_without_losing_a_request() {
     );
 }
 
+/// HTTP/3 across a binary upgrade: a download in flight on a QUIC connection of the old
+/// process goes on to its last byte after the new process took the UDP sockets over (the
+/// client's acknowledgements and flow-control credit reach the old process through the new
+/// one, which forwards them), and a new connection is served by the new process. A second
+/// upgrade while the old process still drains HTTP/3 is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http3_download_in_flight_survives_a_binary_upgrade() {
+    if !qweb_testkit::h3::aioquic_available() {
+        eprintln!("SKIPPED: python3 with aioquic is needed (pip install aioquic)");
+        return;
+    }
+    let up = qweb_testkit::upstream::start("h3up").await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (port, file) = home_site(d);
+    std::fs::write(
+        &file,
+        format!(
+            "workers = 2\nstate_dir = \"{0}/state\"\nshutdown_timeout = \"30s\"\n\
+             [[listener]]\naddress = \"127.0.0.1:{port}\"\nhttp3 = true\n\
+             [listener.tls]\nself_signed = true\n\
+             [[route]]\nprefix = \"/slow\"\nstrip_prefix = true\nupstreams = [\"{1}\"]\n\
+             [[route]]\nprefix = \"/\"\nroot = \"{0}/site\"\n",
+            d.display(),
+            up.addr
+        ),
+    )
+    .unwrap();
+    let mut old = Qweb::serve(BIN, &file);
+    let pid_file = d.join("state/qweb.pid");
+    let ca = d.join("state/selfsigned.crt");
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+
+    // 120 pieces of 16 KiB, 35 ms apart: about 4 s, and 1.9 MiB, far more than a QUIC
+    // congestion window starts with: the old process needs the client's acknowledgements
+    // to finish
+    let (pieces, size) = (120usize, 16_384usize);
+    let download =
+        qweb_testkit::h3::aioquic_get(addr, &ca, &format!("/slow/textstream/{pieces}/{size}/35"));
+    qweb_testkit::poll_until_async(
+        "the download reaches the upstream",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || async { (up.connections.load(Relaxed) > 0).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    old.signal(libc::SIGUSR2);
+    old.wait_for("upgrade: process", 1);
+    let new_pid = read_pid(&pid_file).expect("the new process's pid file");
+    assert_ne!(new_pid, old.pid() as i32);
+
+    // a new connection: the new process (the old one no longer reads the sockets)
+    let fresh = qweb_testkit::h3::aioquic_get(addr, &ca, "/index.html")
+        .await
+        .unwrap()
+        .expect("a new QUIC connection after the upgrade");
+    let fresh = fresh[0].as_ref().expect("GET /index.html");
+    assert_eq!((fresh.status, fresh.body.as_slice()), (200, &b"home"[..]));
+    // another upgrade while the old process still drains its HTTP/3 connection: refused
+    // (the next process would take the old one's mark), and the new process serves on
+    qweb_testkit::process::signal(new_pid as u32, libc::SIGUSR2);
+    let refused = old.wait_for("upgrade failed", 1);
+    assert!(refused.contains("still drains"), "{refused}");
+
+    let got = download
+        .await
+        .unwrap()
+        .expect("the QUIC connection of the download");
+    let got = got[0].as_ref().expect("the download");
+    assert_eq!(got.status, 200);
+    assert_eq!(got.body.len(), pieces * size, "the download was cut short");
+
+    // the old process drained and exited; its datagrams came through the new one
+    let status = old.wait_exit(Duration::from_secs(40));
+    assert!(status.success(), "{status:?}");
+    let through = old.wait_for("came through the new process", 1);
+    let n: u64 = through
+        .split("HTTP/3: ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(n > 0, "{through}");
+    assert!(pid_alive(new_pid));
+    // SAFETY: kill(2) with the pid the new process wrote, a valid signal number.
+    unsafe { libc::kill(new_pid, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pid_alive(new_pid) {
+        assert!(Instant::now() < deadline, "the new process did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A lying or broken hand-over environment (fds that are stdio or closed, wrong addresses,
 /// garbage) is ignored: the process binds as usual, keeps its stdio, and serves.
 #[test]
 fn bogus_inherited_fds_are_ignored() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::create_dir_all(d.join("site")).unwrap();
-    std::fs::write(d.join("site/index.html"), "home").unwrap();
-    let port = free_port();
-    let file = d.join("qweb.toml");
+    let (port, file) = home_site(d);
     std::fs::write(
         &file,
         format!(
@@ -177,7 +273,12 @@ fn bogus_inherited_fds_are_ignored() {
         "QWEB_UPGRADE_FDS",
         format!("127.0.0.1:{port}=0,1,2,999;nonsense;1.2.3.4:5=x,7"),
     )
-    .env("QWEB_UPGRADE_READY_FD", "998");
+    .env("QWEB_UPGRADE_READY_FD", "998")
+    .env(
+        "QWEB_UPGRADE_QUIC_FDS",
+        format!("127.0.0.1:{port}=0:1:2,1:999:998,x:y:z;nonsense;1.2.3.4:5=0:7:8"),
+    )
+    .env("QWEB_UPGRADE_QUIC_MARK", "banana");
     let mut child = Qweb::spawn(cmd, BANNER_END);
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     std::io::Write::write_all(
@@ -207,10 +308,7 @@ fn bogus_inherited_fds_are_ignored() {
 fn a_failed_upgrade_keeps_the_old_process_serving() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::create_dir_all(d.join("site")).unwrap();
-    std::fs::write(d.join("site/index.html"), "home").unwrap();
-    let port = free_port();
-    let file = d.join("qweb.toml");
+    let (port, file) = home_site(d);
     std::fs::write(
         &file,
         format!(

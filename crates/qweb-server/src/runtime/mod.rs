@@ -9,6 +9,7 @@ pub mod notify;
 pub(crate) mod ocsp_fetch;
 pub(crate) mod quic;
 pub(crate) mod quic_handshake;
+pub mod quic_steer;
 pub(crate) mod server;
 pub(crate) mod status_page;
 pub(crate) mod tls_session;

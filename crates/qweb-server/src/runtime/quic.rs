@@ -16,6 +16,7 @@ use socket2::{Protocol, Type};
 
 use crate::observe::metrics::WorkerMetrics;
 use crate::runtime::quic_handshake::OffloadingConfig;
+use crate::runtime::quic_steer::{MarkedCids, SteeredSocket};
 
 /// Streams of other kinds than requests a client may have open at once: HTTP/3 needs three
 /// (control, QPACK encoder and decoder); the rest is room for reserved (grease) streams.
@@ -95,16 +96,29 @@ pub(crate) fn server_config(
     Ok(config)
 }
 
-/// This worker's QUIC endpoint on `addr` (the listener's bound address, UDP).
+/// Worker `worker`'s QUIC endpoint on `addr` (the listener's bound address, UDP): on the UDP
+/// socket and channel a binary upgrade handed over (`inherited`), else on a new socket. Its
+/// connection IDs carry this process's mark (see `crate::runtime::quic_steer`).
 pub(crate) fn endpoint(
     addr: SocketAddr,
+    worker: usize,
+    inherited: Option<(UdpSocket, std::os::fd::OwnedFd)>,
     config: quinn::ServerConfig,
 ) -> Result<quinn::Endpoint, QuicError> {
-    // one per worker, as the listener's TCP sockets
-    let socket: UdpSocket =
-        crate::runtime::listen::bind_reusing_port(addr, Type::DGRAM, Protocol::UDP)?.into();
-    Ok(quinn::Endpoint::new(
-        quinn::EndpointConfig::default(),
+    let (socket, peer) = match inherited {
+        Some((socket, peer)) => (socket, Some(peer)),
+        // one per worker, as the listener's TCP sockets
+        None => (
+            crate::runtime::listen::bind_reusing_port(addr, Type::DGRAM, Protocol::UDP)?.into(),
+            None,
+        ),
+    };
+    let socket = SteeredSocket::new(addr, worker, socket, peer, &WorkerRuntime)?;
+    let mut endpoint = quinn::EndpointConfig::default();
+    let mark = crate::runtime::quic_steer::mark();
+    endpoint.cid_generator(move || Box::new(MarkedCids::new(mark)));
+    Ok(quinn::Endpoint::new_with_abstract_socket(
+        endpoint,
         Some(config),
         socket,
         Arc::new(WorkerRuntime),

@@ -236,7 +236,8 @@ impl Server {
         let mut workers = Vec::new();
         let mut generations = Vec::new();
         for (id, m) in worker_metrics.iter().enumerate() {
-            let generation = generation_for_worker(&shared, &built, &listeners, &mut sockets, None);
+            let generation =
+                generation_for_worker(id, &shared, &built, &listeners, &mut sockets, None);
             let (gen_tx, gen_rx) = mpsc::unbounded_channel();
             generations.push(gen_tx);
             let extras = WorkerExtras {
@@ -464,6 +465,7 @@ fn listener_setup(
 /// One worker's share of a generation: every listener, with a socket where it is new (each
 /// worker takes the next socket of a new listener).
 fn generation_for_worker(
+    worker: usize,
     config: &Arc<Config>,
     built: &Built,
     listeners: &[BoundListener],
@@ -478,6 +480,8 @@ fn generation_for_worker(
             bound: l.bound,
             // each worker takes the next socket of a new listener
             socket: sockets.get_mut(&i).and_then(|s| s.pop()),
+            // (a binary upgrade's: taken at start, before unadopted ones are closed)
+            udp: crate::runtime::quic_steer::take_inherited(l.bound, worker),
             tls: setup.tls.clone(),
             async_engine: setup.async_engine.clone(),
             sessions: setup.session.as_ref().map(|s| s.stats.clone()),
@@ -673,8 +677,14 @@ impl RunningServer {
         let (ack, acks) = std::sync::mpsc::channel();
         let mut sent = 0;
         for (id, tx) in self.generations.iter().enumerate() {
-            let generation =
-                generation_for_worker(&shared, &built, &listeners, &mut sockets, Some(ack.clone()));
+            let generation = generation_for_worker(
+                id,
+                &shared,
+                &built,
+                &listeners,
+                &mut sockets,
+                Some(ack.clone()),
+            );
             match tx.send(Command::Generation(generation)) {
                 Ok(()) => sent += 1,
                 Err(_) => tracing::error!(worker = id, "reload: the worker is gone"),
@@ -721,7 +731,8 @@ impl RunningServer {
                 .collect::<Result<Vec<_>, _>>()?;
             sockets.push((*addr, fds));
         }
-        crate::runtime::upgrade::start_new_binary(exe, args, &sockets, within)
+        let quic = crate::runtime::quic_steer::prepare_handoff()?;
+        crate::runtime::upgrade::start_new_binary(exe, args, &sockets, quic, within)
     }
 
     /// Binary upgrade, step 2: stops accepting (the new process accepts on the same
@@ -732,6 +743,8 @@ impl RunningServer {
             deadline: Instant::now() + self.config.shutdown_timeout,
         };
         self.sockets.clear();
+        // the new process reads the UDP sockets now, and forwards this one's datagrams
+        crate::runtime::quic_steer::stop_reading();
         for tx in &self.generations {
             let _ = tx.send(Command::HandOver);
         }

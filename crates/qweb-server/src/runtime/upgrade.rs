@@ -48,6 +48,9 @@ pub enum UpgradeError {
         /// What happened.
         why: String,
     },
+    /// HTTP/3's UDP sockets cannot be handed over.
+    #[error(transparent)]
+    Quic(#[from] crate::runtime::quic_steer::HandoffError),
     /// Preparing the sockets failed.
     #[error("cannot hand over the listening sockets: {0}")]
     Io(#[from] io::Error),
@@ -76,7 +79,7 @@ fn parse_inherited() -> HashMap<SocketAddr, Vec<TcpListener>> {
         };
         for fd in fds.split(',').filter_map(|f| f.parse::<RawFd>().ok()) {
             // only adopt an fd that is open and a listening TCP socket of that address
-            if fcntl_getfd(unsafe_borrow(fd)).is_err() {
+            if !is_open(fd) {
                 continue;
             }
             #[allow(unsafe_code)]
@@ -99,6 +102,16 @@ fn parse_inherited() -> HashMap<SocketAddr, Vec<TcpListener>> {
         }
     }
     out
+}
+
+/// Whether `fd` is open in this process (an fcntl probe).
+pub(crate) fn is_open(fd: RawFd) -> bool {
+    fcntl_getfd(unsafe_borrow(fd)).is_ok()
+}
+
+/// Marks an adopted fd close-on-exec (it was inherited without).
+pub(crate) fn close_on_exec(fd: RawFd) {
+    let _ = fcntl_setfd(unsafe_borrow(fd), FdFlags::CLOEXEC);
 }
 
 /// A borrowed fd for the `fcntl` probe.
@@ -133,15 +146,27 @@ pub(crate) fn take_inherited(addr: SocketAddr, count: usize) -> Vec<TcpListener>
 }
 
 /// Closes inherited sockets the configuration did not adopt (a listener the new
-/// configuration removed), and says how many.
+/// configuration removed, HTTP/3's UDP sockets of workers it does not have), and says how
+/// many.
 pub fn close_unadopted() -> usize {
+    let udp = crate::runtime::quic_steer::close_unadopted();
     let mut map = inherited().lock().unwrap_or_else(PoisonError::into_inner);
-    let n = map.values().map(Vec::len).sum();
+    let n = udp + map.values().map(Vec::len).sum::<usize>();
     for addr in map.keys() {
         tracing::info!("upgrade: {addr} is not in the new configuration: closed");
     }
     map.clear();
     n
+}
+
+/// HTTP/3 datagrams this process forwarded to the other process of an upgrade, and received
+/// from it (see [`crate::runtime::quic_steer`]).
+pub fn quic_forwarding() -> (u64, u64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (
+        crate::runtime::quic_steer::FORWARDED.load(Relaxed),
+        crate::runtime::quic_steer::RECEIVED.load(Relaxed),
+    )
 }
 
 /// In the new process, once it serves: tells the old one (no-op when not started by an
@@ -166,13 +191,14 @@ pub fn signal_ready() {
     }
 }
 
-/// In the old process: starts `exe args` with `sockets` (address, listening sockets)
-/// inherited, and waits up to `within` for it to be ready. Returns its pid. On error the new
-/// process is stopped and nothing changed here.
+/// In the old process: starts `exe args` with `sockets` (address, listening sockets) and
+/// `quic` (HTTP/3's UDP sockets and channels) inherited, and waits up to `within` for it to be
+/// ready. Returns its pid. On error the new process is stopped and nothing changed here.
 pub fn start_new_binary(
     exe: &Path,
     args: &[OsString],
     sockets: &[(SocketAddr, Vec<OwnedFd>)],
+    quic: crate::runtime::quic_steer::Handoff,
     within: Duration,
 ) -> Result<u32, UpgradeError> {
     let mut spec = String::new();
@@ -187,11 +213,17 @@ pub fn start_new_binary(
             fcntl_setfd(f.as_fd(), FdFlags::empty()).map_err(io::Error::from)?;
         }
     }
+    for f in &quic.fds {
+        fcntl_setfd(f.as_fd(), FdFlags::empty()).map_err(io::Error::from)?;
+    }
     fcntl_setfd(theirs.as_fd(), FdFlags::empty()).map_err(io::Error::from)?;
     let mut cmd = Command::new(exe);
     cmd.args(args)
         .env(FDS_ENV, &spec)
         .env(READY_ENV, theirs.as_raw_fd().to_string());
+    for (k, v) in &quic.env {
+        cmd.env(k, v);
+    }
     #[allow(unsafe_code)]
     // SAFETY: the closure runs in the forked child before exec and calls only
     // sigemptyset/sigaddset on a local set and pthread_sigmask, which are async-signal-safe;
@@ -212,6 +244,8 @@ pub fn start_new_binary(
     }
     let spawned = cmd.spawn();
     drop(theirs);
+    // (the new process has its own copies; ours would keep its channels open if it died)
+    drop(quic);
     let mut child = spawned.map_err(|source| UpgradeError::Spawn {
         exe: exe.display().to_string(),
         source,

@@ -78,6 +78,9 @@ pub(crate) struct GenListener {
     pub http3: Option<u64>,
     /// `quic_retry_threshold` of the listener.
     pub quic_retry_threshold: u32,
+    /// HTTP/3: this worker's UDP socket and the channel to the process that handed it over
+    /// (a binary upgrade; see `crate::runtime::quic_steer`).
+    pub udp: Option<(std::net::UdpSocket, std::os::fd::OwnedFd)>,
 }
 
 /// A configuration generation for one worker.
@@ -332,7 +335,7 @@ impl Worker {
                 }
             };
             let mut accepting = accepting;
-            self.quic(&mut accepting, l.bound, quic);
+            self.quic(&mut accepting, l.bound, l.udp, quic);
             if accepting.quic.is_none() {
                 accepting.current.borrow().listener.alt_svc.take();
             }
@@ -360,10 +363,16 @@ impl Worker {
 
     /// Starts, keeps (with the new configuration) or stops the listener's QUIC endpoint on
     /// this worker; `config`: HTTP/3 on.
-    fn quic(&self, a: &mut Accepting, bound: SocketAddr, config: Option<quinn::ServerConfig>) {
+    fn quic(
+        &self,
+        a: &mut Accepting,
+        bound: SocketAddr,
+        inherited: Option<(std::net::UdpSocket, std::os::fd::OwnedFd)>,
+        config: Option<quinn::ServerConfig>,
+    ) {
         match (config, &a.quic) {
             (Some(c), Some((endpoint, _))) => endpoint.set_server_config(Some(c)),
-            (Some(c), None) => match crate::runtime::quic::endpoint(bound, c) {
+            (Some(c), None) => match crate::runtime::quic::endpoint(bound, self.id, inherited, c) {
                 Ok(endpoint) => {
                     let task = tokio::task::spawn_local(quic_accept_loop(
                         endpoint.clone(),
