@@ -306,3 +306,69 @@ pub fn initial_flood(addr: SocketAddr, count: usize) {
         }
     }
 }
+
+/// A client that connects (ALPN h3, the test CA trusted), sends no request and only QUIC
+/// PINGs, every `every` ms for up to `within` ms. Prints the milliseconds until the server
+/// ended the connection, or `alive`.
+const PINGER: &str = r#"
+import asyncio, sys, time
+from aioquic.asyncio.client import connect
+from aioquic.h3.connection import H3_ALPN
+from aioquic.quic.configuration import QuicConfiguration
+
+host, port, ca, every, within = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+
+async def main():
+    cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
+    cfg.load_verify_locations(ca)
+    async with connect(host, port, configuration=cfg, wait_connected=True) as c:
+        start = time.monotonic()
+        closed = asyncio.ensure_future(c.wait_closed())
+        while (time.monotonic() - start) * 1000 < within:
+            try:
+                await asyncio.wait_for(c.ping(), every / 1000)
+            except asyncio.TimeoutError:
+                pass
+            except Exception:
+                break
+            if closed.done():
+                break
+            await asyncio.sleep(every / 1000)
+        if closed.done() or c._quic._close_event is not None:
+            print(int((time.monotonic() - start) * 1000), flush=True)
+        else:
+            print("alive", flush=True)
+
+asyncio.run(main())
+"#;
+
+/// Runs [`PINGER`] against `addr`: `Some(elapsed)` when the server ended the connection within
+/// `within` (PINGs every `every`), `None` when it was still open.
+pub fn aioquic_pinger(
+    addr: SocketAddr,
+    ca: &Path,
+    every: std::time::Duration,
+    within: std::time::Duration,
+) -> Option<std::time::Duration> {
+    let out = Command::new("python3")
+        .args(["-c", PINGER])
+        .arg(addr.ip().to_string())
+        .arg(addr.port().to_string())
+        .arg(ca)
+        .arg(every.as_millis().to_string())
+        .arg(within.as_millis().to_string())
+        .output()
+        .expect("python3 runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    match text.trim() {
+        "alive" => None,
+        ms => Some(std::time::Duration::from_millis(ms.parse().unwrap_or_else(
+            |_| {
+                panic!(
+                    "the pinger printed {ms:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            },
+        ))),
+    }
+}

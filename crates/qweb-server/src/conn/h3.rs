@@ -30,9 +30,10 @@ type H3Stream = h3::server::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
 type H3Send = h3::server::RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 
 /// Serves one incoming QUIC connection to its end: the handshake under
-/// `tls_handshake_timeout`, then HTTP/3 requests until the client closes, the connection is
-/// idle for `keepalive_timeout` (QUIC's idle timeout), or a shutdown or reload ends it
-/// (GOAWAY; requests in flight finish).
+/// `tls_handshake_timeout`, then HTTP/3 requests until the client closes, the connection has
+/// no request for `keepalive_timeout` (QUIC's idle timeout, and a GOAWAY when the client
+/// keeps QUIC busy with no request), or a shutdown or reload ends it (GOAWAY; requests in
+/// flight finish).
 pub(crate) async fn serve<H: Host, S: Handle>(
     incoming: quinn::Incoming,
     worker: &H,
@@ -122,6 +123,11 @@ async fn requests<H: Host, S: Handle>(
     let mut tasks = JoinSet::new();
     let mut going_away = false;
     let mut goaway_sent = false;
+    // `keepalive_timeout` with no request in flight ends the connection (GOAWAY), whatever
+    // else the client sends: QUIC's own idle timeout restarts on every packet, so a client
+    // sending only PINGs would otherwise hold the connection forever
+    let idle = tokio::time::sleep(limits.keepalive_timeout);
+    tokio::pin!(idle);
     loop {
         tokio::select! {
             r = h3.accept() => match r {
@@ -147,7 +153,20 @@ async fn requests<H: Host, S: Handle>(
                     break;
                 }
             },
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {
+                if tasks.is_empty() {
+                    let wait = if goaway_sent { CLOSE_GRACE } else { limits.keepalive_timeout };
+                    idle.as_mut().reset(tokio::time::Instant::now() + wait);
+                }
+            }
+            _ = idle.as_mut(), if tasks.is_empty() => {
+                if goaway_sent {
+                    // GOAWAY is out, nothing is in flight, and the client did not close
+                    break;
+                }
+                tracing::debug!(peer = %state.peer, "closing: idle keep-alive timeout");
+                going_away = true;
+            }
             _ = shutdown.wait_for(|s| *s), if !going_away => going_away = true,
             _ = retire.wait_for(|r| *r), if !going_away => going_away = true,
         }
@@ -158,6 +177,9 @@ async fn requests<H: Host, S: Handle>(
                 tracing::debug!(peer = %state.peer, "HTTP/3 GOAWAY failed: {e}");
                 break;
             }
+            // (h3 ends `accept` only when the client closes: once nothing is in flight,
+            // the connection gets `CLOSE_GRACE` more, then closes)
+            idle.as_mut().reset(tokio::time::Instant::now() + CLOSE_GRACE);
         }
     }
     while tasks.join_next().await.is_some() {}

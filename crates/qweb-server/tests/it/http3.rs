@@ -716,3 +716,30 @@ async fn an_http3_connection_is_counted_while_it_lives() {
     )
     .await;
 }
+
+/// A client that sends no request, only QUIC PINGs (each restarts QUIC's idle timeout): the
+/// connection still ends after `keepalive_timeout` without a request, as an idle HTTP/1.1 or
+/// HTTP/2 connection does, instead of holding its memory for as long as the client likes.
+#[test]
+fn a_client_sending_only_pings_is_closed_after_keepalive_timeout() {
+    if !have_client() {
+        return;
+    }
+    let t = common::start_with(
+        &format!("[limits]\nkeepalive_timeout = \"1s\"\n{}", h3_listeners("")),
+        |_| {},
+    );
+    let every = std::time::Duration::from_millis(200);
+    let ended = common::h3::aioquic_pinger(
+        t.addrs[0],
+        &t.cert(),
+        every,
+        std::time::Duration::from_secs(8),
+    );
+    let ended = ended.expect("the connection was still open after 8 s of PINGs");
+    // 1 s without a request, then GOAWAY and up to 1 s for the client to close
+    assert!(
+        ended < std::time::Duration::from_secs(5),
+        "ended after {ended:?}"
+    );
+}
