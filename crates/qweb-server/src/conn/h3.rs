@@ -179,7 +179,8 @@ async fn requests<H: Host, S: Handle>(
             }
             // (h3 ends `accept` only when the client closes: once nothing is in flight,
             // the connection gets `CLOSE_GRACE` more, then closes)
-            idle.as_mut().reset(tokio::time::Instant::now() + CLOSE_GRACE);
+            idle.as_mut()
+                .reset(tokio::time::Instant::now() + CLOSE_GRACE);
         }
     }
     while tasks.join_next().await.is_some() {}
