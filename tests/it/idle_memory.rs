@@ -28,11 +28,13 @@ const BIN: &str = env!("CARGO_BIN_EXE_qweb");
 
 /// Connections held idle.
 const N: usize = 500;
-/// The goal: KiB added per idle connection.
-const KIB_PER_CONN: u64 = 10;
+/// KiB added per idle connection. The goal of issue 24 is 10; measured 5.9 (debug build)
+/// since an idle TLS connection frees rustls' 4 KiB read buffer (vendor/rustls/QWEB.md), 9.3
+/// before: 7 fails if that buffer comes back.
+const KIB_PER_CONN: u64 = 7;
 /// Allowance for what is not per connection and that the warm-up did not already allocate
 /// (a few allocator pages, 64 KiB each per size class and worker thread; slab and timer pages):
-/// 512 KiB, about 1 KiB per connection at N = 500, so that 11 KiB per connection fails.
+/// 512 KiB, about 1 KiB per connection at N = 500, so that 8 KiB per connection fails.
 const MARGIN_KIB: u64 = 512;
 
 fn setup(dir: &Path, proto: Proto) -> (std::path::PathBuf, rustls::ClientConfig) {
@@ -127,7 +129,7 @@ fn assert_idle_cost(before: u64, after: u64, n: usize, kib_per_conn: u64, what: 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idle_tls_keepalive_connections_cost_at_most_10_kib_each() {
+async fn idle_tls_keepalive_connections_cost_at_most_7_kib_each() {
     let dir = tempfile::tempdir().unwrap();
     let (config, client) = setup(dir.path(), Proto::H1);
     let qweb = Qweb::serve(BIN, &config);
@@ -392,10 +394,11 @@ async fn idle_websockets(over_tls: bool) {
     }
 }
 
-/// The goal per idle HTTP/2 connection over TLS (issue 24). Measured 13.1-14.0 KiB (1 000 and
-/// 2 000 connections, debug build) since the patched h2 (vendor/h2) frees its codec buffers and
-/// stream slots while no stream is open; 31.2 KiB before.
-const KIB_PER_H2_CONN: u64 = 16;
+/// KiB per idle HTTP/2 connection over TLS (the goal of issue 24 is 16). Measured 13.1-14.0 KiB
+/// (1 000 and 2 000 connections, debug build) once the patched h2 (vendor/h2) freed its codec
+/// buffers and stream slots while no stream is open (31.2 KiB before), and 9.5 KiB (500) once
+/// the TLS stream also freed rustls' empty read buffer: 12 fails if either comes back.
+const KIB_PER_H2_CONN: u64 = 12;
 
 /// One HTTP/2 connection over TLS with one `GET /1k.bin` answered in full (its SETTINGS
 /// acknowledged), then left idle.

@@ -147,7 +147,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
                 return Poll::Ready(Ok(false));
             }
             Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Poll::Pending,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // Nothing to read for now, and the connection may stay idle for long: it keeps
+                // no empty read buffer meanwhile (rustls sized it to 4 KiB for this read; the
+                // next read allocates it again). Bytes of a record not yet complete are kept.
+                self.conn.release_idle_buffers();
+                return Poll::Pending;
+            }
             Err(e) => return Poll::Ready(Err(e)),
         }
         if let Err(e) = self.conn.process_new_packets() {
