@@ -202,7 +202,8 @@ async fn exchange<S: Handle>(
         .and_then(|v| v.trim().parse::<u64>().ok());
     let req = req.map(|()| RequestBody::h3(recv, length));
     let resp = svc.call(req).await;
-    let (parts, body) = resp.into_parts();
+    let (mut parts, body) = resp.into_parts();
+    strip_connection_fields(&mut parts.headers);
     let head = http::Response::from_parts(parts, ());
     match tokio::time::timeout(send_timeout, send.send_response(head)).await {
         Ok(Ok(())) => {}
@@ -218,6 +219,25 @@ async fn exchange<S: Handle>(
     if let Err(why) = send_body(&mut send, body, send_timeout).await {
         tracing::debug!("HTTP/3 response body ended early: {why}");
         send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
+    }
+}
+
+/// Removes the connection-specific header fields that HTTP/3 forbids (RFC 9114 §4.2: a
+/// message with one is malformed, and a client such as aioquic then closes the whole
+/// connection with H3_MESSAGE_ERROR), as hyper does for HTTP/2 responses: the pipeline adds
+/// `Connection: close` where an HTTP/1 connection must not read on (a request body cut at
+/// `max_body_size`), which means nothing on a QUIC stream.
+fn strip_connection_fields(h: &mut http::HeaderMap) {
+    use http::header;
+    for name in [
+        header::CONNECTION,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::TE,
+        header::HeaderName::from_static("keep-alive"),
+        header::HeaderName::from_static("proxy-connection"),
+    ] {
+        h.remove(name);
     }
 }
 
