@@ -47,10 +47,16 @@ impl H3Request {
         }
     }
 
-    /// With header field `name: value`.
+    /// With header field `name: value`. A pseudo-header (`:authority`, `:scheme`) replaces
+    /// the client's own value of it.
     pub fn header(mut self, name: &str, value: &str) -> Self {
         self.headers.push((name.into(), value.into()));
         self
+    }
+
+    /// With `:authority` `host` instead of `localhost:PORT` (the TLS SNI stays `localhost`).
+    pub fn authority(self, host: &str) -> Self {
+        self.header(":authority", host)
     }
 }
 
@@ -63,16 +69,36 @@ pub struct H3Response {
     pub headers: Vec<(String, String)>,
     /// The body's bytes.
     pub body: Vec<u8>,
+    /// Trailer fields (a HEADERS frame after the response's head), names in lower case.
+    pub trailers: Vec<(String, String)>,
 }
 
 impl H3Response {
     /// The first value of header `name` (lower case).
     pub fn header(&self, name: &str) -> Option<&str> {
+        first(&self.headers, name)
+    }
+
+    /// Every value of header `name` (lower case), in order.
+    pub fn header_all(&self, name: &str) -> Vec<&str> {
         self.headers
             .iter()
-            .find(|(n, _)| n == name)
+            .filter(|(n, _)| n == name)
             .map(|(_, v)| v.as_str())
+            .collect()
     }
+
+    /// The first value of trailer field `name` (lower case).
+    pub fn trailer(&self, name: &str) -> Option<&str> {
+        first(&self.trailers, name)
+    }
+}
+
+fn first<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    fields
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
 }
 
 /// Is `aioquic` importable? (`.ci/run` installs it.)
@@ -85,8 +111,9 @@ pub fn aioquic_available() -> bool {
 
 /// The client: one QUIC connection, every request on its own stream at once, ALPN h3, the
 /// test CA trusted, SNI `localhost`. `greedy`: after the handshake, ignore the server's
-/// stream limit (a hostile client opening more streams than allowed). Prints one JSON line:
-/// `{"ok": [...responses...]}` or `{"error": "..."}`.
+/// stream limit (a hostile client opening more streams than allowed). A HEADERS frame after
+/// a final response's head is its trailers. Prints one JSON line: `{"ok": [...responses...]}`
+/// or `{"error": "..."}`.
 const CLIENT: &str = r#"
 import asyncio, json, os, sys
 from aioquic.asyncio.client import connect
@@ -101,8 +128,14 @@ reqs = json.loads(sys.stdin.read())
 
 class H3(H3Connection):
     # aioquic checks a response's Content-Length against its body even for HEAD, whose
-    # response has the length of the GET and no body (RFC 9110 9.3.2): not checked for HEAD.
+    # response has the length of the GET and no body (RFC 9110 9.3.2), and for a 304, which
+    # may carry the length of the 200 (RFC 9110 8.6, RFC 9114 4.1.2): not checked for those.
     heads = set()
+    def _decode_headers(self, stream_id, frame_data):
+        headers = super()._decode_headers(stream_id, frame_data)
+        if (b":status", b"304") in headers:
+            self.heads.add(stream_id)
+        return headers
     def _check_content_length(self, stream):
         if stream.stream_id not in self.heads:
             super()._check_content_length(stream)
@@ -123,14 +156,17 @@ class Client(QuicConnectionProtocol):
                 if not w.done():
                     w.set_exception(Exception(f"connection closed: {event.error_code} {event.reason_phrase}"))
         for e in self.h3.handle_event(event):
-            r = self.resp.setdefault(e.stream_id, {"status": 0, "headers": [], "body": b""})
+            r = self.resp.setdefault(e.stream_id, {"status": 0, "headers": [], "trailers": [], "body": b""})
             if isinstance(e, HeadersReceived):
+                # after a final head (not a 1xx), a HEADERS frame is the trailers
+                into = "trailers" if r["status"] >= 200 else "headers"
                 for n, v in e.headers:
                     n, v = n.decode(), v.decode()
                     if n == ":status":
                         r["status"] = int(v)
+                        r["headers"] = []
                     else:
-                        r["headers"].append([n, v])
+                        r[into].append([n, v])
             elif isinstance(e, DataReceived):
                 r["body"] += e.data
             if getattr(e, "stream_ended", False) and e.stream_id in self.waiters:
@@ -141,9 +177,13 @@ class Client(QuicConnectionProtocol):
         sid = self._quic.get_next_available_stream_id()
         if method == "HEAD":
             self.h3.heads.add(sid)
-        self.h3.send_headers(sid, [(b":method", method.encode()), (b":scheme", b"https"),
-            (b":authority", f"localhost:{port}".encode()), (b":path", path.encode()),
-            (b"user-agent", b"aioquic")] + [(n.encode(), v.encode()) for n, v in headers],
+        # a pseudo-header among `headers` replaces the client's own
+        pseudo = {":method": method, ":scheme": "https", ":authority": f"localhost:{port}",
+                  ":path": path}
+        pseudo.update({n: v for n, v in headers if n.startswith(":")})
+        rest = [(n, v) for n, v in headers if not n.startswith(":")]
+        self.h3.send_headers(sid, [(n.encode(), v.encode()) for n, v in pseudo.items()]
+            + [(b"user-agent", b"aioquic")] + [(n.encode(), v.encode()) for n, v in rest],
             end_stream=body is None)
         if body is not None:
             self.h3.send_data(sid, bytes.fromhex(body), end_stream=True)
@@ -165,7 +205,7 @@ async def main():
                 res.append({"error": str(o) or type(o).__name__})
             else:
                 res.append({"status": o["status"], "headers": o["headers"],
-                            "body": o["body"].hex()})
+                            "trailers": o["trailers"], "body": o["body"].hex()})
         # the answers are out before the close, which may wait on a server that is gone
         print(json.dumps({"ok": res}), flush=True)
         c.close()
@@ -244,21 +284,26 @@ fn parse(v: serde_json::Value) -> Result<H3Response, String> {
     }
     Ok(H3Response {
         status: v["status"].as_u64().unwrap_or(0) as u16,
-        headers: v["headers"]
-            .as_array()
-            .map(|hs| {
-                hs.iter()
-                    .map(|h| {
-                        (
-                            h[0].as_str().unwrap_or("").to_owned(),
-                            h[1].as_str().unwrap_or("").to_owned(),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
+        headers: fields(&v["headers"]),
         body: unhex(v["body"].as_str().unwrap_or("")),
+        trailers: fields(&v["trailers"]),
     })
+}
+
+/// `[[name, value], ...]` as pairs.
+fn fields(v: &serde_json::Value) -> Vec<(String, String)> {
+    v.as_array()
+        .map(|hs| {
+            hs.iter()
+                .map(|h| {
+                    (
+                        h[0].as_str().unwrap_or("").to_owned(),
+                        h[1].as_str().unwrap_or("").to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Lower-case hex (the script's bodies travel as hex).
@@ -371,4 +416,143 @@ pub fn aioquic_pinger(
             },
         ))),
     }
+}
+
+/// A streaming exchange on one request stream: the head (not ended), then each message as a
+/// DATA frame, the next one sent only once the response body has grown by the message's
+/// length (an echo, as a bidirectional gRPC call's replies), then the end of the request.
+/// Prints the response as [`CLIENT`] does, or `{"error": ...}` naming the message whose echo
+/// did not come within 5 s.
+const PINGPONG: &str = r#"
+import asyncio, json, os, sys, time
+from aioquic.asyncio.client import connect
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.h3.connection import H3_ALPN, H3Connection
+from aioquic.h3.events import DataReceived, HeadersReceived
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.events import ConnectionTerminated
+
+host, port, ca = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+spec = json.loads(sys.stdin.read())
+
+class Client(QuicConnectionProtocol):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.h3 = H3Connection(self._quic)
+        self.r = {"status": 0, "headers": [], "trailers": [], "body": b""}
+        self.ended = None
+        self.changed = asyncio.Event()
+
+    def quic_event_received(self, event):
+        if isinstance(event, ConnectionTerminated):
+            self.ended = self.ended or f"connection closed: {event.error_code} {event.reason_phrase}"
+        for e in self.h3.handle_event(event):
+            r = self.r
+            if isinstance(e, HeadersReceived):
+                into = "trailers" if r["status"] >= 200 else "headers"
+                for n, v in e.headers:
+                    n, v = n.decode(), v.decode()
+                    if n == ":status":
+                        r["status"] = int(v)
+                        r["headers"] = []
+                    else:
+                        r[into].append([n, v])
+            elif isinstance(e, DataReceived):
+                r["body"] += e.data
+            if getattr(e, "stream_ended", False):
+                self.ended = self.ended or "ok"
+        self.changed.set()
+
+    async def until(self, cond, limit):
+        deadline = time.monotonic() + limit
+        while not cond() and self.ended is None:
+            self.changed.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self.changed.wait(), left)
+            except asyncio.TimeoutError:
+                return cond()
+        return cond()
+
+async def main():
+    cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
+    cfg.load_verify_locations(ca)
+    async with connect(host, port, configuration=cfg, create_protocol=Client, wait_connected=True) as c:
+        sid = c._quic.get_next_available_stream_id()
+        c.h3.send_headers(sid, [(b":method", spec["method"].encode()), (b":scheme", b"https"),
+            (b":authority", f"localhost:{port}".encode()), (b":path", spec["path"].encode()),
+            (b"user-agent", b"aioquic")] + [(n.encode(), v.encode()) for n, v in spec["headers"]])
+        c.transmit()
+        for i, m in enumerate(spec["messages"]):
+            data = bytes.fromhex(m)
+            want = len(c.r["body"]) + len(data)
+            c.h3.send_data(sid, data, end_stream=False)
+            c.transmit()
+            if not await c.until(lambda: len(c.r["body"]) >= want, 5):
+                print(json.dumps({"error": f"message {i}: no echo within 5 s ({c.ended}, {len(c.r['body'])} of {want} bytes)"}), flush=True)
+                os._exit(0)
+        c.h3.send_data(sid, b"", end_stream=True)
+        c.transmit()
+        await c.until(lambda: c.ended is not None, 10)
+        if c.ended != "ok":
+            print(json.dumps({"error": f"the response did not end: {c.ended}"}), flush=True)
+            os._exit(0)
+        r = c.r
+        print(json.dumps({"ok": [{"status": r["status"], "headers": r["headers"],
+            "trailers": r["trailers"], "body": r["body"].hex()}]}), flush=True)
+        c.close()
+        os._exit(0)
+
+try:
+    asyncio.run(asyncio.wait_for(main(), 60))
+except BaseException as e:
+    print(json.dumps({"error": f"{type(e).__name__}: {e}"}))
+"#;
+
+/// Runs [`PINGPONG`] against `addr`: `req`'s head (its `body` ignored), then each of
+/// `messages` once the previous one came back (a bidirectional stream, as gRPC's), then the
+/// request's end. `Err` names the message whose echo did not come.
+pub fn aioquic_pingpong(
+    addr: SocketAddr,
+    ca: &Path,
+    req: &H3Request,
+    messages: &[&[u8]],
+) -> Result<H3Response, String> {
+    let spec = serde_json::json!({
+        "method": req.method,
+        "path": req.path,
+        "headers": req.headers,
+        "messages": messages.iter().map(|m| hex(m)).collect::<Vec<_>>(),
+    });
+    let mut child = Command::new("python3")
+        .args(["-c", PINGPONG])
+        .arg(addr.ip().to_string())
+        .arg(addr.port().to_string())
+        .arg(ca)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(spec.to_string().as_bytes())
+            .expect("request written");
+    }
+    let out = child.wait_with_output().expect("python3 runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let first = text.lines().next().unwrap_or("");
+    let v: serde_json::Value = serde_json::from_str(first.trim()).map_err(|e| {
+        format!(
+            "aioquic printed no JSON ({e}): {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    if let Some(e) = v.get("error") {
+        return Err(e.to_string());
+    }
+    let first = v["ok"].as_array().and_then(|l| l.first()).cloned();
+    parse(first.unwrap_or_default())
 }

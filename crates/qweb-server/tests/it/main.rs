@@ -9,6 +9,7 @@ mod hostile;
 mod hostile_conn;
 mod hostile_paths;
 mod http3;
+mod http3_pipeline;
 mod http_details;
 mod idle;
 mod limits;
