@@ -160,7 +160,7 @@ pub fn close_unadopted() -> usize {
 }
 
 /// HTTP/3 datagrams this process forwarded to the other process of an upgrade, and received
-/// from it (see [`crate::runtime::quic_steer`]).
+/// from it (see `runtime/quic_steer.rs`).
 pub fn quic_forwarding() -> (u64, u64) {
     use std::sync::atomic::Ordering::Relaxed;
     (
