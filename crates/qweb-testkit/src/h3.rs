@@ -387,7 +387,7 @@ async def main():
 asyncio.run(main())
 "#;
 
-/// Runs [`PINGER`] against `addr`: `Some(elapsed)` when the server ended the connection within
+/// Runs the pinger script against `addr`: `Some(elapsed)` when the server ended the connection within
 /// `within` (PINGs every `every`), `None` when it was still open.
 pub fn aioquic_pinger(
     addr: SocketAddr,
@@ -511,7 +511,7 @@ except BaseException as e:
     print(json.dumps({"error": f"{type(e).__name__}: {e}"}))
 "#;
 
-/// Runs [`PINGPONG`] against `addr`: `req`'s head (its `body` ignored), then each of
+/// Runs the ping-pong script against `addr`: `req`'s head (its `body` ignored), then each of
 /// `messages` once the previous one came back (a bidirectional stream, as gRPC's), then the
 /// request's end. `Err` names the message whose echo did not come.
 pub fn aioquic_pingpong(
