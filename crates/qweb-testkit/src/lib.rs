@@ -99,20 +99,32 @@ where
 pub fn free_port() -> u16 {
     // Below the kernel's range for client sockets (32768 and up): a port taken from `:0` is
     // in that range, and a client socket of another test may take it before the server
-    // binds it. Each call starts past the last one's port (per process; processes start
-    // apart by their pid), and the port is free for TCP and UDP (HTTP/3 binds both).
-    use std::sync::atomic::{AtomicU16, Ordering::Relaxed};
-    static NEXT: AtomicU16 = AtomicU16::new(0);
-    const LOW: u16 = 10_000;
-    const SPAN: u16 = 22_000;
-    let _ = NEXT.compare_exchange(
-        0,
-        (std::process::id() % u32::from(SPAN)) as u16,
-        Relaxed,
-        Relaxed,
-    );
+    // binds it. The port is free for TCP and UDP (HTTP/3 binds both). Tests run in parallel
+    // processes (cargo-nextest: one per test), so each process walks the range from a start of
+    // its own (its pid and the clock, mixed) with a stride coprime with the span: two
+    // processes do not walk side by side, and one process never returns a port twice.
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    use std::sync::OnceLock;
+    const LOW: u64 = 10_000;
+    const SPAN: u64 = 22_000;
+    // prime, and 22 000 = 2^4 * 5^3 * 11: coprime, so the walk visits every port of the span
+    const STRIDE: u64 = 7_919;
+    static START: OnceLock<u64> = OnceLock::new();
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let start = *START.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let mut x = (u64::from(std::process::id()) << 32) | u64::from(nanos);
+        // splitmix64's finaliser
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^= x >> 31;
+        x % SPAN
+    });
     for _ in 0..SPAN {
-        let port = LOW + NEXT.fetch_add(1, Relaxed) % SPAN;
+        let k = CALLS.fetch_add(1, Relaxed) % SPAN;
+        let port = u16::try_from(LOW + (start + k * STRIDE) % SPAN).expect("below 32 000");
         let tcp = std::net::TcpListener::bind(("127.0.0.1", port));
         let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
         if tcp.is_ok() && udp.is_ok() {
