@@ -14,8 +14,8 @@ const CODECS: [&str; 3] = ["gzip", "br", "zstd"];
 const CHUNK: usize = 4096;
 
 /// Decodes a body sent with `Content-Encoding: coding`; panics when it is not ONE valid
-/// stream of that coding.
-fn decode(coding: &str, data: &[u8]) -> Vec<u8> {
+/// stream of that coding. (Also used by `http3_pipeline`.)
+pub(crate) fn decode(coding: &str, data: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     match coding {
         "gzip" => {

@@ -9,18 +9,16 @@
 use qweb_testkit as common;
 
 use std::convert::Infallible;
-use std::io::Read;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, UNIX_EPOCH};
 
-use bytes::Bytes;
+use crate::compression::decode;
+use crate::proxy_h2::Echo;
 use common::h3::{aioquic, aioquic_available, aioquic_pingpong, H3Request, H3Response};
 use common::{upstream, TestServer};
-use hyper::body::{Body, Frame, Incoming};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 
@@ -63,31 +61,6 @@ async fn fetch(t: &TestServer, reqs: Vec<H3Request>) -> Vec<H3Response> {
     tokio::task::spawn_blocking(move || fetch_blocking(addr, &ca, &reqs))
         .await
         .unwrap()
-}
-
-/// Decodes a body sent with `Content-Encoding: coding` (one whole stream of it).
-fn decode(coding: &str, data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    match coding {
-        "gzip" => {
-            let mut d = flate2::read::GzDecoder::new(data);
-            d.read_to_end(&mut out).expect("gzip");
-            assert!(d.into_inner().is_empty(), "bytes after the gzip member");
-        }
-        "br" => {
-            brotli::Decompressor::new(data, 4096)
-                .read_to_end(&mut out)
-                .expect("br");
-        }
-        "zstd" => {
-            zstd::stream::read::Decoder::new(data)
-                .expect("zstd")
-                .read_to_end(&mut out)
-                .expect("zstd");
-        }
-        other => panic!("unexpected coding {other}"),
-    }
-    out
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -400,42 +373,6 @@ async fn compression_on_the_fly_over_h3() {
 
 // ---------------------------------------------------------------------------------------------
 // Reverse proxy: HTTP/2 and TLS upstreams, trailers
-
-/// The request body echoed frame by frame, then `grpc-status: 0` trailers.
-struct Echo {
-    inner: Incoming,
-    done: bool,
-}
-
-impl Body for Echo {
-    type Data = Bytes;
-    type Error = hyper::Error;
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        loop {
-            if self.done {
-                return Poll::Ready(None);
-            }
-            return match Pin::new(&mut self.inner).poll_frame(cx) {
-                Poll::Ready(Some(Ok(f))) => match f.into_data() {
-                    Ok(d) => Poll::Ready(Some(Ok(Frame::data(d)))),
-                    Err(_) => continue, // the client's trailers
-                },
-                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
-                Poll::Ready(None) => {
-                    self.done = true;
-                    let mut t = http::HeaderMap::new();
-                    t.insert("grpc-status", "0".parse().unwrap());
-                    t.insert("grpc-message", "ok".parse().unwrap());
-                    Poll::Ready(Some(Ok(Frame::trailers(t))))
-                }
-                Poll::Pending => Poll::Pending,
-            };
-        }
-    }
-}
 
 /// A gRPC-shaped answer: `application/grpc`, the request's version, `TE` and path in
 /// headers, the body echoed, then `grpc-status` trailers (HTTP/1.1: sent only when the

@@ -19,10 +19,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
 use tokio::net::TcpListener;
 
-/// The request body echoed frame by frame, then `grpc-status: 0` trailers.
-struct Echo {
-    inner: Incoming,
-    done: bool,
+/// The request body echoed frame by frame, then `grpc-status: 0` trailers (also the
+/// upstream of `http3_pipeline`'s gRPC-shaped tests).
+pub(crate) struct Echo {
+    pub(crate) inner: Incoming,
+    pub(crate) done: bool,
 }
 
 impl Body for Echo {
