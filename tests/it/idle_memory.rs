@@ -437,7 +437,7 @@ async fn one_h2(addr: &str, tls: &tokio_rustls::TlsConnector) -> Conn {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idle_h2_connections_cost_at_most_16_kib_each() {
+async fn idle_h2_connections_cost_at_most_12_kib_each() {
     let dir = tempfile::tempdir().unwrap();
     let (config, client) = setup(dir.path(), Proto::H2);
     // (the connections opened first must outlive the opening of the others)
