@@ -1,6 +1,7 @@
-//! HTTP primitives, the bottom layer: response bodies, generated responses, request-path normalisation, request rules and the raw head scan. Imports nothing above it but `config`.
+//! HTTP primitives, the bottom layer: response bodies, generated responses, request-path normalisation, request rules, and HTTP/1.1 on the wire (`h1`). Imports nothing above it but `config`.
 
 pub(crate) mod body;
+pub(crate) mod h1;
 pub(crate) mod head_scan;
 pub(crate) mod path;
 pub(crate) mod request_body;

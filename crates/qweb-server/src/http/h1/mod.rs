@@ -1,0 +1,15 @@
+//! HTTP/1.1 on the wire, without I/O (RFC 9112): request heads parsed in one pass over the
+//! connection's read buffer ([`parse`]), request bodies decoded from it ([`decode`]), and
+//! response heads and body framing encoded ([`encode`]). The connection driver
+//! (`crate::conn::h1`) owns the socket and the buffers; this layer only reads and writes
+//! bytes, so each rule is written once and tested without a socket.
+//!
+//! Where RFC 9112 leaves a choice, the stricter reading is taken: bare CR is refused
+//! everywhere, chunked framing needs CRLF (a bare LF in a chunk line is refused, as the
+//! "funky chunks" smuggling research recommends), `Content-Length` is digits only, and a
+//! request whose framing two hops could read differently (`Transfer-Encoding` with
+//! `Content-Length`, or a coding list that does not end in `chunked`) is never kept alive.
+
+pub(crate) mod decode;
+pub(crate) mod encode;
+pub(crate) mod parse;
