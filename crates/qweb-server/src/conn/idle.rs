@@ -1,28 +1,25 @@
 //! Idle HTTP/1 keep-alive connections hold no HTTP buffers.
 //!
-//! hyper's HTTP/1 connection keeps an 8 KiB read buffer and an 8 KiB write buffer for as long
-//! as it lives. Between two requests `conn.rs` takes it apart (`into_parts`) and the
-//! connection waits for its next request as its transport alone (the socket, or the TLS stream
-//! with rustls' own state), plus its [`ConnState`]; a new hyper connection is built when the
-//! next request's bytes arrive (as nginx frees its buffers in `ngx_http_set_keepalive` and
-//! allocates them again on the next read).
+//! The HTTP/1 driver (`crate::conn::h1`) frees its read buffer while a connection waits for
+//! its next request, and waits for the socket to become readable without one ([`ReadReady`]);
+//! the buffer is allocated again when the next request's bytes arrive (as nginx frees its
+//! buffers in `ngx_http_set_keepalive` and allocates them again on the next read). An idle
+//! connection is its transport (the socket, or the TLS stream with rustls' own state), its
+//! [`crate::session::ConnState`] and the driver's small state.
 //!
-//! A connection that has served more than one request is taken apart only after it stayed
-//! idle for `conn.rs`'s `PARK_AFTER` (10 ms); after its first request it parks at once (most
-//! connections that go idle then stay idle). Under keep-alive load the next request arrives sooner, and parking for every
-//! request cost an eventfd wake-up (0.37 `write` calls per request under `wrk -c8`) without
-//! saving memory that matters. A grace for every connection was worse for bursts of new
-//! connections: 1 000 opened at once all held hyper's 16 KiB at the same time, and the
-//! allocator kept those pages (bench F: 16.6 KiB per idle connection with 100 ms, 11.7 with
-//! 10 ms, instead of 10.3).
+//! A connection that has served more than one request frees its buffer only after it stayed
+//! idle for the driver's `PARK_AFTER` (10 ms); after its first request it does at once (most
+//! connections that go idle then stay idle). Under keep-alive load the next request arrives
+//! sooner, and parking for every request cost an eventfd wake-up (0.37 `write` calls per
+//! request under `wrk -c8`, measured with hyper's connection) without saving memory that
+//! matters. A grace for every connection was worse for bursts of new connections: 1 000
+//! opened at once all held their buffers at the same time, and the allocator kept those
+//! pages.
 //!
-//! Taking hyper apart is safe only when it holds nothing of the exchange: [`IdleWatch`] is
-//! told what hyper does with the transport (by `conn.rs`'s `Tracked` wrapper) and what it
-//! hands to the service, and [`IdleWatch::parkable`] says when every request hyper read has
-//! been answered, every byte it wrote was flushed, it asks for more bytes, and the last
-//! request had no body (so hyper is not draining one).
+//! A parked connection is idle only if its client took what it was sent: [`SendQueue`]
+//! watches the socket's send queue, and a client that takes nothing for `send_timeout` is cut
+//! (hostile round 3: a pipelining client that never reads).
 
-use std::cell::Cell;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::task::{Context, Poll};
@@ -30,8 +27,6 @@ use std::time::Duration;
 
 use tokio::net::TcpStream;
 use tokio::time::Instant;
-
-use crate::session::{ConnState, Phase};
 
 /// A transport an idle connection can wait on without a read buffer.
 pub(crate) trait ReadReady {
@@ -121,153 +116,5 @@ impl ReadReady for qweb_tls::TlsStream {
 
     fn socket_fd(&self) -> RawFd {
         self.socket().as_raw_fd()
-    }
-}
-
-/// What one HTTP/1 connection's hyper did lately, to tell when it can be taken apart.
-#[derive(Default)]
-pub(crate) struct IdleWatch {
-    /// Bytes were written since the last completed flush.
-    unflushed: Cell<bool>,
-    /// hyper's last read found nothing (and nothing was written since).
-    read_waiting: Cell<bool>,
-    /// Requests hyper handed to the service (over the connection's life).
-    handed: Cell<u64>,
-    /// The last of them came with a body or asked for an upgrade.
-    last_had_body: Cell<bool>,
-    /// A request was handed and no flush has completed since every request was done. A
-    /// response hyper holds in its own write buffer is invisible to the transport: its request
-    /// may be done (an empty body is dropped before the head is written) while hyper, pushed
-    /// back by the write burst, has not written it yet.
-    unanswered: Cell<bool>,
-}
-
-impl IdleWatch {
-    /// hyper handed a request to the service; `has_body`: it came with a body (one hyper may
-    /// still be reading or draining after the response) or asked for an upgrade or CONNECT
-    /// (after which the connection may carry another protocol).
-    pub(crate) fn handed(&self, has_body: bool) {
-        self.handed.set(self.handed.get() + 1);
-        self.last_had_body.set(has_body);
-        self.unanswered.set(true);
-    }
-
-    /// How many requests hyper handed to the service so far.
-    pub(crate) fn handed_count(&self) -> u64 {
-        self.handed.get()
-    }
-
-    /// A read returned bytes.
-    pub(crate) fn on_read(&self) {
-        self.read_waiting.set(false);
-    }
-
-    /// A read found nothing. Wakes the connection's loop (through `state.changed`) when this
-    /// may be the moment hyper went idle: once per quiet spell, never on every poll.
-    pub(crate) fn on_read_pending(&self, state: &ConnState) {
-        if !self.read_waiting.replace(true) && !self.unflushed.get() {
-            state.changed.notify_one();
-        }
-    }
-
-    /// A write took `n` bytes.
-    pub(crate) fn on_write(&self, n: usize) {
-        if n > 0 {
-            self.unflushed.set(true);
-            self.read_waiting.set(false);
-        }
-    }
-
-    /// A flush completed: everything written so far is on the socket.
-    pub(crate) fn on_flushed(&self, state: &ConnState) {
-        if state.in_flight() == 0 && self.handed.get() == state.requests_started() {
-            // hyper flushes only once its own buffer is written: every answer is out
-            self.unanswered.set(false);
-        }
-        if self.unflushed.replace(false) && self.read_waiting.get() {
-            state.changed.notify_one();
-        }
-    }
-
-    /// A new hyper connection starts on the transport.
-    pub(crate) fn restart(&self) {
-        self.unflushed.set(false);
-        self.read_waiting.set(false);
-    }
-
-    /// Whether hyper holds nothing of any exchange: every request it handed over was started
-    /// and answered (its response body finished, and a flush completed after that), it
-    /// flushed all it wrote and then asked for more bytes, and the last request had no body.
-    pub(crate) fn parkable(&self, state: &ConnState) -> bool {
-        self.read_waiting.get()
-            && !self.unflushed.get()
-            && !self.unanswered.get()
-            && !self.last_had_body.get()
-            && self.handed.get() == state.requests_started()
-            && state.in_flight() == 0
-            && state.phase() == Phase::AwaitRequest
-    }
-}
-
-/// Waits until `io` has bytes (or end of stream, or an error) without a read buffer.
-pub(crate) async fn wait_readable<T: ReadReady>(io: &mut T) -> io::Result<()> {
-    std::future::poll_fn(|cx| io.poll_read_ready(cx)).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn state() -> ConnState {
-        ConnState::new("127.0.0.1:1".parse().unwrap())
-    }
-
-    /// One bodiless request: parkable only once its response was flushed and hyper asked for
-    /// more; a request with a body never is.
-    #[test]
-    fn parkable_only_after_a_flushed_answer_to_a_bodiless_request() {
-        let s = std::rc::Rc::new(state());
-        let w = IdleWatch::default();
-        w.on_read_pending(&s);
-        assert!(w.parkable(&s), "a fresh connection waiting for bytes");
-        w.on_read();
-        w.handed(false);
-        assert!(!w.parkable(&s), "handed, not yet started");
-        let guard = s.request_started_guard();
-        w.on_read_pending(&s); // hyper checks for EOF while serving
-        assert!(!w.parkable(&s), "in flight");
-        w.on_write(100);
-        drop(guard);
-        w.on_read_pending(&s);
-        assert!(!w.parkable(&s), "written, not flushed");
-        w.on_flushed(&s);
-        assert!(w.parkable(&s));
-
-        w.on_read();
-        w.handed(true);
-        let guard = s.request_started_guard();
-        w.on_write(10);
-        w.on_flushed(&s);
-        drop(guard);
-        w.on_read_pending(&s);
-        assert!(!w.parkable(&s), "hyper may still drain the body");
-    }
-
-    /// A response hyper has not written yet (its empty body already dropped, so the request
-    /// is done) keeps the connection from parking until a flush follows.
-    #[test]
-    fn a_done_request_is_not_parkable_until_its_answer_is_flushed() {
-        let s = std::rc::Rc::new(state());
-        let w = IdleWatch::default();
-        w.on_read();
-        w.handed(false);
-        w.on_read_pending(&s); // hyper looks for more bytes while the service runs
-        let guard = s.request_started_guard();
-        drop(guard); // the body was empty: dropped before hyper wrote the head
-        assert!(!w.parkable(&s), "the head is still in hyper's buffer");
-        w.on_write(40);
-        w.on_flushed(&s);
-        w.on_read_pending(&s);
-        assert!(w.parkable(&s));
     }
 }

@@ -46,18 +46,21 @@ impl LazyTimer {
 
     /// Waits until the armed time (forever when unarmed); the timer is unarmed after it fires.
     pub(crate) fn fired(&mut self) -> impl Future<Output = ()> + '_ {
-        std::future::poll_fn(move |cx: &mut Context<'_>| {
-            if self.armed.is_none() {
-                return Poll::Pending;
+        std::future::poll_fn(move |cx: &mut Context<'_>| self.poll_fired(cx))
+    }
+
+    /// [`LazyTimer::fired`] for a caller that polls.
+    pub(crate) fn poll_fired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.armed.is_none() {
+            return Poll::Pending;
+        }
+        match self.sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                self.armed = None;
+                Poll::Ready(())
             }
-            match self.sleep.as_mut().poll(cx) {
-                Poll::Ready(()) => {
-                    self.armed = None;
-                    Poll::Ready(())
-                }
-                Poll::Pending => Poll::Pending,
-            }
-        })
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 

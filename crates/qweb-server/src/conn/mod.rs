@@ -32,7 +32,7 @@ use tokio::net::TcpStream;
 use tokio::time::{sleep_until, Instant};
 
 use crate::conn::h2_flood::FloodMeter;
-use crate::conn::idle::{IdleWatch, ReadReady};
+use crate::conn::idle::ReadReady;
 use crate::conn::write_burst::WriteBurst;
 use crate::session::logged::Logged;
 use crate::session::{ConnState, StreamCancel};
@@ -98,8 +98,6 @@ struct Tracked<T> {
     flood: Option<Box<(FloodMeter, usize)>>,
     /// Bytes written in a row; past `[limits] write_burst` the worker turns to the others.
     burst: WriteBurst,
-    /// HTTP/1: told what hyper does with the transport (see [`crate::conn::idle`]).
-    idle: Option<Rc<IdleWatch>>,
 }
 
 impl<T> Tracked<T> {
@@ -110,7 +108,6 @@ impl<T> Tracked<T> {
             prefix: None,
             flood: None,
             burst: WriteBurst::new(write_burst),
-            idle: None,
         }
     }
 
@@ -121,9 +118,6 @@ impl<T> Tracked<T> {
                 self.state.on_write(false);
                 let n = n(v);
                 self.burst.wrote(n);
-                if let Some(w) = &self.idle {
-                    w.on_write(n);
-                }
             }
             Poll::Pending => {
                 self.state.on_write(true);
@@ -206,22 +200,13 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Tracked<T> {
                 prefix.split_to(n)
             };
             buf.put_slice(&chunk);
-            if let Some(w) = &self.idle {
-                w.on_read();
-            }
             return Poll::Ready(Ok(()));
         }
         let before = buf.filled().len();
         let this = &mut *self;
         let r = Pin::new(&mut this.inner).poll_read(cx, buf);
-        if let Some(w) = &this.idle {
-            match r {
-                Poll::Pending => w.on_read_pending(&this.state),
-                Poll::Ready(_) => w.on_read(),
-            }
-        }
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            this.state.on_read(&buf.filled()[before..]);
+            this.state.on_read();
             if let Some((m, _)) = this.flood.as_deref_mut() {
                 if m.on_read(&buf.filled()[before..]) {
                     // Over budget: hyper sees none of it; GOAWAY, then the end.
@@ -294,9 +279,6 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let r = Pin::new(&mut self.inner).poll_flush(cx);
         self.on_write(&r, |_| 0);
-        if let (Poll::Ready(Ok(())), Some(w)) = (&r, &self.idle) {
-            w.on_flushed(&self.state);
-        }
         r
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -466,23 +448,6 @@ async fn drive<T, H: Host, S: Handle>(
 ) where
     T: AsyncRead + AsyncWrite + ReadReady + Unpin + 'static,
 {
-    let watch = Rc::new(IdleWatch::default());
-    let handed = watch.clone();
-    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-        use hyper::body::Body as _;
-        handed.handed(
-            !req.body().is_end_stream()
-                || req.method() == hyper::Method::CONNECT
-                || req.headers().contains_key(hyper::header::UPGRADE),
-        );
-        let svc = svc.clone();
-        // boxed: an HTTP/1 connection is polled without its shutdown (to be taken apart
-        // after an upgrade), which needs an `Unpin` future
-        Box::pin(async move {
-            let req = req.map(crate::http::request_body::RequestBody::Hyper);
-            Ok::<_, Infallible>(svc.call(req).await)
-        }) as ServiceFuture
-    });
     // A connection that completed its handshake after shutdown began (it was paused) still
     // gets its first request served.
     let late = *worker.shutdown().borrow();
@@ -492,18 +457,24 @@ async fn drive<T, H: Host, S: Handle>(
         crate::observe::metrics::HttpProtocol::Http1
     };
     let _open = crate::observe::metrics::ProtocolOpen::new(worker.metrics(), protocol);
-    if h2 {
-        // Boxed: what an HTTP/2 connection holds while it lives does not size the task of
-        // every connection (see `crate::conn::idle`).
-        Box::pin(h2::serve(io, state, worker, service)).await;
-    } else {
-        h1::serve(io, state, worker, service, watch, late).await;
+    if !h2 {
+        h1::serve(io, state, worker, svc, late).await;
+        return;
     }
+    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        let svc = svc.clone();
+        Box::pin(async move {
+            let req = req.map(crate::http::request_body::RequestBody::Hyper);
+            Ok::<_, Infallible>(svc.call(req).await)
+        }) as ServiceFuture
+    });
+    // Boxed: what an HTTP/2 connection holds while it lives does not size the task of every
+    // connection (see `crate::conn::idle`).
+    Box::pin(h2::serve(io, state, worker, service)).await;
 }
 
-/// What hyper's connections are given: the connection's [`Handle`] behind hyper's service
-/// interface, with a boxed future (an HTTP/1 connection is polled without its shutdown, to be
-/// taken apart after an upgrade, which needs an `Unpin` future).
+/// What hyper's HTTP/2 connections are given: the connection's [`Handle`] behind hyper's
+/// service interface, with a boxed future.
 pub(crate) trait HyperService:
     hyper::service::Service<
         hyper::Request<hyper::body::Incoming>,

@@ -2,7 +2,6 @@
 
 pub(crate) mod body;
 pub(crate) mod h1;
-pub(crate) mod head_scan;
 pub(crate) mod path;
 pub(crate) mod request_body;
 pub(crate) mod request_rules;

@@ -1,9 +1,12 @@
-//! [`RequestBody`]: the one request-body type of every protocol. HTTP/1.1 and HTTP/2 bodies
-//! are hyper's [`Incoming`]; an HTTP/3 body is the receive half of the request's QUIC stream
-//! (DATA frames, then trailers). The pipeline and the proxy see only this type.
+//! [`RequestBody`]: the one request-body type of every protocol. An HTTP/1.1 body is what
+//! qweb's own connection driver decodes into a [`BodyPipe`]; an HTTP/2 body is hyper's
+//! [`Incoming`]; an HTTP/3 body is the receive half of the request's QUIC stream (DATA frames,
+//! then trailers). The pipeline and the proxy see only this type.
 
+use std::cell::RefCell;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
 
 use bytes::{Buf, Bytes};
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -16,7 +19,11 @@ pub(crate) type H3Recv = h3::server::RequestStream<h3_quinn::RecvStream, Bytes>;
 
 /// A request's body, whichever protocol carried it.
 pub(crate) enum RequestBody {
-    /// HTTP/1.1 or HTTP/2 (hyper).
+    /// No body (an HTTP/1.1 request without one).
+    Empty,
+    /// HTTP/1.1: the bytes the connection driver decodes (see [`BodyPipe`]).
+    H1(H1Body),
+    /// HTTP/2 (hyper).
     Hyper(Incoming),
     /// HTTP/3: the request stream's DATA frames, then its trailers (boxed: the stream is
     /// larger than hyper's body).
@@ -65,6 +72,8 @@ impl HttpBody for RequestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
+            RequestBody::Empty => Poll::Ready(None),
+            RequestBody::H1(b) => b.poll_frame(cx),
             RequestBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
             RequestBody::H3(b) => b.poll_frame(cx),
         }
@@ -72,6 +81,8 @@ impl HttpBody for RequestBody {
 
     fn is_end_stream(&self) -> bool {
         match self {
+            RequestBody::Empty => true,
+            RequestBody::H1(b) => b.is_end_stream(),
             RequestBody::Hyper(b) => b.is_end_stream(),
             RequestBody::H3(b) => b.done || (b.length == Some(0) && b.data_done),
         }
@@ -79,6 +90,8 @@ impl HttpBody for RequestBody {
 
     fn size_hint(&self) -> SizeHint {
         match self {
+            RequestBody::Empty => SizeHint::with_exact(0),
+            RequestBody::H1(b) => b.size_hint(),
             RequestBody::Hyper(b) => b.size_hint(),
             RequestBody::H3(b) => match b.length {
                 Some(n) => SizeHint::with_exact(n.saturating_sub(b.seen)),
@@ -131,5 +144,148 @@ impl H3Body {
             Ok(None) => None,
             Err(e) => Some(Err(Box::new(e) as BoxError)),
         })
+    }
+}
+
+/// An HTTP/1.1 request body: frames the connection driver decodes from its read buffer,
+/// handed over one at a time through a [`BodyPipe`]. The driver reads from the socket only
+/// when the body is asked for a frame (so a body nobody reads is never read), and a
+/// `Content-Length` body knows its size.
+pub(crate) struct H1Body {
+    pipe: Rc<RefCell<Pipe>>,
+}
+
+/// The connection driver's end of an [`H1Body`].
+#[derive(Clone)]
+pub(crate) struct BodyPipe(Rc<RefCell<Pipe>>);
+
+#[derive(Default)]
+struct Pipe {
+    /// A frame decoded and not yet taken.
+    frame: Option<Frame<Bytes>>,
+    /// No frame follows the one held (or none is held and the body is over).
+    ended: bool,
+    /// Why the body failed (given once, then the body is over).
+    failed: Option<crate::http::h1::decode::BodyError>,
+    /// The body asked for a frame and has none.
+    wanted: bool,
+    /// Bytes the body still announces (`Content-Length`).
+    remaining: Option<u64>,
+    /// The body's consumer, woken when a frame or the end arrives.
+    consumer: Option<Waker>,
+    /// The connection driver, woken when the body wants a frame or is dropped.
+    driver: Option<Waker>,
+    /// The body was dropped.
+    dropped: bool,
+}
+
+impl BodyPipe {
+    /// A pipe and its body; `length`: the body's `Content-Length`, if it has one.
+    pub(crate) fn new(length: Option<u64>) -> (BodyPipe, RequestBody) {
+        let pipe = Rc::new(RefCell::new(Pipe {
+            remaining: length,
+            ..Pipe::default()
+        }));
+        (BodyPipe(pipe.clone()), RequestBody::H1(H1Body { pipe }))
+    }
+
+    /// The body asked for a frame the driver has not given yet.
+    pub(crate) fn wanted(&self) -> bool {
+        let p = self.0.borrow();
+        p.wanted && p.frame.is_none() && !p.ended && p.failed.is_none() && !p.dropped
+    }
+
+    /// The body was dropped before its end (nobody will read the rest).
+    pub(crate) fn abandoned(&self) -> bool {
+        let p = self.0.borrow();
+        p.dropped && !p.ended
+    }
+
+    /// Wakes the driver with `w` when the body wants a frame or is dropped.
+    pub(crate) fn register(&self, w: &Waker) {
+        let mut p = self.0.borrow_mut();
+        match &p.driver {
+            Some(d) if d.will_wake(w) => {}
+            _ => p.driver = Some(w.clone()),
+        }
+    }
+
+    /// Hands over a frame; `last`: the body ends with it.
+    pub(crate) fn push(&self, frame: Frame<Bytes>, last: bool) {
+        let mut p = self.0.borrow_mut();
+        p.frame = Some(frame);
+        p.ended |= last;
+        p.wanted = false;
+        if let Some(w) = p.consumer.take() {
+            w.wake();
+        }
+    }
+
+    /// The body is over.
+    pub(crate) fn end(&self) {
+        let mut p = self.0.borrow_mut();
+        p.ended = true;
+        if let Some(w) = p.consumer.take() {
+            w.wake();
+        }
+    }
+
+    /// The body failed.
+    pub(crate) fn fail(&self, e: crate::http::h1::decode::BodyError) {
+        let mut p = self.0.borrow_mut();
+        p.failed = Some(e);
+        if let Some(w) = p.consumer.take() {
+            w.wake();
+        }
+    }
+}
+
+impl H1Body {
+    fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut p = self.pipe.borrow_mut();
+        if let Some(f) = p.frame.take() {
+            if let (Some(d), Some(r)) = (f.data_ref(), p.remaining.as_mut()) {
+                *r = r.saturating_sub(d.len() as u64);
+            }
+            return Poll::Ready(Some(Ok(f)));
+        }
+        if let Some(e) = p.failed.take() {
+            p.ended = true;
+            return Poll::Ready(Some(Err(Box::new(e))));
+        }
+        if p.ended {
+            return Poll::Ready(None);
+        }
+        p.wanted = true;
+        match &p.consumer {
+            Some(c) if c.will_wake(cx.waker()) => {}
+            _ => p.consumer = Some(cx.waker().clone()),
+        }
+        if let Some(d) = p.driver.take() {
+            d.wake();
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        let p = self.pipe.borrow();
+        p.ended && p.frame.is_none() && p.failed.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.pipe.borrow().remaining {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
+    }
+}
+
+impl Drop for H1Body {
+    fn drop(&mut self) {
+        let mut p = self.pipe.borrow_mut();
+        p.dropped = true;
+        if let Some(d) = p.driver.take() {
+            d.wake();
+        }
     }
 }

@@ -130,22 +130,6 @@ impl Service {
         resp.map(|b| Logged::new(b, record, guard, tunnel))
     }
 
-    /// `Transfer-Encoding` with a `Content-Length` that hyper's parser dropped (see
-    /// [`crate::http::head_scan`]).
-    fn check_framing<B>(&self, req: &Request<B>) -> Result<(), request_rules::Refusal> {
-        if req.version() <= Version::HTTP_11
-            && req.headers().contains_key(header::TRANSFER_ENCODING)
-            && self.conn.head_had_content_length()
-        {
-            return Err(request_rules::Refusal {
-                status: StatusCode::BAD_REQUEST,
-                close: true,
-                reason: "Transfer-Encoding with Content-Length",
-            });
-        }
-        Ok(())
-    }
-
     /// The answer to an ACME HTTP-01 challenge (`GET /.well-known/acme-challenge/TOKEN`
     /// while an order of this configuration waits for it), before any redirect or route.
     fn acme_answer<B>(&self, req: &Request<B>) -> Option<Response<Body>> {
@@ -238,7 +222,7 @@ impl Service {
             }
             return r;
         }
-        let checked = request_rules::check(&req).and_then(|a| self.check_framing(&req).map(|()| a));
+        let checked = request_rules::check(&req);
         let site = self
             .worker
             .sites

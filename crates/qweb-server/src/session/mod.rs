@@ -15,8 +15,6 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::http::head_scan::HeadScan;
-
 tokio::task_local! {
     /// The HTTP/2 stream task a request runs in (none for HTTP/1).
     static STREAM: Rc<StreamCancel>;
@@ -149,8 +147,6 @@ pub(crate) struct ConnState {
     started: Cell<u64>,
     last_activity: Cell<Instant>,
     head_started: Cell<Option<Instant>>,
-    /// What the current HTTP/1 request head's bytes showed (see [`HeadScan`]).
-    head_scan: Cell<HeadScan>,
     /// Writes to the client have been refused (socket buffer full) since then.
     write_blocked_since: Cell<Option<Instant>>,
     responses: RefCell<Vec<Rc<Sending>>>,
@@ -179,7 +175,6 @@ impl ConnState {
             started: Cell::new(0),
             last_activity: Cell::new(Instant::now()),
             head_started: Cell::new(None),
-            head_scan: Cell::new(HeadScan::default()),
             write_blocked_since: Cell::new(None),
             responses: RefCell::new(Vec::new()),
             flood: Cell::new(false),
@@ -236,25 +231,16 @@ impl ConnState {
         self.changed.notify_one();
     }
 
-    /// Bytes were read from the client.
-    pub(crate) fn on_read(&self, bytes: &[u8]) {
+    /// Bytes were read from the client (with no request in flight: a head is arriving, and
+    /// its deadline runs).
+    pub(crate) fn on_read(&self) {
         let now = Instant::now();
         self.last_activity.set(now);
-        let mut scan = self.head_scan.get();
         if self.in_flight.get() == 0 && self.head_started.get().is_none() {
             self.head_started.set(Some(now));
             self.phase.set(Phase::ReadingHead);
             self.changed.notify_one();
-            scan.start();
         }
-        scan.feed(bytes);
-        self.head_scan.set(scan);
-    }
-
-    /// The current HTTP/1 request's head had a `Content-Length` field (hyper hides it when
-    /// `Transfer-Encoding` is present too).
-    pub(crate) fn head_had_content_length(&self) -> bool {
-        self.head_scan.get().saw_content_length()
     }
 
     /// A write to the client was refused (`blocked`) or made progress.

@@ -432,7 +432,8 @@ async fn redirects_keep_the_query_and_refuse_hostile_hosts() {
             "{host:?}: {out}"
         );
     }
-    // HTTP/1.0 without Host, no SNI: no host to redirect to
+    // HTTP/1.0 without Host, no SNI: no host to redirect to (answered as HTTP/1.1, the
+    // highest version of the client's major one: RFC 9110 section 2.5, as nginx does)
     let out = common::raw_exchange(
         s.addrs[2],
         b"GET /p HTTP/1.0\r\n\r\n",
@@ -440,7 +441,7 @@ async fn redirects_keep_the_query_and_refuse_hostile_hosts() {
     )
     .await;
     assert!(
-        String::from_utf8_lossy(&out).starts_with("HTTP/1.0 400"),
+        String::from_utf8_lossy(&out).starts_with("HTTP/1.1 400"),
         "{}",
         String::from_utf8_lossy(&out)
     );

@@ -99,15 +99,6 @@ impl Decoder {
         matches!(self, Decoder::Done)
     }
 
-    /// Bytes the body still announces (`Content-Length` only).
-    pub(crate) fn remaining(&self) -> Option<u64> {
-        match self {
-            Decoder::Length(n) => Some(*n),
-            Decoder::Done => Some(0),
-            Decoder::Chunked(_) => None,
-        }
-    }
-
     /// Decodes what `buf` holds. `eof`: the client closed its side; what is missing then is an
     /// error.
     pub(crate) fn decode(&mut self, buf: &mut BytesMut, eof: bool) -> Result<Decoded, BodyError> {
@@ -156,7 +147,9 @@ impl Chunked {
                 if buf.is_empty() {
                     return Ok(Decoded::More);
                 }
-                let n = usize::try_from(self.size).unwrap_or(usize::MAX).min(buf.len());
+                let n = usize::try_from(self.size)
+                    .unwrap_or(usize::MAX)
+                    .min(buf.len());
                 self.size -= n as u64;
                 if self.size == 0 {
                     self.at = At::DataCr;
@@ -320,9 +313,15 @@ mod tests {
             assert!(run(bad, 64).is_err(), "{:?}", String::from_utf8_lossy(bad));
         }
         let ext = format!("1;{}\r\na\r\n0\r\n\r\n", "e".repeat(MAX_EXTENSIONS + 1));
-        assert_eq!(run(ext.as_bytes(), 4096).unwrap_err(), BodyError::Chunked("chunk extensions too long"));
+        assert_eq!(
+            run(ext.as_bytes(), 4096).unwrap_err(),
+            BodyError::Chunked("chunk extensions too long")
+        );
         let big = format!("1\r\na\r\n0\r\nX: {}\r\n\r\n", "v".repeat(2000));
-        assert_eq!(run(big.as_bytes(), 100).unwrap_err(), BodyError::TrailersTooLarge);
+        assert_eq!(
+            run(big.as_bytes(), 100).unwrap_err(),
+            BodyError::TrailersTooLarge
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use std::cell::RefCell;
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName};
 use http::{Method, StatusCode, Version};
 
 /// What the request said that shapes its response.
@@ -26,7 +26,12 @@ pub(crate) struct Asked {
 
 impl Asked {
     /// From the request's method and the parsed head's flags.
-    pub(crate) fn new(method: &Method, version: Version, keep_alive: bool, te_trailers: bool) -> Self {
+    pub(crate) fn new(
+        method: &Method,
+        version: Version,
+        keep_alive: bool,
+        te_trailers: bool,
+    ) -> Self {
         Asked {
             head: method == Method::HEAD,
             version,
@@ -133,11 +138,13 @@ pub(crate) fn head(
         }
         field(dst, name.as_str().as_bytes(), value.as_bytes());
     }
-    let framing = if status == StatusCode::SWITCHING_PROTOCOLS {
+    // (101 is informational: no content, the bytes after its head are the tunnel's)
+    let framing = if no_content {
         Framing::None
-    } else if no_content {
-        Framing::None
-    } else if let Some(n) = length.or(body.exact).filter(|_| !body.empty || length.is_some()) {
+    } else if let Some(n) = length
+        .or(body.exact)
+        .filter(|_| !body.empty || length.is_some())
+    {
         length_field(dst, n);
         if asked.head {
             Framing::None
@@ -190,7 +197,12 @@ fn connection_fields(dst: &mut Vec<u8>, headers: &HeaderMap, version: Version, k
             said_close |= t.eq_ignore_ascii_case(b"close");
             said_keep |= t.eq_ignore_ascii_case(b"keep-alive");
         }
-        if keep_alive || !v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"keep-alive") {
+        if keep_alive
+            || !v
+                .as_bytes()
+                .trim_ascii()
+                .eq_ignore_ascii_case(b"keep-alive")
+        {
             field(dst, b"connection", v.as_bytes());
         }
     }
@@ -251,7 +263,11 @@ pub(crate) fn chunk_size(dst: &mut Vec<u8>, n: usize) {
 }
 
 /// The last chunk with the trailer fields `allowed` lets through.
-pub(crate) fn last_chunk(dst: &mut Vec<u8>, trailers: Option<&HeaderMap>, allowed: Option<&[HeaderName]>) {
+pub(crate) fn last_chunk(
+    dst: &mut Vec<u8>,
+    trailers: Option<&HeaderMap>,
+    allowed: Option<&[HeaderName]>,
+) {
     dst.extend_from_slice(b"0\r\n");
     if let (Some(t), Some(allowed)) = (trailers, allowed) {
         for (name, value) in t {
@@ -310,14 +326,29 @@ fn with_date(f: impl FnOnce(&[u8])) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header::HeaderValue;
 
-    fn enc(status: u16, headers: &[(&str, &str)], body: BodyHint, asked: Asked) -> (String, Encoded) {
+    fn enc(
+        status: u16,
+        headers: &[(&str, &str)],
+        body: BodyHint,
+        asked: Asked,
+    ) -> (String, Encoded) {
         let mut h = HeaderMap::new();
         for (n, v) in headers {
-            h.append(HeaderName::from_bytes(n.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+            h.append(
+                HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
         }
         let mut dst = Vec::new();
-        let e = head(StatusCode::from_u16(status).unwrap(), &h, body, asked, &mut dst);
+        let e = head(
+            StatusCode::from_u16(status).unwrap(),
+            &h,
+            body,
+            asked,
+            &mut dst,
+        );
         (String::from_utf8(dst).unwrap(), e)
     }
 
@@ -343,21 +374,37 @@ mod tests {
     #[test]
     fn framing_follows_the_body_and_the_request() {
         let (s, e) = enc(200, &[("x-a", "1")], SIZED, GET11);
-        assert!(s.starts_with("HTTP/1.1 200 OK\r\nx-a: 1\r\ncontent-length: 5\r\ndate: "), "{s}");
+        assert!(
+            s.starts_with("HTTP/1.1 200 OK\r\nx-a: 1\r\ncontent-length: 5\r\ndate: "),
+            "{s}"
+        );
         assert!(s.ends_with("\r\n\r\n"));
         assert_eq!(e.framing, Framing::Length(5));
         assert!(e.keep_alive);
         let (s, e) = enc(200, &[], STREAM, GET11);
         assert!(s.contains("transfer-encoding: chunked\r\n"));
         assert_eq!(e.framing, Framing::Chunked(None));
-        let old = Asked { version: Version::HTTP_10, keep_alive: false, ..GET11 };
+        let old = Asked {
+            version: Version::HTTP_10,
+            keep_alive: false,
+            ..GET11
+        };
         let (s, e) = enc(200, &[], STREAM, old);
-        assert!(s.starts_with("HTTP/1.1 200") && !s.contains("chunked") && !s.contains("connection"), "{s}");
+        assert!(
+            s.starts_with("HTTP/1.1 200") && !s.contains("chunked") && !s.contains("connection"),
+            "{s}"
+        );
         assert_eq!((e.framing, e.keep_alive), (Framing::Close, false));
-        let old_ka = Asked { keep_alive: true, ..old };
+        let old_ka = Asked {
+            keep_alive: true,
+            ..old
+        };
         let (s, _) = enc(200, &[], SIZED, old_ka);
         assert!(s.contains("connection: keep-alive\r\n"), "{s}");
-        let head_req = Asked { head: true, ..GET11 };
+        let head_req = Asked {
+            head: true,
+            ..GET11
+        };
         let (s, e) = enc(200, &[("content-length", "42")], EMPTY, head_req);
         assert!(s.contains("content-length: 42\r\n"), "{s}");
         assert_eq!(e.framing, Framing::None);
@@ -366,19 +413,37 @@ mod tests {
         assert_eq!(e.framing, Framing::None);
         let (s, _) = enc(404, &[], EMPTY, GET11);
         assert!(s.starts_with("HTTP/1.1 404 Not Found\r\n") && s.contains("content-length: 0\r\n"));
-        let (s, e) = enc(200, &[("connection", "close"), ("transfer-encoding", "gzip")], SIZED, GET11);
+        let (s, e) = enc(
+            200,
+            &[("connection", "close"), ("transfer-encoding", "gzip")],
+            SIZED,
+            GET11,
+        );
         assert_eq!(s.matches("connection").count(), 1, "{s}");
         assert!(!s.contains("gzip") && !e.keep_alive);
-        let closing = Asked { keep_alive: false, ..GET11 };
+        let closing = Asked {
+            keep_alive: false,
+            ..GET11
+        };
         let (s, _) = enc(200, &[], SIZED, closing);
         assert!(s.contains("connection: close\r\n"));
     }
 
     #[test]
     fn trailers_only_as_announced_and_asked() {
-        let asked = Asked { te_trailers: true, ..GET11 };
-        let (_, e) = enc(200, &[("trailer", "grpc-status, content-type")], STREAM, asked);
-        let Framing::Chunked(Some(allowed)) = e.framing else { panic!() };
+        let asked = Asked {
+            te_trailers: true,
+            ..GET11
+        };
+        let (_, e) = enc(
+            200,
+            &[("trailer", "grpc-status, content-type")],
+            STREAM,
+            asked,
+        );
+        let Framing::Chunked(Some(allowed)) = e.framing else {
+            panic!()
+        };
         assert_eq!(&allowed[..], &[HeaderName::from_static("grpc-status")]);
         let (_, e) = enc(200, &[("trailer", "grpc-status")], STREAM, GET11);
         assert_eq!(e.framing, Framing::Chunked(None));

@@ -164,7 +164,9 @@ fn refusal(e: httparse::Error, raw: &[u8], limits: HeadLimits) -> HeadError {
 /// The request line ends in a well-formed version that is not HTTP/1.x (`HTTP/2.0`).
 fn other_version(raw: &[u8]) -> bool {
     let line_end = memchr::memchr(b'\n', raw).unwrap_or(raw.len());
-    let line = raw[..line_end].strip_suffix(b"\r").unwrap_or(&raw[..line_end]);
+    let line = raw[..line_end]
+        .strip_suffix(b"\r")
+        .unwrap_or(&raw[..line_end]);
     let Some(sp) = memchr::memrchr(b' ', line) else {
         return false;
     };
@@ -233,7 +235,9 @@ fn build(raw: &Bytes, req: &httparse::Request<'_, '_>) -> Result<Head, HeadError
             header::EXPECT => {
                 expect_continue |= f.value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
             }
-            header::TE => te_trailers |= tokens(f.value).any(|t| t.eq_ignore_ascii_case(b"trailers")),
+            header::TE => {
+                te_trailers |= tokens(f.value).any(|t| t.eq_ignore_ascii_case(b"trailers"))
+            }
             header::UPGRADE => upgrade = true,
             _ => {}
         }
@@ -242,7 +246,11 @@ fn build(raw: &Bytes, req: &httparse::Request<'_, '_>) -> Result<Head, HeadError
     let mut keep_alive = !close && (version == Version::HTTP_11 || keep);
     let framing = match (coding, length) {
         // RFC 9112 §6.3 (4): chunked not final: the length cannot be known; 400 and close
-        (Some(false), _) => return Err(HeadError::Malformed("Transfer-Encoding not ending in chunked")),
+        (Some(false), _) => {
+            return Err(HeadError::Malformed(
+                "Transfer-Encoding not ending in chunked",
+            ))
+        }
         (Some(true), cl) => {
             if cl.is_some() {
                 // RFC 9112 §6.3 (3): chunked wins, and the connection MUST close after this
@@ -263,7 +271,9 @@ fn build(raw: &Bytes, req: &httparse::Request<'_, '_>) -> Result<Head, HeadError
         parts,
         framing,
         keep_alive,
-        expect_continue: expect_continue && version == Version::HTTP_11 && framing != Framing::Empty,
+        expect_continue: expect_continue
+            && version == Version::HTTP_11
+            && framing != Framing::Empty,
         te_trailers,
         upgrade,
     })
@@ -340,14 +350,18 @@ mod tests {
             .unwrap();
         assert_eq!(h.framing, Framing::Chunked);
         assert!(!h.keep_alive, "TE with CL never keeps the connection");
-        assert!(h.parts.headers.contains_key("content-length"), "kept for the rules");
+        assert!(
+            h.parts.headers.contains_key("content-length"),
+            "kept for the rules"
+        );
         let h = head("GET / HTTP/1.0\r\n\r\n").unwrap();
         assert!(!h.keep_alive);
         let h = head("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n").unwrap();
         assert!(h.keep_alive);
         let h = head("GET / HTTP/1.1\r\nConnection: keep-alive, close\r\n\r\n").unwrap();
         assert!(!h.keep_alive);
-        let h = head("PUT / HTTP/1.1\r\nContent-Length: 1\r\nExpect: 100-Continue\r\n\r\n").unwrap();
+        let h =
+            head("PUT / HTTP/1.1\r\nContent-Length: 1\r\nExpect: 100-Continue\r\n\r\n").unwrap();
         assert!(h.expect_continue);
         let h = head("GET / HTTP/1.1\r\nExpect: 100-continue\r\n\r\n").unwrap();
         assert!(!h.expect_continue, "no body, nothing to wait for");
@@ -365,20 +379,48 @@ mod tests {
             ("GET / HTTP/1.1\r\nX: a\r\n b\r\n\r\n", Malformed("")),
             ("GET / HTTP/1.1\r\nX: a\rb\r\n\r\n", Malformed("")),
             ("GET /\x01 HTTP/1.1\r\n\r\n", Malformed("")),
-            ("GET / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", Malformed("")),
-            ("GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", Malformed("")),
-            ("GET / HTTP/1.1\r\nContent-Length: +1\r\n\r\n", Malformed("")),
-            ("GET / HTTP/1.1\r\nContent-Length: 1, 1\r\n\r\n", Malformed("")),
-            ("GET / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n", Malformed("")),
-            ("POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", Malformed("")),
-            ("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n\r\n", Malformed("")),
-            ("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", Malformed("")),
+            (
+                "GET / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+                Malformed(""),
+            ),
+            (
+                "GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+                Malformed(""),
+            ),
+            (
+                "GET / HTTP/1.1\r\nContent-Length: +1\r\n\r\n",
+                Malformed(""),
+            ),
+            (
+                "GET / HTTP/1.1\r\nContent-Length: 1, 1\r\n\r\n",
+                Malformed(""),
+            ),
+            (
+                "GET / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
+                Malformed(""),
+            ),
+            (
+                "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+                Malformed(""),
+            ),
+            (
+                "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n\r\n",
+                Malformed(""),
+            ),
+            (
+                "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+                Malformed(""),
+            ),
             ("GET / HTTP/9.9\r\n\r\n", Version),
             ("PRI * HTTP/2.0\r\n\r\n", Version),
             ("GET / HTTP/1.1x\r\n\r\n", Malformed("")),
         ] {
             let got = head(req).expect_err(req);
-            assert_eq!(std::mem::discriminant(&got), std::mem::discriminant(&want), "{req:?}: {got}");
+            assert_eq!(
+                std::mem::discriminant(&got),
+                std::mem::discriminant(&want),
+                "{req:?}: {got}"
+            );
         }
     }
 
@@ -388,7 +430,14 @@ mod tests {
         let got = head(&format!("GET / HTTP/1.1\r\n{many}\r\n")).unwrap_err();
         assert_eq!(got, HeadError::TooManyFields(100));
         let ok: String = (0..100).map(|i| format!("X-{i}: v\r\n")).collect();
-        assert_eq!(head(&format!("GET / HTTP/1.1\r\n{ok}\r\n")).unwrap().parts.headers.len(), 100);
+        assert_eq!(
+            head(&format!("GET / HTTP/1.1\r\n{ok}\r\n"))
+                .unwrap()
+                .parts
+                .headers
+                .len(),
+            100
+        );
         let big = format!("GET / HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(40 * 1024));
         assert_eq!(head(&big).unwrap_err(), HeadError::TooLarge(32 * 1024));
     }
