@@ -34,6 +34,7 @@ pub mod recorder;
 pub mod server;
 pub mod tls;
 pub mod upstream;
+pub mod wire;
 pub mod ws;
 
 pub use server::{raw_exchange, start, start_file, start_text, start_with, TestServer};

@@ -458,9 +458,11 @@ impl Exchange {
                     Poll::Pending => {}
                 }
             }
-            if c.out.unflushed && c.out.is_empty() && matches!(self.stage, Stage::Writing(_)) {
+            if c.out.unflushed && c.out.is_empty() && !matches!(self.stage, Stage::Flushing { .. })
+            {
                 // what was written goes out now (TLS: its records), while the body waits for
-                // its source; a flush that waits for the socket is polled again
+                // its source (or the client for its 100); a flush that waits for the socket is
+                // polled again
                 match Pin::new(&mut *c.io).poll_flush(cx) {
                     Poll::Ready(Ok(())) => c.out.unflushed = false,
                     Poll::Ready(Err(e)) => {

@@ -115,6 +115,9 @@ pub(crate) fn rewrite_request(
         .filter(|v| !v.is_empty())
         .collect();
     strip_hop_by_hop(h);
+    // qweb answered the client's `Expect: 100-continue` itself when the body was first read;
+    // the upstream gets the body at once (nginx clears `Expect` the same way)
+    h.remove(header::EXPECT);
     join_cookies(h);
     if !cfg.underscores_in_headers {
         let bad: Vec<HeaderName> = h

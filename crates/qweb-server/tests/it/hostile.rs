@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::recorder::{self, Received};
+use common::wire::Response as Resp;
 use common::{Proto, TestServer};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -35,14 +36,6 @@ fn server(up: &recorder::Recorder, extra: &str) -> TestServer {
     )
 }
 
-/// A response as read off the wire.
-#[derive(Debug)]
-struct Resp {
-    status: u16,
-    head: String,
-    body: Vec<u8>,
-}
-
 trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
@@ -59,87 +52,9 @@ async fn connect(ts: &TestServer, t: Transport) -> Box<dyn Io> {
     }
 }
 
-fn find(h: &[u8], n: &[u8]) -> Option<usize> {
-    h.windows(n.len()).position(|w| w == n)
-}
-
-/// Reads one response (Content-Length, chunked, or until EOF); `None` if the connection
-/// closed without one.
+/// Reads one response (see [`common::wire::read_response`]).
 async fn read_response(s: &mut (impl AsyncRead + Unpin + ?Sized)) -> Option<Resp> {
-    let mut buf = Vec::new();
-    let mut tmp = [0u8; 8192];
-    let head_end = loop {
-        if let Some(i) = find(&buf, b"\r\n\r\n") {
-            break i;
-        }
-        let n = tokio::time::timeout(TIMEOUT, s.read(&mut tmp))
-            .await
-            .ok()?
-            .ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&tmp[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let mut rest = buf[head_end + 4..].to_vec();
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    let header = |name: &str| {
-        head.split("\r\n")
-            .filter_map(|l| l.split_once(':'))
-            .find(|(n, _)| n.trim().eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.trim().to_owned())
-    };
-    let mut more = async |rest: &mut Vec<u8>| -> bool {
-        match tokio::time::timeout(TIMEOUT, s.read(&mut tmp)).await {
-            Ok(Ok(n)) if n > 0 => {
-                rest.extend_from_slice(&tmp[..n]);
-                true
-            }
-            _ => false,
-        }
-    };
-    let body = if status == 304 || status == 204 || status / 100 == 1 {
-        Vec::new()
-    } else if let Some(len) = header("content-length").and_then(|v| v.parse::<usize>().ok()) {
-        while rest.len() < len {
-            if !more(&mut rest).await {
-                break;
-            }
-        }
-        rest.truncate(len);
-        rest
-    } else if header("transfer-encoding").is_some() {
-        let mut body = Vec::new();
-        loop {
-            let line_end = loop {
-                if let Some(i) = find(&rest, b"\r\n") {
-                    break i;
-                }
-                if !more(&mut rest).await {
-                    return Some(Resp { status, head, body });
-                }
-            };
-            let size = usize::from_str_radix(String::from_utf8_lossy(&rest[..line_end]).trim(), 16)
-                .unwrap_or(0);
-            rest.drain(..line_end + 2);
-            while rest.len() < size + 2 {
-                if !more(&mut rest).await {
-                    break;
-                }
-            }
-            if size == 0 {
-                break;
-            }
-            body.extend(rest.drain(..size.min(rest.len())));
-            rest.drain(..2.min(rest.len()));
-        }
-        body
-    } else {
-        while more(&mut rest).await {}
-        rest
-    };
-    Some(Resp { status, head, body })
+    common::wire::read_response(s, TIMEOUT).await
 }
 
 /// What the upstream must have seen.

@@ -5,6 +5,7 @@
 
 mod compression;
 mod file_cache;
+mod h1_wire;
 mod hostile;
 mod hostile_conn;
 mod hostile_paths;
