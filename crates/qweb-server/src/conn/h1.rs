@@ -81,7 +81,7 @@ pub(super) async fn serve<T, H: Host, S: Handle>(
         eof: false,
         timer: LazyTimer::new(),
         // a new connection waits for its first bytes without a buffer
-        park_at: Some(Instant::now()),
+        park: Park::Now,
         queue: None,
         shutting: false,
         late,
@@ -110,7 +110,7 @@ pub(super) async fn serve<T, H: Host, S: Handle>(
         };
         let head = match head {
             Ok(h) => {
-                c.park_at = None;
+                c.park = Park::Not;
                 h
             }
             Err(Err(e)) => {
@@ -150,8 +150,11 @@ pub(super) async fn serve<T, H: Host, S: Handle>(
         }
         // the next request: at once from what is buffered, or after the client sends it
         c.searched = 0;
-        let now = Instant::now();
-        c.park_at = Some(if c.served > 1 { now + PARK_AFTER } else { now });
+        c.park = if c.served > 1 {
+            Park::After(Instant::now() + PARK_AFTER)
+        } else {
+            Park::Now
+        };
         c.queue = None;
     }
 }
@@ -167,7 +170,7 @@ struct Conn<T> {
     eof: bool,
     timer: LazyTimer,
     /// When an idle connection frees its read buffer (and starts watching its send queue).
-    park_at: Option<Instant>,
+    park: Park,
     /// While parked: what the client has not taken of what it was sent (a connection whose
     /// client does not read is not idle: closed after `send_timeout`, see
     /// [`crate::conn::idle`]).
@@ -217,17 +220,18 @@ impl<T: AsyncRead + AsyncWrite + ReadReady + Unpin> Conn<T> {
                 return Poll::Ready(Err(Ok(Stop::Quiet)));
             }
             if !self.buf.is_empty() {
-                self.park_at = None;
-            } else if self.park_at.is_some_and(|p| p <= Instant::now()) {
+                self.park = Park::Not;
+            }
+            if let Some(stop) = self.poll_deadline(cx, state) {
+                return Poll::Ready(Err(Ok(stop)));
+            }
+            if self.buf.is_empty() && self.park == Park::Now {
                 // idle long enough: the buffer goes (as nginx frees its buffers in
                 // `ngx_http_set_keepalive`), and the send queue is watched
                 self.buf = BytesMut::new();
                 self.out = Output::default();
-                self.park_at = None;
+                self.park = Park::Not;
                 self.queue = Some(SendQueue::new(self.io.unsent()));
-            }
-            if let Some(stop) = self.poll_deadline(cx, state) {
-                return Poll::Ready(Err(Ok(stop)));
             }
             if self.eof {
                 // the head was not complete
@@ -240,36 +244,43 @@ impl<T: AsyncRead + AsyncWrite + ReadReady + Unpin> Conn<T> {
         }
     }
 
-    /// Arms the timer for the connection's deadline (and parking) and checks it: `Some`
-    /// when the deadline passed.
+    /// Arms the timer for the connection's deadline, parking and send-queue check, and
+    /// when it fires looks at what is due: `Some` when the deadline passed. (The clock is read
+    /// only when the timer fired: an armed timer fires at or before what it was armed for.)
     fn poll_deadline(&mut self, cx: &mut Context<'_>, state: &ConnState) -> Option<Stop> {
+        let send = self.timeouts.send;
         loop {
             let deadline = state.deadline(self.timeouts);
+            self.timer.arm(deadline.map(|d| d.0));
+            if let Park::After(t) = self.park {
+                self.timer.arm(Some(t));
+            }
+            if let Some(q) = &self.queue {
+                self.timer.arm(q.next_check(send));
+            }
+            if self.timer.poll_fired(cx).is_pending() {
+                return None;
+            }
+            let now = Instant::now();
             if let Some((d, why)) = deadline {
-                if d <= Instant::now() {
+                if d <= now {
                     // Dropping the exchange drops the response body: its file is closed, its
                     // upstream connection freed.
                     tracing::debug!(peer = %state.peer, "closing: {}", why.as_str());
                     return Some(Stop::Quiet);
                 }
             }
-            self.timer.arm(deadline.map(|d| d.0));
-            // (`park_at` is in the future here: `poll_head` parks when it is due, and an
-            // exchange has none)
-            self.timer.arm(self.park_at);
-            let send = self.timeouts.send;
+            if matches!(self.park, Park::After(t) if t <= now) {
+                self.park = Park::Now;
+            }
             if let Some(q) = self.queue.as_mut() {
-                if q.next_check(send).is_some_and(|t| t <= Instant::now()) {
+                if q.next_check(send).is_some_and(|t| t <= now) {
                     let left = self.io.unsent();
                     if q.stalled(left, send) {
                         tracing::debug!(peer = %state.peer, unsent = left, "closing: the client takes nothing of what it was sent (send_timeout)");
                         return Some(Stop::Quiet);
                     }
                 }
-                self.timer.arm(q.next_check(send));
-            }
-            if self.timer.poll_fired(cx).is_pending() {
-                return None;
             }
         }
     }
@@ -299,6 +310,17 @@ impl<T: AsyncRead + AsyncWrite + ReadReady + Unpin> Conn<T> {
         }
         Poll::Ready(Ok(()))
     }
+}
+
+/// When an idle connection parks (frees its read buffer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Park {
+    /// Not idle, or parked already.
+    Not,
+    /// At the next look.
+    Now,
+    /// Once idle until then.
+    After(Instant),
 }
 
 /// How an exchange ended, for what comes after it.
@@ -415,9 +437,6 @@ impl Exchange {
         F: Future<Output = Response<Logged>>,
     {
         loop {
-            if c.poll_deadline(cx, state).is_some() {
-                return Poll::Ready(None);
-            }
             let mut progress = false;
             // the request body, when the service asks for it
             if let Some(pipe) = self.pipe.as_ref().filter(|p| {
@@ -508,6 +527,11 @@ impl Exchange {
                 }));
             }
             if !progress {
+                // waiting: for the service, the body's source, the client's bytes or its
+                // window; a write that just stalled has started the send timeout
+                if c.poll_deadline(cx, state).is_some() {
+                    return Poll::Ready(None);
+                }
                 return Poll::Pending;
             }
         }
