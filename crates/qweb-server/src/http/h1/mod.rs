@@ -12,4 +12,6 @@
 
 pub(crate) mod decode;
 pub(crate) mod encode;
+#[doc(hidden)]
+pub mod fuzzing;
 pub(crate) mod parse;
