@@ -37,6 +37,12 @@ mod pipeline;
 mod runtime;
 
 pub use config::{Config, ConfigError};
+
+/// Fuzz entry points for the HTTP/1.1 wire layer (`crates/qweb-server/fuzz`); not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::http::h1::fuzzing::{body, head};
+}
 pub use observe::process_counters;
 pub use runtime::server::{Phase, ReloadError, RunningServer, Server, ServerError, StartInfo};
 pub use runtime::{control, fd_limit, notify, upgrade};

@@ -12,4 +12,8 @@
 
 pub(crate) mod decode;
 pub(crate) mod encode;
+#[doc(hidden)]
+pub mod fuzzing;
+#[cfg(test)]
+mod h11_diff;
 pub(crate) mod parse;

@@ -133,6 +133,10 @@ pub(crate) fn parse(buf: &mut BytesMut, end: usize, limits: HeadLimits) -> Resul
     let mut stack = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; STACK_FIELDS];
     let mut req = httparse::Request::new(&mut []);
     match req.parse_with_uninit_headers(&raw, &mut stack) {
+        // the stack buffer holds STACK_FIELDS whatever the limit: a lower limit is checked here
+        Ok(httparse::Status::Complete(_)) if req.headers.len() > limits.max_fields => {
+            Err(HeadError::TooManyFields(limits.max_fields))
+        }
         Ok(httparse::Status::Complete(_)) => build(&raw, &req),
         Err(httparse::Error::TooManyHeaders) if limits.max_fields > STACK_FIELDS => {
             let mut heap = Vec::new();
@@ -438,6 +442,20 @@ mod tests {
                 .len(),
             100
         );
+        // a limit under the parser's stack buffer (64 fields) holds too (found by fuzzing)
+        let few = HeadLimits {
+            max_size: 1024,
+            max_fields: 3,
+        };
+        let mut b = BytesMut::from("GET / HTTP/1.1\r\na:1\r\nb:1\r\nc:1\r\nd:1\r\n\r\n");
+        let end = b.len();
+        assert_eq!(
+            parse(&mut b, end, few).unwrap_err(),
+            HeadError::TooManyFields(3)
+        );
+        let mut b = BytesMut::from("GET / HTTP/1.1\r\na:1\r\nb:1\r\nc:1\r\n\r\n");
+        let end = b.len();
+        assert_eq!(parse(&mut b, end, few).unwrap().parts.headers.len(), 3);
         let big = format!("GET / HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(40 * 1024));
         assert_eq!(head(&big).unwrap_err(), HeadError::TooLarge(32 * 1024));
     }
