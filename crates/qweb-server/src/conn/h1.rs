@@ -232,6 +232,8 @@ impl<T: AsyncRead + AsyncWrite + ReadReady + Unpin> Conn<T> {
                 self.out = Output::default();
                 self.park = Park::Not;
                 self.queue = Some(SendQueue::new(self.io.unsent()));
+                // (once more round: the timer is armed for the queue's check)
+                continue;
             }
             if self.eof {
                 // the head was not complete

@@ -99,6 +99,15 @@ impl Decoder {
         matches!(self, Decoder::Done)
     }
 
+    /// Bytes the body still announces (`Content-Length` only).
+    pub(crate) fn remaining(&self) -> Option<u64> {
+        match self {
+            Decoder::Length(n) => Some(*n),
+            Decoder::Done => Some(0),
+            Decoder::Chunked(_) => None,
+        }
+    }
+
     /// Decodes what `buf` holds. `eof`: the client closed its side; what is missing then is an
     /// error.
     pub(crate) fn decode(&mut self, buf: &mut BytesMut, eof: bool) -> Result<Decoded, BodyError> {
