@@ -596,7 +596,15 @@ impl Exchange {
     fn start<T>(&mut self, resp: Response<Logged>, c: &mut Conn<T>) {
         let (parts, body) = resp.into_parts();
         let mut asked = self.asked;
-        let unread = self.pipe.as_ref().is_some_and(|p| p.abandoned()) && !self.decoder.is_done();
+        let abandoned = self.pipe.as_ref().is_some_and(|p| p.abandoned());
+        if abandoned && !self.body_failed {
+            // what of the body is already buffered is taken: a small body that came with its
+            // head does not cost the connection
+            while let Ok(Decoded::Data(_) | Decoded::Trailers(_)) =
+                self.decoder.decode(&mut c.buf, false)
+            {}
+        }
+        let unread = abandoned && !self.decoder.is_done();
         // The connection ends after this response when the server shuts down, when the
         // request's body is left unread (nobody will read it: its bytes cannot be told from
         // the next request's), or when its framing broke.

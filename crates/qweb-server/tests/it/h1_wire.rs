@@ -263,3 +263,24 @@ async fn a_stream_of_unknown_length_is_chunked_for_1_1_and_close_delimited_for_1
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_unread_body_that_came_with_its_head_keeps_the_connection() {
+    let up = recorder::start().await;
+    let ts = server(&up);
+    for mut s in both(&ts).await {
+        // the 405 does not read the body, but all of it is already in the read buffer
+        s.write_all(b"POST /a.txt HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhelloGET /a.txt HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut rd = ResponseReader::new(&mut s, TIMEOUT);
+        let refused = rd.next().await.expect("a response");
+        assert_eq!(refused.status, 405, "{}", refused.head);
+        assert!(refused.header("connection").is_none(), "{}", refused.head);
+        let next = rd.next().await.expect("a response");
+        assert_eq!(
+            next.body, b"file a",
+            "the body's bytes were not taken for a request"
+        );
+    }
+}
