@@ -1,0 +1,49 @@
+#!/bin/bash
+# CPU time per request of two qweb binaries, interleaved (docs/BENCHMARKS.md "Method"): each
+# round starts A, then B, on the same configuration; each serves 2 s of warm-up and then
+# `wrk -t1 -c32 -d5s` of keep-alive requests for URL, and its user and system CPU time
+# (from /proc/PID/stat) is divided by the requests wrk completed.
+#
+#   ab-cpu.sh A B [ROUNDS] [URL]    (defaults: 3 rounds, https://127.0.0.1:18445/1k.bin)
+#
+# The configuration (written to a temporary folder): 2 workers, access log off, a TLS
+# listener on 18445 (self-signed) and a plain one on 18446, serving a folder with 1k.bin.
+set -euo pipefail
+A=$1; B=$2; ROUNDS=${3:-3}; URL=${4:-https://127.0.0.1:18445/1k.bin}
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+mkdir -p "$dir/site" "$dir/state"
+head -c 1024 /dev/urandom > "$dir/site/1k.bin"
+cat > "$dir/q.toml" <<TOML
+workers = 2
+state_dir = "$dir/state"
+[log]
+access = false
+[[listener]]
+address = "127.0.0.1:18445"
+[listener.tls]
+self_signed = true
+[[listener]]
+address = "127.0.0.1:18446"
+[[route]]
+prefix = "/"
+root = "$dir/site"
+TOML
+tick=$(getconf CLK_TCK)
+run() {
+  local bin=$1
+  "$bin" serve --config "$dir/q.toml" > /dev/null 2> "$dir/err.log" &
+  local pid=$!
+  sleep 1.5
+  wrk -t1 -c32 -d2s "$URL" > /dev/null 2>&1
+  read -r u0 s0 < <(awk '{print $14, $15}' "/proc/$pid/stat")
+  local out
+  out=$(wrk -t1 -c32 -d5s "$URL")
+  read -r u1 s1 < <(awk '{print $14, $15}' "/proc/$pid/stat")
+  local reqs rps
+  reqs=$(echo "$out" | awk '/requests in/ {print $1}')
+  rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  echo "$bin rps=$rps us_user_per_req=$(echo "($u1-$u0)*1000000/$tick/$reqs" | bc -l | cut -c1-5) us_sys_per_req=$(echo "($s1-$s0)*1000000/$tick/$reqs" | bc -l | cut -c1-5)"
+}
+for _ in $(seq "$ROUNDS"); do run "$A"; run "$B"; done
