@@ -407,6 +407,14 @@ struct Exchange {
     stage: Stage,
 }
 
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        if let Some(p) = &self.pipe {
+            p.close();
+        }
+    }
+}
+
 enum Stage {
     /// The service is working.
     Calling,

@@ -230,6 +230,19 @@ impl BodyPipe {
         }
     }
 
+    /// The connection is done with this request (answered, or ending): a body not read to its
+    /// end fails (as hyper's `Incoming` does when its connection goes), so that whoever
+    /// still reads it (an upstream request) ends instead of waiting.
+    pub(crate) fn close(&self) {
+        let unfinished = {
+            let p = self.0.borrow();
+            !p.ended && p.failed.is_none()
+        };
+        if unfinished {
+            self.fail(crate::http::h1::decode::BodyError::Truncated);
+        }
+    }
+
     /// The body failed.
     pub(crate) fn fail(&self, e: crate::http::h1::decode::BodyError) {
         let mut p = self.0.borrow_mut();
