@@ -84,15 +84,11 @@ pub(crate) struct TlsListener {
     pub sessions: Option<std::sync::Arc<qweb_tls::HandshakeStats>>,
 }
 
-/// Marks reads and write progress on the connection state, replays `prefix` (bytes already
-/// read, already marked) before reading on, and on HTTP/2 meters the client's control frames
-/// (see [`crate::conn::h2_flood`]); transparent otherwise.
+/// Marks reads and write progress on the connection state, and on HTTP/2 meters the client's
+/// control frames (see [`crate::conn::h2_flood`]); transparent otherwise.
 struct Tracked<T> {
     inner: T,
     state: Rc<ConnState>,
-    /// (Boxed, and `None` when empty: this wrapper is most of what an idle connection keeps;
-    /// see `crate::conn::idle`.)
-    prefix: Option<Box<bytes::Bytes>>,
     /// HTTP/2: the flood meter, and how much of its GOAWAY is still to be written (boxed: an
     /// idle HTTP/1 connection keeps this wrapper, see `crate::conn::idle`).
     flood: Option<Box<(FloodMeter, usize)>>,
@@ -105,7 +101,6 @@ impl<T> Tracked<T> {
         Tracked {
             inner,
             state: state.clone(),
-            prefix: None,
             flood: None,
             burst: WriteBurst::new(write_burst),
         }
@@ -188,19 +183,6 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Tracked<T> {
                 Poll::Ready(_) => Poll::Ready(Err(flood_error())),
                 Poll::Pending => Poll::Pending,
             };
-        }
-        if let Some(prefix) = self.prefix.as_deref_mut() {
-            let n = prefix.len().min(buf.remaining());
-            // the whole prefix is taken, not split: an empty rest would keep its buffer alive
-            let chunk = if n == prefix.len() {
-                let whole = std::mem::take(prefix);
-                self.prefix = None;
-                whole
-            } else {
-                prefix.split_to(n)
-            };
-            buf.put_slice(&chunk);
-            return Poll::Ready(Ok(()));
         }
         let before = buf.filled().len();
         let this = &mut *self;
@@ -288,9 +270,6 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
 
 impl<T: ReadReady> ReadReady for Tracked<T> {
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.prefix.is_some() {
-            return Poll::Ready(Ok(()));
-        }
         self.inner.poll_read_ready(cx)
     }
 
