@@ -520,6 +520,10 @@ impl Exchange {
                         tracing::debug!(peer = %state.peer, "HTTP/1 flush failed: {e}");
                         return Poll::Ready(None);
                     }
+                    // the last records wait for the client's window: the send timeout runs
+                    Poll::Pending if c.poll_deadline(cx, state).is_some() => {
+                        return Poll::Ready(None)
+                    }
                     Poll::Pending => return Poll::Pending,
                 }
                 let mut body_unread = false;

@@ -154,3 +154,34 @@ async fn an_http2_client_that_never_reads_its_answers_is_cut_by_send_timeout_not
         started.elapsed()
     );
 }
+
+/// The TLS sibling of `exhaustion.rs`'s `h1_clients_that_never_read_are_cut_by_send_timeout`
+/// (plain TCP): a client with a small window asks for 4 MiB and reads nothing. The answer
+/// stalls in the socket and in rustls' buffer; the connection is cut at `send_timeout`, not
+/// kept once the client reads at last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_client_that_never_reads_a_large_answer_is_cut_by_send_timeout() {
+    let ts = common::start_with(
+        "[limits]\nsend_timeout = \"2s\"\nkeepalive_timeout = \"120s\"\n",
+        |d| std::fs::write(d.join("site/big.bin"), vec![b'x'; 4 << 20]).unwrap(),
+    );
+    let sock = TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let tcp = sock.connect(ts.addrs[0]).await.unwrap();
+    let cfg = std::sync::Arc::new(common::tls_client_config(&ts.cert(), common::Proto::H1));
+    let mut s = tokio_rustls::TlsConnector::from(cfg)
+        .connect(common::tls::localhost(), tcp)
+        .await
+        .unwrap();
+    s.write_all(b"GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    s.flush().await.unwrap();
+    let started = Instant::now();
+    let closed = closed_by_server(&mut s, Duration::from_secs(6), Duration::from_secs(10)).await;
+    assert!(
+        closed,
+        "connection still open {:?} after the client stopped reading (send_timeout 2s)",
+        started.elapsed()
+    );
+}
