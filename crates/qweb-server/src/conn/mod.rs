@@ -60,7 +60,7 @@ pub(crate) trait Host: 'static {
     fn shutdown(&self) -> tokio::sync::watch::Receiver<bool>;
     /// Becomes `true` when a reload retired the connection's configuration.
     fn retired(&self) -> tokio::sync::watch::Receiver<bool>;
-    /// The access-log format for requests hyper's parser refused (`None`: no access log).
+    /// The access-log format for requests the HTTP/1 parser refused (`None`: no access log).
     fn refused_log(&self) -> Option<crate::config::AccessFormat>;
     /// The tunnels of the connection's generation (registered while they run).
     fn tunnels(&self) -> &Rc<crate::session::tunnel::Tunnels>;

@@ -16,7 +16,7 @@
 //!
 //! `aborted` marks a response whose body did not go out whole (the client went away, the send
 //! timeout or an upstream error cut it); its byte count is what was handed to the connection.
-//! Requests that hyper's HTTP/1 parser refused before qweb saw them are logged with `-` as
+//! Requests that the HTTP/1 parser (`http::h1::parse`) refused are logged with `-` as
 //! the request (`refused`). Fields are escaped as nginx does (`escape=default`): `"`, `\`,
 //! control bytes, DEL and non-ASCII bytes become `\xHH`, so a request cannot forge log fields
 //! or lines (JSON: the same bytes as `\u00HH`).
