@@ -173,10 +173,16 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         loop {
-            match this.conn.reader().read(buf.initialize_unfilled()) {
-                Ok(n) => {
-                    // n == 0: the peer sent close_notify
-                    buf.advance(n);
+            // The plaintext is copied from rustls' own buffer without zeroing the caller's
+            // buffer first (`Read::read` needs initialised memory: the HTTP/1 driver's 4 KiB of
+            // spare capacity were zeroed on every read).
+            let mut reader = this.conn.reader();
+            match std::io::BufRead::fill_buf(&mut reader) {
+                Ok(chunk) => {
+                    // empty: the peer sent close_notify
+                    let n = chunk.len().min(buf.remaining());
+                    buf.put_slice(&chunk[..n]);
+                    std::io::BufRead::consume(&mut reader, n);
                     return Poll::Ready(Ok(()));
                 }
                 // The peer closed without close_notify: for HTTP (which frames its own
