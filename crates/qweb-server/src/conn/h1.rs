@@ -529,10 +529,7 @@ impl Exchange {
                 let mut body_unread = false;
                 if !self.decoder.is_done() && !self.body_failed && !switched {
                     // what of the body is already buffered is taken; the rest is not waited for
-                    while let Ok(Decoded::Data(_) | Decoded::Trailers(_)) =
-                        self.decoder.decode(&mut c.buf, false)
-                    {}
-                    body_unread = !self.decoder.is_done();
+                    body_unread = !self.decoder.skip_buffered(&mut c.buf);
                 }
                 return Poll::Ready(Some(Done {
                     keep_alive: keep_alive && !body_unread && !self.body_failed,
@@ -612,9 +609,7 @@ impl Exchange {
         if abandoned && !self.body_failed {
             // what of the body is already buffered is taken: a small body that came with its
             // head does not cost the connection
-            while let Ok(Decoded::Data(_) | Decoded::Trailers(_)) =
-                self.decoder.decode(&mut c.buf, false)
-            {}
+            self.decoder.skip_buffered(&mut c.buf);
         }
         let unread = abandoned && !self.decoder.is_done();
         // The connection ends after this response when the server shuts down, when the

@@ -108,6 +108,13 @@ impl Decoder {
         }
     }
 
+    /// Takes and drops what of the body `buf` already holds (for a body nobody reads), without
+    /// waiting for more; `true` when the body is then over.
+    pub(crate) fn skip_buffered(&mut self, buf: &mut BytesMut) -> bool {
+        while let Ok(Decoded::Data(_) | Decoded::Trailers(_)) = self.decode(buf, false) {}
+        self.is_done()
+    }
+
     /// Decodes what `buf` holds. `eof`: the client closed its side; what is missing then is an
     /// error.
     pub(crate) fn decode(&mut self, buf: &mut BytesMut, eof: bool) -> Result<Decoded, BodyError> {

@@ -88,15 +88,9 @@ pub(crate) fn head(
         || status == StatusCode::NOT_MODIFIED;
     let can_body = !no_content && !asked.head;
     let chunk_ok = can_body && asked.version == Version::HTTP_11;
-    if status == StatusCode::OK {
-        dst.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
-    } else {
-        dst.extend_from_slice(b"HTTP/1.1 ");
-        dst.extend_from_slice(status.as_str().as_bytes());
-        dst.push(b' ');
-        dst.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-        dst.extend_from_slice(b"\r\n");
-    }
+    status_line(dst, status);
+    // what the response's own `Connection` fields say
+    let (mut said_close, mut said_keep) = (false, false);
     let mut length: Option<u64> = None;
     let mut date = false;
     let mut trailer_names: Option<Vec<HeaderName>> = None;
@@ -112,13 +106,11 @@ pub(crate) fn head(
             // framing and connection fields are this layer's to write
             header::TRANSFER_ENCODING => continue,
             header::CONNECTION => {
-                if value
-                    .as_bytes()
-                    .split(|&b| b == b',')
-                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
-                {
-                    keep_alive = false;
+                for t in super::parse::tokens(value.as_bytes()) {
+                    said_close |= t.eq_ignore_ascii_case(b"close");
+                    said_keep |= t.eq_ignore_ascii_case(b"keep-alive");
                 }
+                keep_alive &= !said_close;
                 continue;
             }
             header::DATE => date = true,
@@ -169,7 +161,13 @@ pub(crate) fn head(
         Framing::Close
     };
     if status != StatusCode::SWITCHING_PROTOCOLS {
-        connection_fields(dst, headers, asked.version, keep_alive);
+        connection_fields(
+            dst,
+            headers,
+            asked.version,
+            keep_alive,
+            (said_close, said_keep),
+        );
     } else {
         for v in headers.get_all(header::CONNECTION) {
             field(dst, b"connection", v.as_bytes());
@@ -189,14 +187,15 @@ pub(crate) fn head(
 
 /// The response's own `Connection` values, with `close` added when the connection ends
 /// (HTTP/1.1) or `keep-alive` when an HTTP/1.0 client's connection is kept.
-fn connection_fields(dst: &mut Vec<u8>, headers: &HeaderMap, version: Version, keep_alive: bool) {
-    let mut said_close = false;
-    let mut said_keep = false;
+/// `said`: whether those fields already say `close`, `keep-alive`.
+fn connection_fields(
+    dst: &mut Vec<u8>,
+    headers: &HeaderMap,
+    version: Version,
+    keep_alive: bool,
+    (said_close, said_keep): (bool, bool),
+) {
     for v in headers.get_all(header::CONNECTION) {
-        for t in v.as_bytes().split(|&b| b == b',').map(|t| t.trim_ascii()) {
-            said_close |= t.eq_ignore_ascii_case(b"close");
-            said_keep |= t.eq_ignore_ascii_case(b"keep-alive");
-        }
         if keep_alive
             || !v
                 .as_bytes()
@@ -211,6 +210,19 @@ fn connection_fields(dst: &mut Vec<u8>, headers: &HeaderMap, version: Version, k
     } else if keep_alive && version == Version::HTTP_10 && !said_keep {
         dst.extend_from_slice(b"connection: keep-alive\r\n");
     }
+}
+
+/// `HTTP/1.1 <code> <reason>` and its CRLF.
+fn status_line(dst: &mut Vec<u8>, status: StatusCode) {
+    if status == StatusCode::OK {
+        dst.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+        return;
+    }
+    dst.extend_from_slice(b"HTTP/1.1 ");
+    dst.extend_from_slice(status.as_str().as_bytes());
+    dst.push(b' ');
+    dst.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    dst.extend_from_slice(b"\r\n");
 }
 
 fn field(dst: &mut Vec<u8>, name: &[u8], value: &[u8]) {
@@ -284,11 +296,8 @@ pub(crate) fn last_chunk(
 pub(crate) fn refusal(status: StatusCode, dst: &mut Vec<u8>) {
     let reason = status.canonical_reason().unwrap_or("");
     let body_len = status.as_str().len() + 1 + reason.len() + 1;
-    dst.extend_from_slice(b"HTTP/1.1 ");
-    dst.extend_from_slice(status.as_str().as_bytes());
-    dst.push(b' ');
-    dst.extend_from_slice(reason.as_bytes());
-    dst.extend_from_slice(b"\r\ncontent-type: text/plain; charset=utf-8\r\n");
+    status_line(dst, status);
+    dst.extend_from_slice(b"content-type: text/plain; charset=utf-8\r\n");
     length_field(dst, body_len as u64);
     dst.extend_from_slice(b"connection: close\r\nserver: qweb\r\ndate: ");
     with_date(|d| dst.extend_from_slice(d));

@@ -284,7 +284,7 @@ fn build(raw: &Bytes, req: &httparse::Request<'_, '_>) -> Result<Head, HeadError
 }
 
 /// The comma-separated tokens of a field value, trimmed, empty ones left out.
-fn tokens(v: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub(crate) fn tokens(v: &[u8]) -> impl Iterator<Item = &[u8]> {
     v.split(|&b| b == b',')
         .map(|t| t.trim_ascii())
         .filter(|t| !t.is_empty())
