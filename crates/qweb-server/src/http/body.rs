@@ -1,5 +1,5 @@
 //! The response body type and its constructors (the wrapper that counts bytes and logs the
-//! request is `session::logged`, a layer above).
+//! request is `session/logged.rs`, a layer above).
 
 use std::pin::Pin;
 

@@ -110,7 +110,7 @@ struct Sending {
 /// HTTP/1's socket took the last one), but an HTTP/2 client that grants large windows and
 /// does not read its socket has each stream's chunk wait in memory. The budget is split among
 /// the requests in flight ([`ReadAhead::share`]); with HTTP/2's send buffer per stream
-/// (`conn::h2`) it bounds what such a connection holds.
+/// (`conn/h2.rs`) it bounds what such a connection holds.
 pub(crate) const READ_AHEAD_BUDGET: usize = 1 << 20;
 
 /// A response's share of its connection's [`READ_AHEAD_BUDGET`]. `None` (no connection, as

@@ -1,7 +1,7 @@
 //! HTTP/1.1 on the wire, without I/O (RFC 9112): request heads parsed in one pass over the
 //! connection's read buffer ([`parse`]), request bodies decoded from it ([`decode`]), and
 //! response heads and body framing encoded ([`encode`]). The connection driver
-//! (`crate::conn::h1`) owns the socket and the buffers; this layer only reads and writes
+//! (`conn/h1.rs`, a layer above) owns the socket and the buffers; this layer only reads and writes
 //! bytes, so each rule is written once and tested without a socket.
 //!
 //! Where RFC 9112 leaves a choice, the stricter reading is taken: bare CR is refused
