@@ -208,11 +208,29 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
     }
 }
 
+/// The plaintext of one full TLS record (RFC 8446 section 5.1).
+const RECORD: usize = 16 * 1024;
+
+/// The first `len` bytes of `bufs` (less than all of them).
+fn prefix<'b>(bufs: &'b [io::IoSlice<'_>], mut len: usize) -> Vec<io::IoSlice<'b>> {
+    let mut out = Vec::with_capacity(bufs.len());
+    for b in bufs {
+        if len == 0 {
+            break;
+        }
+        let n = b.len().min(len);
+        out.push(io::IoSlice::new(&b[..n]));
+        len -= n;
+    }
+    out
+}
+
 /// Writes are coalesced: plaintext goes into rustls, which encrypts it into records and holds
 /// them (up to its buffer limit, 64 KiB by default); the socket gets them all in one `writev`
 /// when the caller flushes (hyper and h2 flush after each batch of frames) or when rustls'
 /// buffer is full. An HTTP/2 response of 100 KiB (seven DATA frames) is then one or two
-/// `writev`s instead of one per frame.
+/// `writev`s instead of one per frame. rustls gets whole records only: a write that would
+/// meet its buffer limit is cut to the records that fit, or waits for the held ones to go out.
 impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
     fn poll_write(
         self: Pin<&mut Self>,
@@ -231,10 +249,21 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
         if bufs.iter().all(|b| b.is_empty()) {
             return Poll::Ready(Ok(0));
         }
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
         let mut retried = false;
         loop {
-            // rustls takes what fits in its send buffer (nothing when it is full)
-            let n = this.conn.writer().write_vectored(bufs)?;
+            // rustls takes what fits in its send buffer and cuts a write where the buffer
+            // is full: hand it whole records only, so that a 16 KiB HTTP/2 DATA frame is one
+            // record, not a record cut at the limit and a short one for the rest
+            let room = this.conn.writable_len();
+            let n = if total <= room {
+                this.conn.writer().write_vectored(bufs)?
+            } else if room >= RECORD {
+                let whole = room / RECORD * RECORD;
+                this.conn.writer().write_vectored(&prefix(bufs, whole))?
+            } else {
+                0
+            };
             if n > 0 {
                 return Poll::Ready(Ok(n));
             }
@@ -488,10 +517,21 @@ mod tests {
     }
 
     /// A peer that sends half a ClientHello and leaves: an error, not a hang.
-    /// A transport that counts the writes it gets.
+    /// A transport that counts the writes it gets and keeps a copy of the bytes.
     struct Counting {
         inner: DuplexStream,
         writes: Arc<std::sync::atomic::AtomicUsize>,
+        wire: Wire,
+    }
+
+    impl Counting {
+        fn new(inner: DuplexStream) -> Self {
+            Counting {
+                inner,
+                writes: Default::default(),
+                wire: Default::default(),
+            }
+        }
     }
 
     impl tokio::io::AsyncRead for Counting {
@@ -518,7 +558,11 @@ mod tests {
         ) -> std::task::Poll<std::io::Result<usize>> {
             self.writes
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+            let r = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+            if let std::task::Poll::Ready(Ok(n)) = r {
+                self.wire.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+            r
         }
         /// Vectored, like a socket: one write for all the slices.
         fn poll_write_vectored(
@@ -529,7 +573,11 @@ mod tests {
             self.writes
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let all: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
-            std::pin::Pin::new(&mut self.inner).poll_write(cx, &all)
+            let r = std::pin::Pin::new(&mut self.inner).poll_write(cx, &all);
+            if let std::task::Poll::Ready(Ok(n)) = r {
+                self.wire.lock().unwrap().extend_from_slice(&all[..n]);
+            }
+            r
         }
         fn is_write_vectored(&self) -> bool {
             true
@@ -548,24 +596,33 @@ mod tests {
         }
     }
 
-    /// Frames written one by one (an HTTP/2 response of 100 KiB: seven 9-byte frame headers
-    /// and 16 KiB payloads) reach the transport in a few writes, at the flush or when rustls'
-    /// buffer fills, not one or two per frame; the client gets every byte in order.
-    #[tokio::test]
-    async fn writes_are_coalesced_until_flush() {
+    type Wire = Arc<std::sync::Mutex<Vec<u8>>>;
+
+    /// A connection over a [`Counting`] transport of 1 MiB, with its write count and bytes.
+    async fn connect_counting() -> (
+        super::TlsStream<Counting>,
+        tokio_rustls::client::TlsStream<DuplexStream>,
+        Arc<std::sync::atomic::AtomicUsize>,
+        Wire,
+    ) {
         let p = pair();
         let (s, c) = tokio::io::duplex(1 << 20);
-        let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let io = Counting {
-            inner: s,
-            writes: writes.clone(),
-        };
+        let io = Counting::new(s);
+        let (writes, wire) = (io.writes.clone(), io.wire.clone());
         let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
         let (server, client) = tokio::join!(
             accept(io, p.server.clone(), Driver::Direct),
             p.client.connect(name, c)
         );
-        let (mut server, mut client) = (server.unwrap(), client.unwrap());
+        (server.unwrap(), client.unwrap(), writes, wire)
+    }
+
+    /// Frames written one by one (an HTTP/2 response of 100 KiB: seven 9-byte frame headers
+    /// and 16 KiB payloads) reach the transport in a few writes, at the flush or when rustls'
+    /// buffer fills, not one or two per frame; the client gets every byte in order.
+    #[tokio::test]
+    async fn writes_are_coalesced_until_flush() {
+        let (mut server, mut client, writes, _) = connect_counting().await;
         let before = writes.load(std::sync::atomic::Ordering::Relaxed);
         let mut sent = Vec::new();
         for i in 0..7u8 {
@@ -583,6 +640,47 @@ mod tests {
         let mut got = vec![0u8; sent.len()];
         client.read_exact(&mut got).await.unwrap();
         assert!(got == sent, "bytes differ");
+    }
+
+    /// HTTP/2 DATA frames of 16 375 bytes with their 9-byte heads (vendor/h2 sizes them so)
+    /// are written as whole 16 KiB records, also where rustls' 64 KiB send buffer fills: it
+    /// cut such a write at the limit, into a record of the bytes that fit and a short one for
+    /// the rest (15 369 and 1 024 bytes, twice the records to seal and to open).
+    #[tokio::test]
+    async fn frames_of_one_record_are_written_as_whole_records() {
+        let (mut server, mut client, _, wire) = connect_counting().await;
+        let start = wire.lock().unwrap().len();
+        let mut sent = Vec::new();
+        for i in 0..13u8 {
+            let (head, payload) = ([i; 9], vec![i; 16 * 1024 - 9]);
+            let bufs = [
+                std::io::IoSlice::new(&head),
+                std::io::IoSlice::new(&payload),
+            ];
+            let frame = [&head[..], &payload[..]].concat();
+            let mut done = server.write_vectored(&bufs).await.unwrap();
+            // a short write leaves the rest for the next call, as h2's `poll_write_buf` does
+            while done < frame.len() {
+                done += server.write(&frame[done..]).await.unwrap();
+            }
+            sent.extend_from_slice(&head);
+            sent.extend_from_slice(&payload);
+        }
+        server.flush().await.unwrap();
+        let mut got = vec![0u8; sent.len()];
+        client.read_exact(&mut got).await.unwrap();
+        assert!(got == sent, "bytes differ");
+        // TLS 1.3 records: 5-byte header, then the length; 16 KiB of plaintext is
+        // 16 384 + 1 (content type) + 16 (tag) = 16 401 bytes
+        let wire = wire.lock().unwrap();
+        let mut records = Vec::new();
+        let mut rest = &wire[start..];
+        while rest.len() >= 5 {
+            let len = usize::from(u16::from_be_bytes([rest[3], rest[4]]));
+            records.push(len);
+            rest = &rest[(5 + len).min(rest.len())..];
+        }
+        assert_eq!(records, vec![16_401; 13], "record lengths on the wire");
     }
 
     /// With `flush_after_yield` a flush first yields once, then delivers everything: a

@@ -240,8 +240,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if self.flood.is_some() {
-            // Metered (and, after a flood, cut at frame boundaries) one buffer at a time.
+        if self.flood.is_some() && self.state.flooded() {
+            // After a flood: cut at the frame boundary, one buffer at a time.
             let first = bufs
                 .iter()
                 .find(|b| !b.is_empty())
@@ -251,12 +251,18 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
         if self.burst.poll_turn(cx).is_pending() {
             return Poll::Pending;
         }
+        // Vectored for HTTP/2 too: h2 then writes a DATA frame's head and payload in one
+        // call, which TLS seals as one record (one buffer at a time, it was two: the head
+        // with the first KiB of payload h2 copies next to it, then the rest).
         let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         self.on_write(&r, |n| *n);
+        if let Poll::Ready(Ok(n)) = r {
+            self.meter_writes(bufs, n);
+        }
         r
     }
     fn is_write_vectored(&self) -> bool {
-        self.flood.is_none() && self.inner.is_write_vectored()
+        self.inner.is_write_vectored()
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let r = Pin::new(&mut self.inner).poll_flush(cx);

@@ -12,7 +12,6 @@ mod range;
 mod resolve;
 
 use std::fs::{File, Metadata};
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -169,13 +168,13 @@ impl StaticFiles {
         method: &Method,
         headers: &HeaderMap,
         key: &str,
-        (mut file, ahead): (File, &ReadAhead),
+        (file, ahead): (File, &ReadAhead),
         meta: &Metadata,
         rel: PathBuf,
     ) -> Result<Response<Body>, StatusCode> {
         let head = self.head(meta, rel);
         if cache::admits(head.len) {
-            let body = read_whole(&mut file, head.len)?;
+            let body = read_whole(&file, 0, head.len)?;
             drop(file);
             let e = cache::insert(self.root.id(), key, head, body);
             return self.respond(method, headers, &e.head, Source::Memory(e.body.clone()));
@@ -268,11 +267,7 @@ impl StaticFiles {
                 let (start, end) = (start as usize, (start + count) as usize);
                 full(bytes.slice(start..end.min(bytes.len())))
             }
-            Source::File(mut file, _) if count <= SMALL => {
-                file.seek(SeekFrom::Start(start))
-                    .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
-                full(read_whole(&mut file, count)?)
-            }
+            Source::File(file, _) if count <= SMALL => full(read_whole(&file, start, count)?),
             Source::File(file, ahead) => {
                 let source = body::Reopen {
                     root: self.root.clone(),
@@ -322,12 +317,11 @@ fn with_file(mut r: Response<Body>, info: StaticFile) -> Response<Body> {
     r
 }
 
-/// The next `count` bytes of `file` (a file that shrank meanwhile is a 500).
-fn read_whole(file: &mut File, count: u64) -> Result<Bytes, StatusCode> {
-    let mut buf = vec![0u8; count as usize];
-    file.read_exact(&mut buf)
-        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
-    Ok(Bytes::from(buf))
+/// `count` bytes of `file` from `at` (a file that shrank meanwhile is a 500).
+fn read_whole(file: &File, at: u64, count: u64) -> Result<Bytes, StatusCode> {
+    body::read_exact_at(file, count as usize, at)
+        .map(Bytes::from)
+        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 fn with_headers(status: StatusCode, headers: HeaderMap, body: Body) -> Response<Body> {

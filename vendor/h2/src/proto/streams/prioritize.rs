@@ -13,6 +13,9 @@ use std::{
     task::Waker,
 };
 
+/// qweb: the largest plaintext of one TLS record (RFC 8446 section 5.1).
+const TLS_RECORD_PLAINTEXT: usize = 16 * 1024;
+
 /// # Warning
 ///
 /// Queued streams are ordered by stream ID, as we need to ensure that
@@ -519,8 +522,12 @@ impl Prioritize {
         // Reclaim any frame that has previously been written
         self.reclaim_frame(buffer, store, dst);
 
-        // The max frame length
-        let max_frame_len = dst.max_send_frame_size();
+        // The max frame length. qweb: at most a TLS record's plaintext (16 KiB) with the
+        // frame's 9-byte head, so that each DATA frame is written as one whole record
+        // instead of a full record and one of 9 bytes (twice the records to seal and open).
+        let max_frame_len = dst
+            .max_send_frame_size()
+            .min(TLS_RECORD_PLAINTEXT - frame::HEADER_LEN);
 
         tracing::trace!("buffer_pending");
 
