@@ -2,7 +2,8 @@
 # CPU time per request of two qweb binaries, interleaved (docs/BENCHMARKS.md "Method"): each
 # round starts A, then B, on the same configuration; each serves 2 s of warm-up and then
 # `wrk -t1 -c32 -d5s` of keep-alive requests for URL, and its user and system CPU time
-# (from /proc/PID/stat) is divided by the requests wrk completed.
+# (from /proc/PID/stat) is divided by the requests wrk completed; so is the client's own CPU
+# time (`/usr/bin/time`, Debian's package `time`): client and server share the machine.
 #
 #   ab-cpu.sh A B [ROUNDS] [URL]    (defaults: 3 rounds, https://127.0.0.1:18445/1k.bin)
 #
@@ -47,7 +48,7 @@ run() {
   if [ "$LOAD" = h2 ]; then
     h2load -c8 -m10 -n "$((H2_REQUESTS / 4))" "$URL" > /dev/null 2>&1
     read -r u0 s0 < <(awk '{print $14, $15}' "/proc/$pid/stat")
-    out=$(h2load -c8 -m10 -n "$H2_REQUESTS" "$URL")
+    out=$(/usr/bin/time -f "CLIENT %U %S" h2load -c8 -m10 -n "$H2_REQUESTS" "$URL" 2>&1)
     read -r u1 s1 < <(awk '{print $14, $15}' "/proc/$pid/stat")
     reqs=$(echo "$out" | awk '/^requests:/ {print $8}')
     rps=$(echo "$out" | awk '/^finished in/ {print $4}')
@@ -55,12 +56,14 @@ run() {
   else
     wrk -t1 -c32 -d2s "$URL" > /dev/null 2>&1
     read -r u0 s0 < <(awk '{print $14, $15}' "/proc/$pid/stat")
-    out=$(wrk -t1 -c32 -d5s "$URL")
+    out=$(/usr/bin/time -f "CLIENT %U %S" wrk -t1 -c32 -d5s "$URL" 2>&1)
     read -r u1 s1 < <(awk '{print $14, $15}' "/proc/$pid/stat")
     reqs=$(echo "$out" | awk '/requests in/ {print $1}')
     rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
   fi
   kill "$pid"; wait "$pid" 2>/dev/null || true
-  echo "$bin rps=$rps us_user_per_req=$(echo "($u1-$u0)*1000000/$tick/$reqs" | bc -l | cut -c1-5) us_sys_per_req=$(echo "($s1-$s0)*1000000/$tick/$reqs" | bc -l | cut -c1-5)"
+  local cu cs
+  read -r cu cs < <(echo "$out" | awk '/^CLIENT/ {print $2, $3}')
+  echo "$bin rps=$rps us_user_per_req=$(echo "($u1-$u0)*1000000/$tick/$reqs" | bc -l | cut -c1-5) us_sys_per_req=$(echo "($s1-$s0)*1000000/$tick/$reqs" | bc -l | cut -c1-5) client_us_per_req=$(echo "($cu+$cs)*1000000/$reqs" | bc -l | cut -c1-6)"
 }
 for _ in $(seq "$ROUNDS"); do run "$A"; run "$B"; done

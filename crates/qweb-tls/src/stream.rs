@@ -261,6 +261,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
             } else if room >= RECORD {
                 let whole = room / RECORD * RECORD;
                 this.conn.writer().write_vectored(&prefix(bufs, whole))?
+            } else if !this.conn.wants_write() {
+                // nothing held to write out first (a limit under one record): what fits
+                this.conn.writer().write_vectored(bufs)?
             } else {
                 0
             };
@@ -681,6 +684,20 @@ mod tests {
             rest = &rest[(5 + len).min(rest.len())..];
         }
         assert_eq!(records, vec![16_401; 13], "record lengths on the wire");
+    }
+
+    /// A send buffer limit under one record (none is set in qweb; rustls allows it) still
+    /// takes every write: what fits once the held records are out, never `WriteZero`.
+    #[tokio::test]
+    async fn a_limit_under_one_record_still_takes_writes() {
+        let (mut server, mut client, _, _) = connect_counting().await;
+        server.conn.set_buffer_limit(Some(4096));
+        let sent: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
+        server.write_all(&sent).await.unwrap();
+        server.flush().await.unwrap();
+        let mut got = vec![0u8; sent.len()];
+        client.read_exact(&mut got).await.unwrap();
+        assert!(got == sent, "bytes differ");
     }
 
     /// With `flush_after_yield` a flush first yields once, then delivers everything: a
