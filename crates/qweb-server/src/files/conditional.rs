@@ -77,6 +77,19 @@ fn date(headers: &HeaderMap, name: header::HeaderName) -> Option<u64> {
 
 /// Evaluates the preconditions for a GET or HEAD of a representation with `etag` and `mtime`.
 pub(crate) fn evaluate(headers: &HeaderMap, etag: &str, mtime: SystemTime) -> Outcome {
+    // Most requests carry no condition: one pass over their field names instead of five
+    // lookups, each hashing a name.
+    if !headers.keys().any(|k| {
+        k == header::IF_MATCH
+            || k == header::IF_NONE_MATCH
+            || k == header::IF_MODIFIED_SINCE
+            || k == header::IF_UNMODIFIED_SINCE
+            || k == header::IF_RANGE
+    }) {
+        return Outcome::Proceed {
+            range_allowed: true,
+        };
+    }
     let modified = secs(mtime);
     if let Some(im) = headers.get(header::IF_MATCH) {
         if !im.to_str().is_ok_and(|v| list_matches(v, etag, true)) {
