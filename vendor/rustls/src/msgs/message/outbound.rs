@@ -84,7 +84,7 @@ impl<'a> OutboundChunks<'a> {
     /// Append all bytes to a vector
     pub fn copy_to_vec(&self, vec: &mut Vec<u8>) {
         match *self {
-            Self::Single(chunk) => vec.extend_from_slice(chunk),
+            Self::Single(chunk) => extend_in_pieces(vec, chunk),
             Self::Multiple { chunks, start, end } => {
                 let mut size = 0;
                 for chunk in chunks.iter() {
@@ -96,7 +96,7 @@ impl<'a> OutboundChunks<'a> {
                     }
                     let start = start.saturating_sub(psize);
                     let end = if end - psize < len { end - psize } else { len };
-                    vec.extend_from_slice(&chunk[start..end]);
+                    extend_in_pieces(vec, &chunk[start..end]);
                 }
             }
         }
@@ -139,6 +139,19 @@ impl<'a> OutboundChunks<'a> {
             Self::Single(chunk) => chunk.len(),
             Self::Multiple { start, end, .. } => end - start,
         }
+    }
+}
+
+/// qweb: appends `src` to `vec` in pieces of 2 KiB. glibc's `memcpy` (2.36, Debian 12) moves
+/// 4 KiB and more with `rep movsb`, which on the AMD EPYC machines qweb is measured on took
+/// about twice the time of its vector loop: copying each record's plaintext here was 31 % of a
+/// worker's samples serving 1 MiB over TLS, more than AES-GCM. Pieces under the threshold take
+/// the vector loop; `black_box` keeps the compiler from merging them back into one `memcpy`.
+fn extend_in_pieces(vec: &mut Vec<u8>, src: &[u8]) {
+    const PIECE: usize = 2048;
+    vec.reserve(src.len());
+    for piece in src.chunks(PIECE) {
+        vec.extend_from_slice(core::hint::black_box(piece));
     }
 }
 
