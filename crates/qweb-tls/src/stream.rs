@@ -208,29 +208,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
     }
 }
 
-/// The plaintext of one full TLS record (RFC 8446 section 5.1).
-const RECORD: usize = 16 * 1024;
-
-/// The first `len` bytes of `bufs` (less than all of them).
-fn prefix<'b>(bufs: &'b [io::IoSlice<'_>], mut len: usize) -> Vec<io::IoSlice<'b>> {
-    let mut out = Vec::with_capacity(bufs.len());
-    for b in bufs {
-        if len == 0 {
-            break;
-        }
-        let n = b.len().min(len);
-        out.push(io::IoSlice::new(&b[..n]));
-        len -= n;
-    }
-    out
-}
-
 /// Writes are coalesced: plaintext goes into rustls, which encrypts it into records and holds
 /// them (up to its buffer limit, 64 KiB by default); the socket gets them all in one `writev`
 /// when the caller flushes (hyper and h2 flush after each batch of frames) or when rustls'
 /// buffer is full. An HTTP/2 response of 100 KiB (seven DATA frames) is then one or two
-/// `writev`s instead of one per frame. rustls gets whole records only: a write that would
-/// meet its buffer limit is cut to the records that fit, or waits for the held ones to go out.
+/// `writev`s instead of one per frame. Where rustls' buffer limit cuts a write, it cuts after
+/// a whole record, or takes nothing until the held records are out (vendor/rustls/QWEB.md).
 impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
     fn poll_write(
         self: Pin<&mut Self>,
@@ -249,24 +232,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
         if bufs.iter().all(|b| b.is_empty()) {
             return Poll::Ready(Ok(0));
         }
-        let total: usize = bufs.iter().map(|b| b.len()).sum();
         let mut retried = false;
         loop {
-            // rustls takes what fits in its send buffer and cuts a write where the buffer
-            // is full: hand it whole records only, so that a 16 KiB HTTP/2 DATA frame is one
-            // record, not a record cut at the limit and a short one for the rest
-            let room = this.conn.writable_len();
-            let n = if total <= room {
-                this.conn.writer().write_vectored(bufs)?
-            } else if room >= RECORD {
-                let whole = room / RECORD * RECORD;
-                this.conn.writer().write_vectored(&prefix(bufs, whole))?
-            } else if !this.conn.wants_write() {
-                // nothing held to write out first (a limit under one record): what fits
-                this.conn.writer().write_vectored(bufs)?
-            } else {
-                0
-            };
+            // rustls takes what fits in its send buffer, in whole records while it holds
+            // some (vendor/rustls: a write is not cut into a short record at the limit);
+            // nothing when not even one record fits
+            let n = this.conn.writer().write_vectored(bufs)?;
             if n > 0 {
                 return Poll::Ready(Ok(n));
             }

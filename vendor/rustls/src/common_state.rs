@@ -361,9 +361,21 @@ impl CommonState {
         // constant and predictable amount, so it's not a terrible issue.
         let len = match limit {
             #[cfg(feature = "std")]
-            Limit::Yes => self
-                .sendable_tls
-                .apply_limit(payload.len()),
+            Limit::Yes => {
+                let fits = self
+                    .sendable_tls
+                    .apply_limit(payload.len());
+                // qweb: where the limit cuts a write while records are held, cut it after
+                // the last whole record that fits (none: the caller writes the held ones out
+                // first), not into a short record (an HTTP/2 DATA frame of 16 KiB went out
+                // as records of 15 369 and 1 024 bytes). An empty buffer takes what fits.
+                if fits < payload.len() && !self.sendable_tls.is_empty() {
+                    let record = self.message_fragmenter.max_frag();
+                    fits / record * record
+                } else {
+                    fits
+                }
+            }
             Limit::No => payload.len(),
         };
 

@@ -563,16 +563,6 @@ impl<Data> ConnectionCommon<Data> {
         }
     }
 
-    /// qweb: how many bytes of plaintext [`Connection::writer`] takes now before the TLS
-    /// send buffer reaches its limit (`usize::MAX` without one), so that a caller can hand
-    /// over whole records: a write that meets the limit is cut there, into a short record.
-    pub fn writable_len(&self) -> usize {
-        self.core
-            .common_state
-            .sendable_tls
-            .apply_limit(usize::MAX)
-    }
-
     /// Sends a TLS1.3 `key_update` message to refresh a connection's keys.
     ///
     /// This call refreshes our encryption keys. Once the peer receives the message,

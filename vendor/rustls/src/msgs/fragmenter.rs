@@ -18,6 +18,11 @@ impl Default for MessageFragmenter {
 }
 
 impl MessageFragmenter {
+    /// qweb: the largest payload of one record.
+    pub(crate) fn max_frag(&self) -> usize {
+        self.max_frag
+    }
+
     /// Take `msg` and fragment it into new messages with the same type and version.
     ///
     /// Each returned message size is no more than `max_frag`.
