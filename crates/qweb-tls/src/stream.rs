@@ -49,6 +49,12 @@ impl<IO: AsyncWrite + Unpin> Write for SyncIo<'_, '_, IO> {
     }
 }
 
+/// How many bytes of sealed records rustls holds before a write waits for the socket: four
+/// records of 16 KiB of plaintext with their overhead (rustls' default of 64 KiB held only
+/// three, so an HTTP/2 response went out in `writev`s of three records). Also the most a
+/// connection whose peer does not read keeps in rustls.
+pub const SEND_BUFFER_LIMIT: usize = 4 * (16 * 1024 + 64);
+
 /// A TLS connection after its handshake, over `IO` (a `TcpStream` by default).
 pub struct TlsStream<IO = TcpStream> {
     io: IO,
@@ -63,7 +69,8 @@ pub struct TlsStream<IO = TcpStream> {
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
-    pub(crate) fn new(io: IO, conn: ServerConnection) -> Self {
+    pub(crate) fn new(io: IO, mut conn: ServerConnection) -> Self {
+        conn.set_buffer_limit(Some(SEND_BUFFER_LIMIT));
         TlsStream {
             io,
             conn,
@@ -209,7 +216,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
 }
 
 /// Writes are coalesced: plaintext goes into rustls, which encrypts it into records and holds
-/// them (up to its buffer limit, 64 KiB by default); the socket gets them all in one `writev`
+/// them (up to its buffer limit, `SEND_BUFFER_LIMIT`); the socket gets them all in one `writev`
 /// when the caller flushes (hyper and h2 flush after each batch of frames) or when rustls'
 /// buffer is full. An HTTP/2 response of 100 KiB (seven DATA frames) is then one or two
 /// `writev`s instead of one per frame. Where rustls' buffer limit cuts a write, it cuts after
@@ -609,7 +616,7 @@ mod tests {
         }
         server.flush().await.unwrap();
         let n = writes.load(std::sync::atomic::Ordering::Relaxed) - before;
-        // 112 KiB against rustls' 64 KiB buffer: one write when it fills, one at the flush
+        // 112 KiB against the 64 KiB send buffer: one write when it fills, one at the flush
         assert!(n <= 3, "{n} transport writes for 14 frame writes");
         let mut got = vec![0u8; sent.len()];
         client.read_exact(&mut got).await.unwrap();
@@ -617,13 +624,14 @@ mod tests {
     }
 
     /// HTTP/2 DATA frames of 16 375 bytes with their 9-byte heads (vendor/h2 sizes them so)
-    /// are written as whole 16 KiB records, also where rustls' 64 KiB send buffer fills: it
+    /// are written as whole 16 KiB records, also where the send buffer fills: it
     /// cut such a write at the limit, into a record of the bytes that fit and a short one for
     /// the rest (15 369 and 1 024 bytes, twice the records to seal and to open).
     #[tokio::test]
     async fn frames_of_one_record_are_written_as_whole_records() {
-        let (mut server, mut client, _, wire) = connect_counting().await;
+        let (mut server, mut client, writes, wire) = connect_counting().await;
         let start = wire.lock().unwrap().len();
+        let writes_before = writes.load(std::sync::atomic::Ordering::Relaxed);
         let mut sent = Vec::new();
         for i in 0..13u8 {
             let (head, payload) = ([i; 9], vec![i; 16 * 1024 - 9]);
@@ -641,6 +649,10 @@ mod tests {
             sent.extend_from_slice(&payload);
         }
         server.flush().await.unwrap();
+        // `SEND_BUFFER_LIMIT` holds four such records (rustls' default held three): 13
+        // records leave in three writes of four and one of one
+        let n = writes.load(std::sync::atomic::Ordering::Relaxed) - writes_before;
+        assert_eq!(n, 4, "transport writes for 13 records");
         let mut got = vec![0u8; sent.len()];
         client.read_exact(&mut got).await.unwrap();
         assert!(got == sent, "bytes differ");

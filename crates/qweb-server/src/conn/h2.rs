@@ -265,3 +265,110 @@ mod tests {
         assert_eq!(Closing::Open.deadline(), None);
     }
 }
+
+/// vendor/h2's write path over a transport that counts flushes (mock IO: an in-memory pipe).
+#[cfg(test)]
+mod write_tests {
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    use std::sync::Arc;
+    use std::task::{Context, Poll};
+
+    use bytes::Bytes;
+    use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
+
+    /// Counts the flushes asked of the transport: over TLS each one writes the records held
+    /// so far to the socket.
+    struct CountFlushes {
+        inner: DuplexStream,
+        flushes: Arc<AtomicUsize>,
+    }
+
+    impl AsyncRead for CountFlushes {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_read(cx, buf)
+        }
+    }
+
+    impl AsyncWrite for CountFlushes {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            Pin::new(&mut self.inner).poll_write(cx, buf)
+        }
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            self.flushes.fetch_add(1, Relaxed);
+            Pin::new(&mut self.inner).poll_flush(cx)
+        }
+        fn poll_shutdown(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    /// A response of seven DATA frames, all sendable at once, reaches the transport with one
+    /// flush or two, not one per frame: h2 made room for each next frame by flushing the
+    /// transport (over TLS, one `writev` per 16 KiB frame), where writing the frame into it
+    /// is enough (vendor/h2 `FramedWrite::poll_ready`); it flushes once nothing more is ready.
+    #[tokio::test]
+    async fn data_frames_are_not_flushed_one_by_one() {
+        let (client_io, server_io) = tokio::io::duplex(1 << 20);
+        let flushes = Arc::new(AtomicUsize::new(0));
+        let server_io = CountFlushes {
+            inner: server_io,
+            flushes: flushes.clone(),
+        };
+        let body: Bytes = (0..100 * 1024).map(|i| (i % 251) as u8).collect();
+        let sent = body.clone();
+        let (at_send, at_send_rx) = tokio::sync::oneshot::channel();
+        let counted = flushes.clone();
+        let server = tokio::spawn(async move {
+            let mut conn = h2::server::handshake(server_io).await.unwrap();
+            let (_req, mut respond) = conn.accept().await.unwrap().unwrap();
+            let mut stream = respond
+                .send_response(http::Response::new(()), false)
+                .unwrap();
+            // the headers and the body go out in the connection's next turn
+            let _ = at_send.send(counted.load(Relaxed));
+            stream.send_data(sent, true).unwrap();
+            // drive the connection until the client goes away
+            while let Some(r) = conn.accept().await {
+                if r.is_err() {
+                    break;
+                }
+            }
+        });
+        let (mut client, conn) = h2::client::Builder::new()
+            .initial_window_size(1 << 20)
+            .initial_connection_window_size(1 << 20)
+            .handshake::<_, Bytes>(client_io)
+            .await
+            .unwrap();
+        let driver = tokio::spawn(conn);
+        let req = http::Request::get("https://example.com/").body(()).unwrap();
+        let (resp, _) = client.send_request(req, true).unwrap();
+        let resp = resp.await.unwrap();
+        let before = at_send_rx.await.unwrap();
+        let mut got = Vec::new();
+        let mut rx = resp.into_body();
+        while let Some(chunk) = rx.data().await {
+            let chunk = chunk.unwrap();
+            let _ = rx.flow_control().release_capacity(chunk.len());
+            got.extend_from_slice(&chunk);
+        }
+        let n = flushes.load(Relaxed) - before;
+        assert!(got == body, "bytes differ");
+        assert!(n <= 2, "{n} flushes for a HEADERS frame and 7 DATA frames");
+        drop(client);
+        driver.abort();
+        server.abort();
+    }
+}

@@ -109,8 +109,11 @@ where
     /// to be flushed to `T`.
     pub fn poll_ready(&mut self, cx: &mut Context) -> Poll<io::Result<()>> {
         if !self.encoder.has_capacity() {
-            // Try flushing
-            ready!(self.flush(cx))?;
+            // qweb: hand the queued frames to `T` without flushing it. A TLS stream seals them
+            // into records and holds those until its buffer is full or the caller flushes
+            // (`Prioritize` flushes once nothing more is ready to send), so that a batch of
+            // DATA frames leaves in one large write instead of one write per frame.
+            ready!(self.write_buffered(cx))?;
 
             if !self.encoder.has_capacity() {
                 return Poll::Pending;
@@ -144,6 +147,18 @@ where
         let span = tracing::trace_span!("FramedWrite::flush");
         let _e = span.enter();
 
+        ready!(self.write_buffered(cx))?;
+
+        tracing::trace!("flushing buffer");
+        // Flush the upstream
+        ready!(Pin::new(&mut self.inner).poll_flush(cx))?;
+
+        Poll::Ready(Ok(()))
+    }
+
+    /// qweb: writes every queued frame to `T`, without flushing `T` (the first half of
+    /// `flush`, which `poll_ready` uses alone).
+    fn write_buffered(&mut self, cx: &mut Context) -> Poll<io::Result<()>> {
         loop {
             while !self.encoder.is_empty() {
                 let n = match self.encoder.next {
@@ -173,11 +188,6 @@ where
                 ControlFlow::Break => break,
             }
         }
-
-        tracing::trace!("flushing buffer");
-        // Flush the upstream
-        ready!(Pin::new(&mut self.inner).poll_flush(cx))?;
-
         Poll::Ready(Ok(()))
     }
 
