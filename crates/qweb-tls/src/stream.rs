@@ -66,6 +66,9 @@ pub struct TlsStream<IO = TcpStream> {
     flush_after_yield: bool,
     /// This flush already waited its turn.
     flush_yielded: bool,
+    /// A read that finds nothing keeps rustls' read buffer (see
+    /// [`TlsStream::set_keep_read_buffer`]).
+    keep_read_buffer: bool,
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
@@ -78,7 +81,17 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
             close_sent: false,
             flush_after_yield: false,
             flush_yielded: false,
+            keep_read_buffer: false,
         }
+    }
+
+    /// With `on`, a read (`poll_read`) that finds nothing to read keeps rustls' read buffer
+    /// for the next one; `poll_read_ready`, which a connection waiting idle uses, still frees
+    /// it. Off by default: an HTTP/2 connection waits in `poll_read` and frees it there. The
+    /// HTTP/1 driver turns it on, since it waits idle in `poll_read_ready`: otherwise each
+    /// request allocated and zeroed the buffer again (4 KiB, with glibc's `rep stosb`).
+    pub fn set_keep_read_buffer(&mut self, on: bool) {
+        self.keep_read_buffer = on;
     }
 
     /// With `on`, a flush with records to send first lets the other ready tasks of the event
@@ -118,7 +131,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
                 return Poll::Ready(Ok(()));
             }
             // (false: end of stream, reported on the next turn)
-            if ready!(self.poll_read_tls(cx))? && self.conn.wants_write() {
+            if ready!(self.poll_read_tls(cx, true))? && self.conn.wants_write() {
                 let _ = self.poll_write_tls(cx);
             }
         }
@@ -142,8 +155,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
     }
 
     /// Reads TLS records from the socket into rustls and processes them. `Ready(Ok(false))`
-    /// at end of stream.
-    fn poll_read_tls(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<bool>> {
+    /// at end of stream. With `release`, nothing to read frees rustls' read buffer.
+    fn poll_read_tls(&mut self, cx: &mut Context<'_>, release: bool) -> Poll<io::Result<bool>> {
         let mut sync = SyncIo {
             io: &mut self.io,
             cx,
@@ -158,7 +171,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
                 // Nothing to read for now, and the connection may stay idle for long: it keeps
                 // no empty read buffer meanwhile (rustls sized it to 4 KiB for this read; the
                 // next read allocates it again). Bytes of a record not yet complete are kept.
-                self.conn.release_idle_buffers();
+                if release {
+                    self.conn.release_idle_buffers();
+                }
                 return Poll::Pending;
             }
             Err(e) => return Poll::Ready(Err(e)),
@@ -201,7 +216,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
             if this.read_eof {
                 return Poll::Ready(Ok(()));
             }
-            match ready!(this.poll_read_tls(cx)) {
+            let release = !this.keep_read_buffer;
+            match ready!(this.poll_read_tls(cx, release)) {
                 Ok(true) => {
                     // records may have produced something to send (alerts, key updates)
                     if this.conn.wants_write() {
@@ -424,6 +440,42 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_millis(ms), ready)
             .await
             .ok()
+    }
+
+    /// `keep_read_buffer`: a read that finds nothing keeps rustls' read buffer (the HTTP/1
+    /// driver's case: the buffer was freed, then allocated and zeroed again for every request);
+    /// without it, and while waiting idle in `poll_read_ready` with it, the buffer is freed.
+    #[tokio::test]
+    async fn a_read_that_finds_nothing_keeps_the_buffer_only_when_asked() {
+        let p = pair();
+        let (mut server, mut client) = connect(&p, 65536).await;
+        for keep in [true, false, true] {
+            server.set_keep_read_buffer(keep);
+            client.write_all(b"ping").await.unwrap();
+            client.flush().await.unwrap();
+            let mut got = [0u8; 4];
+            server.read_exact(&mut got).await.unwrap();
+            assert_eq!(&got, b"ping");
+            // nothing more was sent: this read finds nothing
+            let mut more = [0u8; 8];
+            let wait = std::time::Duration::from_millis(50);
+            assert!(tokio::time::timeout(wait, server.read(&mut more))
+                .await
+                .is_err());
+            let held = server.conn.release_idle_buffers();
+            assert_eq!(
+                held > 0,
+                keep,
+                "keep = {keep}: {held} bytes were still held"
+            );
+        }
+        // waiting idle in poll_read_ready frees it, kept or not
+        client.write_all(b"ping").await.unwrap();
+        client.flush().await.unwrap();
+        let mut got = [0u8; 4];
+        server.read_exact(&mut got).await.unwrap();
+        assert!(ready_within(&mut server, 50).await.is_none());
+        assert_eq!(server.conn.release_idle_buffers(), 0);
     }
 
     /// An idle stream waits for readiness without taking plaintext: records that carry none (a

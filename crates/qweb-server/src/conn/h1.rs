@@ -74,6 +74,9 @@ pub(super) async fn serve<T, H: Host, S: Handle>(
     let limits = worker.limits();
     let mut shutdown = worker.shutdown();
     let mut shut = pin!(shutdown.wait_for(|s| *s));
+    let mut io = io;
+    // reads between requests keep the transport's read buffer; parking frees it
+    io.keep_read_buffer(true);
     let mut c = Conn {
         io,
         buf: BytesMut::new(),
@@ -136,6 +139,8 @@ pub(super) async fn serve<T, H: Host, S: Handle>(
             let rest = std::mem::take(&mut c.buf).freeze();
             match state.tunnel.take() {
                 Some(t) => {
+                    // a tunnel reads until the peer sends: nothing to keep between reads
+                    c.io.keep_read_buffer(false);
                     // kept past a reload's shutdown_timeout; told when to go away
                     let (_tunnel, ending) = worker.tunnels().started(worker.shutdown());
                     t.run(c.io, rest, Some(ending)).await;

@@ -42,6 +42,11 @@ pub(crate) trait ReadReady {
     /// The TCP socket's file descriptor (for [`ReadReady::unsent`], and for the HTTP/2 loop,
     /// which reads the send queue while hyper owns the transport).
     fn socket_fd(&self) -> RawFd;
+
+    /// With `on`, a read that finds nothing keeps the transport's read buffer (TLS: rustls')
+    /// for the next read, and only [`ReadReady::poll_read_ready`] frees it: the HTTP/1 driver
+    /// keeps it while it serves and waits idle in `poll_read_ready`.
+    fn keep_read_buffer(&mut self, _on: bool) {}
 }
 
 /// `SIOCOUTQ` of the TCP socket `fd` (0 when the kernel does not say, e.g. `fd` was closed).
@@ -112,6 +117,10 @@ impl ReadReady for TcpStream {
 impl ReadReady for qweb_tls::TlsStream {
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         qweb_tls::TlsStream::poll_read_ready(self, cx)
+    }
+
+    fn keep_read_buffer(&mut self, on: bool) {
+        self.set_keep_read_buffer(on);
     }
 
     fn socket_fd(&self) -> RawFd {

@@ -279,6 +279,10 @@ impl<T: ReadReady> ReadReady for Tracked<T> {
         self.inner.poll_read_ready(cx)
     }
 
+    fn keep_read_buffer(&mut self, on: bool) {
+        self.inner.keep_read_buffer(on);
+    }
+
     fn socket_fd(&self) -> std::os::fd::RawFd {
         self.inner.socket_fd()
     }
