@@ -134,6 +134,14 @@ pub(crate) struct Negotiated {
     stripped: bool,
 }
 
+impl Negotiated {
+    /// Whether [`finish`] may look for the response's file (`StaticFile`: its sidecars, its
+    /// cached variants): only when a codec was chosen.
+    pub(crate) fn wants_file(&self) -> bool {
+        self.codec.is_some()
+    }
+}
+
 /// Negotiates for a request and rewrites its `If-None-Match` (see the module documentation).
 /// `None` when compression is off.
 pub(crate) fn begin<B>(comp: Option<&Rc<Compressor>>, req: &mut Request<B>) -> Option<Negotiated> {

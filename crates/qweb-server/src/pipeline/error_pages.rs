@@ -53,7 +53,7 @@ pub(crate) fn apply(
     } else {
         Method::GET
     };
-    let served = files.serve(&m, &HeaderMap::new(), mount, sub, None, ahead);
+    let served = files.serve(&m, &HeaderMap::new(), mount, sub, None, ahead, false);
     if served.status() != http::StatusCode::OK {
         tracing::debug!(
             page,

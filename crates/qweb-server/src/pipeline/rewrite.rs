@@ -99,6 +99,7 @@ pub(crate) fn try_files(
     mount: &str,
     sub: &str,
     ahead: &ReadAhead,
+    identify: bool,
 ) -> Response<Body> {
     for (k, c) in list.iter().enumerate() {
         let last = k + 1 == list.len();
@@ -114,6 +115,7 @@ pub(crate) fn try_files(
             &candidate,
             req.uri().query(),
             ahead,
+            identify,
         );
         if last || r.status() != StatusCode::NOT_FOUND {
             return r;

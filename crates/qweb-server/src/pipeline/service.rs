@@ -90,8 +90,15 @@ impl Service {
         // after an HTTP/2 response (see `DrainAfter`).
         let (parts, body) = req.into_parts();
         let mut body = Some(body);
+        // static files say which file they are only when compression may look for it
+        let identify = negotiated.as_ref().is_some_and(|n| n.wants_file());
         let resp = self
-            .route(Request::from_parts(parts, ()), &mut body, &matched)
+            .route(
+                Request::from_parts(parts, ()),
+                &mut body,
+                &matched,
+                identify,
+            )
             .await;
         let route_metrics = matched
             .take()
@@ -206,12 +213,13 @@ impl Service {
 
     /// Routes `req` (its body in `body`, taken by the proxy); `matched` gets the `/metrics`
     /// handles of the route that serves it (none: refused before routing, or no route covers
-    /// the path).
+    /// the path). `identify`: static files attach which file they are (for compression).
     async fn route(
         &self,
         mut req: Request<()>,
         body: &mut Option<RequestBody>,
         matched: &std::cell::Cell<Option<std::rc::Rc<crate::observe::metrics::RouteMetrics>>>,
+        identify: bool,
     ) -> Response<Body> {
         let ahead = ReadAhead::of(&self.conn);
         if let Some(status) = head_too_large(&req, self.worker.limits.max_request_header_size) {
@@ -287,6 +295,7 @@ impl Service {
                         sub,
                         req.uri().query(),
                         &ahead,
+                        identify,
                     )
                 } else {
                     crate::pipeline::rewrite::try_files(
@@ -296,6 +305,7 @@ impl Service {
                         mount,
                         sub,
                         &ahead,
+                        identify,
                     )
                 };
                 match r.status() {
