@@ -723,7 +723,7 @@ mod tests {
         assert_eq!(records, vec![16_401; 13], "record lengths on the wire");
     }
 
-    /// A send buffer limit under one record (none is set in qweb; rustls allows it) still
+    /// A send buffer limit under one record (qweb's holds four; rustls allows any) still
     /// takes every write: what fits once the held records are out, never `WriteZero`.
     #[tokio::test]
     async fn a_limit_under_one_record_still_takes_writes() {

@@ -63,7 +63,7 @@ enum Stop {
 /// Serves HTTP/1.1 on `io` until the connection ends. `late`: the handshake finished after
 /// shutdown began; the first request is still served.
 pub(super) async fn serve<T, H: Host, S: Handle>(
-    io: Box<Tracked<T>>,
+    mut io: Box<Tracked<T>>,
     state: Rc<ConnState>,
     worker: &H,
     svc: Rc<S>,
@@ -74,7 +74,6 @@ pub(super) async fn serve<T, H: Host, S: Handle>(
     let limits = worker.limits();
     let mut shutdown = worker.shutdown();
     let mut shut = pin!(shutdown.wait_for(|s| *s));
-    let mut io = io;
     // reads between requests keep the transport's read buffer; parking frees it
     io.keep_read_buffer(true);
     let mut c = Conn {
