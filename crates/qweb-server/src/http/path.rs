@@ -32,6 +32,9 @@ pub(crate) enum PathError {
     Forbidden,
     /// More `..` segments than there are segments to remove.
     AboveRoot,
+    /// Another route covers the path when its case is folded (the router's check, in
+    /// pipeline/service.rs).
+    CaseAmbiguous,
 }
 
 impl PathError {
@@ -90,18 +93,40 @@ pub(crate) fn normalize_decoding_separators(raw: &str) -> Result<String, PathErr
 /// `/api` and `/api/...`, not `/apix`. Else `(mount, sub)`: with `strip` (and a prefix other
 /// than `/`) the prefix and the path beneath it (`/` for the prefix itself), else `("",
 /// path)`. The one prefix split of routing, rewrites, error pages and `pass_raw_path`.
+///
+/// Path parameters do not hide a segment from its prefix: `/api;x`, `/api;/y` and
+/// `/api%3Bx/y` are beneath `/api`, as Tomcat, Jetty and Spring read them (each segment's
+/// name ends at its first `;`), so that a route's rules see the path its upstream acts on.
+/// With `strip`, the parameters of the prefix's own segments go with the prefix.
 pub(crate) fn split_prefix<'a>(
     prefix: &'a str,
     strip: bool,
     path: &'a str,
 ) -> Option<(&'a str, &'a str)> {
+    split_prefix_as(prefix, strip, path, Case::Sensitive)
+}
+
+/// How a prefix is compared with a path's segments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Case {
+    /// Byte for byte, as RFC 3986 says paths compare and qweb routes.
+    Sensitive,
+    /// ASCII case folded: how a case-insensitive upstream (IIS, a Windows or macOS file
+    /// system) reads the path; for checking that it would not land elsewhere.
+    Folded,
+}
+
+/// [`split_prefix`], comparing as `case` says.
+pub(crate) fn split_prefix_as<'a>(
+    prefix: &'a str,
+    strip: bool,
+    path: &'a str,
+    case: Case,
+) -> Option<(&'a str, &'a str)> {
     if prefix == "/" {
         return Some(("", path));
     }
-    let rest = path.strip_prefix(prefix)?;
-    if !(rest.is_empty() || rest.starts_with('/')) {
-        return None;
-    }
+    let rest = beneath(prefix, path, case)?;
     Some(match (strip, rest) {
         (false, _) => ("", path),
         (true, "") => (prefix, "/"),
@@ -109,9 +134,65 @@ pub(crate) fn split_prefix<'a>(
     })
 }
 
+/// What of `path` lies beneath `prefix` (not `/`): `Some("")` for the prefix itself, `/...`
+/// below it, `None` when `prefix` does not cover `path`. See [`split_prefix`].
+fn beneath<'a>(prefix: &str, path: &'a str, case: Case) -> Option<&'a str> {
+    let same = |a: &str, b: &str| match case {
+        Case::Sensitive => a == b,
+        Case::Folded => a.eq_ignore_ascii_case(b),
+    };
+    if let Some(head) = path.get(..prefix.len()) {
+        let rest = &path[prefix.len()..];
+        if same(head, prefix) && (rest.is_empty() || rest.starts_with('/')) {
+            return Some(rest);
+        }
+    }
+    if !has_parameters(path) {
+        return None;
+    }
+    // segment by segment, each path segment's name without its parameters
+    let mut rest = path;
+    for want in prefix.strip_prefix('/')?.split('/') {
+        rest = rest.strip_prefix('/')?;
+        let end = rest.find('/').unwrap_or(rest.len());
+        if !same(segment_name(&rest[..end]), want) {
+            return None;
+        }
+        rest = &rest[end..];
+    }
+    Some(rest)
+}
+
+/// Does `path` carry a path parameter (a `;`, raw or encoded as `%3B`)?
+pub(crate) fn has_parameters(path: &str) -> bool {
+    let b = path.as_bytes();
+    b.contains(&b';')
+        || b.windows(3)
+            .any(|w| w[0] == b'%' && w[1] == b'3' && (w[2] | 0x20) == b'b')
+}
+
+/// A segment's name: what comes before its first parameter (`;` or `%3B`).
+fn segment_name(segment: &str) -> &str {
+    let b = segment.as_bytes();
+    let end = (0..b.len())
+        .find(|&i| {
+            b[i] == b';'
+                || (b[i] == b'%'
+                    && b.get(i + 1) == Some(&b'3')
+                    && b.get(i + 2).is_some_and(|c| (c | 0x20) == b'b'))
+        })
+        .unwrap_or(b.len());
+    &segment[..end]
+}
+
 /// Does `prefix` cover `path`? See [`split_prefix`].
 pub(crate) fn covers(prefix: &str, path: &str) -> bool {
     split_prefix(prefix, false, path).is_some()
+}
+
+/// Does `prefix` cover `path` as `case` compares? See [`split_prefix_as`].
+pub(crate) fn covers_as(prefix: &str, path: &str, case: Case) -> bool {
+    split_prefix_as(prefix, false, path, case).is_some()
 }
 
 fn normalize_with(raw: &str, separators: Separators) -> Result<String, PathError> {
@@ -348,6 +429,58 @@ mod tests {
         ] {
             assert_eq!(split_prefix(prefix, strip, path), want, "{prefix} {path}");
             assert_eq!(covers(prefix, path), want.is_some(), "{prefix} {path}");
+        }
+    }
+
+    /// Issue 41, item 1: a segment's `;` parameters (raw or `%3B`, any case of the hex) do
+    /// not take it out of its prefix, as Tomcat, Jetty and Spring read it.
+    #[test]
+    fn parameters_stay_beneath_their_prefix() {
+        for (path, strip, want) in [
+            ("/admin;x", true, Some(("/admin", "/"))),
+            ("/admin;", true, Some(("/admin", "/"))),
+            (
+                "/admin;jsessionid=1",
+                false,
+                Some(("", "/admin;jsessionid=1")),
+            ),
+            ("/admin;/", true, Some(("/admin", "/"))),
+            ("/admin;x/", true, Some(("/admin", "/"))),
+            ("/admin;/x", true, Some(("/admin", "/x"))),
+            ("/admin%3Bx/y", true, Some(("/admin", "/y"))),
+            ("/admin%3bx/y", true, Some(("/admin", "/y"))),
+            ("/admin/x;y", true, Some(("/admin", "/x;y"))),
+            ("/adminx;y", true, None),
+            ("/admi;n", true, None),
+            ("/;admin", true, None),
+            ("/admin%3Ax", true, None),
+        ] {
+            assert_eq!(split_prefix("/admin", strip, path), want, "{path}");
+        }
+        assert_eq!(
+            split_prefix("/a/b", true, "/a;x/b;y/c"),
+            Some(("/a/b", "/c"))
+        );
+        assert_eq!(split_prefix("/a/b", true, "/a;x/bc"), None);
+        assert_eq!(split_prefix("/a/b", true, "/a;x"), None);
+    }
+
+    #[test]
+    fn folded_case_compares_without_case() {
+        for (path, sensitive, folded) in [
+            ("/admin", true, true),
+            ("/ADMIN", false, true),
+            ("/Admin/x", false, true),
+            ("/aDmIn;x/y", false, true),
+            ("/ADMINX", false, false),
+            ("/", false, false),
+        ] {
+            assert_eq!(
+                covers_as("/admin", path, Case::Sensitive),
+                sensitive,
+                "{path}"
+            );
+            assert_eq!(covers_as("/admin", path, Case::Folded), folded, "{path}");
         }
     }
 

@@ -185,6 +185,23 @@ impl Service {
             .find(|r| crate::http::path::covers(&r.prefix, path))
     }
 
+    /// The route of the normalised `path`, refused (400) when a case-insensitive upstream
+    /// would read the path as another route's (`/ADMIN/x` beside an `/admin` route and a
+    /// proxy route `/` in front of IIS): two hops must agree on which rules apply. Path
+    /// parameters are already read as Tomcat reads them by [`covers`](crate::http::path::covers).
+    fn route_of<'a>(routes: &'a [Route], path: &str) -> Result<Option<&'a Route>, PathError> {
+        use crate::http::path::{covers_as, Case};
+        let route = Self::find_route(routes, path);
+        let folded = routes
+            .iter()
+            .find(|r| covers_as(&r.prefix, path, Case::Folded));
+        match (route, folded) {
+            (Some(a), Some(b)) if std::ptr::eq(a, b) => Ok(route),
+            (None, None) => Ok(None),
+            _ => Err(PathError::CaseAmbiguous),
+        }
+    }
+
     /// A `pass_raw_path` route forwards the target as sent: refused (400) unless the path as
     /// an upstream that decodes `%2F` and `%5C` understands it is routed to this same route
     /// (`/files/..%2fsecret` is `/secret` there, a path outside the route).
@@ -267,7 +284,13 @@ impl Service {
                 return response::status(e.status());
             }
         };
-        let route = Self::find_route(routes, &path);
+        let route = match Self::route_of(routes, &path) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(peer = %self.conn.peer, "refused path: {e:?}");
+                return response::status(e.status());
+            }
+        };
         matched.set(route.map(|r| r.metrics.clone()));
         let pages = self.worker.sites.error_pages(site);
         let Some(route) = route else {

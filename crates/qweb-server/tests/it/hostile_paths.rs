@@ -330,3 +330,117 @@ async fn autoindex_lists_only_what_it_serves_and_no_control_bytes() {
         assert_ne!(r.status, 200, "{gone}");
     }
 }
+
+/// Issue 41, item 1: path parameters around route rules. Tomcat, Jetty and Spring read
+/// `/admin;x` as `/admin` with a parameter, so an `/admin` route's rules must apply to it and
+/// a proxy route `/` in front of such an upstream must never see it; a path that a
+/// case-insensitive upstream would read as another route's is refused. Over HTTP/1.1,
+/// HTTP/2 and HTTP/3 alike, with `%3b`/`%3B`, `//` and unreserved-escape variants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn path_parameters_do_not_take_a_path_out_of_its_route() {
+    use common::h3::{aioquic, aioquic_available, H3Request};
+    let up = recorder::start().await;
+    let ts = common::start_with(
+        &format!(
+            "[[listener]]\naddress = \"127.0.0.1:0\"\nhttp3 = true\n[listener.tls]\nself_signed = true\n\
+             [[listener]]\naddress = \"127.0.0.1:0\"\n\
+             [[route]]\nprefix = \"/admin\"\nstrip_prefix = true\nroot = \"{{dir}}/adm\"\n\
+             [[route]]\nprefix = \"/\"\nupstreams = [\"{}\"]\n",
+            up.addr
+        ),
+        |d| {
+            std::fs::create_dir_all(d.join("adm/x")).unwrap();
+            std::fs::write(d.join("adm/index.html"), "ADMIN-ROUTE").unwrap();
+            std::fs::write(d.join("adm/x/index.html"), "ADMIN-ROUTE").unwrap();
+        },
+    );
+    let (tls, plain) = (ts.addrs[0], ts.addrs[1]);
+    let parameters = [
+        "/admin;x",
+        "/admin;",
+        "/admin;jsessionid=1",
+        "/admin;/",
+        "/admin;x/",
+        "/admin;/x/",
+        "/admin%3bx",
+        "/admin%3Bx/x/",
+        "//admin;x",
+        "/%61dmin;x",
+        "/./admin;x/",
+    ];
+    let case = ["/ADMIN", "/Admin;x", "/aDmin/x/", "/ADMIN%3B/x/"];
+    let mut failures = Vec::new();
+    // HTTP/1.1
+    for path in parameters {
+        let r = get(plain, path).await;
+        if r.status != 200 || !r.body.contains("ADMIN-ROUTE") {
+            failures.push(format!("h1 {path}: {} {}", r.status, r.body));
+        }
+    }
+    for path in case {
+        let r = get(plain, path).await;
+        if r.status != 400 {
+            failures.push(format!("h1 {path}: {} (want 400)", r.status));
+        }
+    }
+    // the upstream still gets what is its own
+    assert_eq!(get(plain, "/app;jsessionid=1/x").await.status, 200);
+    assert_eq!(up.take().len(), 1, "the proxy route works");
+    // HTTP/2
+    let cfg = common::tls_client_config(&ts.cert(), Proto::H2);
+    let c = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let tcp = TcpStream::connect(tls).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let (client, conn) = h2::client::handshake(c.connect(name, tcp).await.unwrap())
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    for (path, want) in parameters
+        .iter()
+        .map(|p| (p, 200))
+        .chain(case.iter().map(|p| (p, 400)))
+    {
+        let mut client = client.clone().ready().await.unwrap();
+        let req = http::Request::builder()
+            .uri(format!("https://localhost:{}{path}", tls.port()))
+            .body(())
+            .unwrap();
+        let (resp, _) = client.send_request(req, true).unwrap();
+        let resp = tokio::time::timeout(TIMEOUT, resp).await.unwrap().unwrap();
+        if resp.status() != want {
+            failures.push(format!("h2 {path}: {} (want {want})", resp.status()));
+        }
+    }
+    // HTTP/3
+    if aioquic_available() {
+        let reqs: Vec<H3Request> = parameters
+            .iter()
+            .chain(case.iter())
+            .map(|p| H3Request::get(p))
+            .collect();
+        let ca = ts.cert();
+        let out = tokio::task::spawn_blocking(move || aioquic(tls, &ca, &reqs, false))
+            .await
+            .unwrap()
+            .expect("aioquic connects");
+        for (i, r) in out.iter().enumerate() {
+            let want = if i < parameters.len() { 200 } else { 400 };
+            let (path, status) = (
+                parameters.iter().chain(case.iter()).nth(i).unwrap(),
+                r.as_ref().map(|r| r.status).unwrap_or(0),
+            );
+            if status != want {
+                failures.push(format!("h3 {path}: {status} (want {want})"));
+            }
+        }
+    } else {
+        eprintln!("SKIPPED (HTTP/3 part): python3 with aioquic is needed (pip install aioquic)");
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let leaked = up.take();
+    assert!(
+        leaked.is_empty(),
+        "reached the upstream: {:?}",
+        leaked.iter().map(|r| r.target().to_owned()).collect::<Vec<_>>()
+    );
+}
