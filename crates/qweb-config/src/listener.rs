@@ -16,6 +16,11 @@ use super::{
 pub struct ListenerConfig {
     /// Address and port; port 0 picks a free port (used by tests).
     pub address: SocketAddr,
+    /// On the unspecified IPv6 address (`[::]`): IPv6 clients only (`IPV6_V6ONLY`). Default
+    /// off: `[::]` takes IPv4 clients too (as Caddy and Go bind it; nginx's `ipv6only=on` is
+    /// the opt-in here), unless another listener binds `0.0.0.0` on the same port. Always on
+    /// for a specific IPv6 address, which no IPv4 client can reach anyway.
+    pub ipv6_only: bool,
     /// TLS settings; `None` is plain HTTP/1.1.
     pub tls: Option<TlsConfig>,
     /// Offer HTTP/2 by ALPN (TLS listeners only).
@@ -75,6 +80,7 @@ pub(super) fn default_listeners() -> Vec<ListenerConfig> {
     vec![
         ListenerConfig {
             address: ([127, 0, 0, 1], 8443).into(),
+            ipv6_only: true,
             tls: Some(TlsConfig::SelfSigned),
             http2: true,
             http3: false,
@@ -86,6 +92,7 @@ pub(super) fn default_listeners() -> Vec<ListenerConfig> {
         },
         ListenerConfig {
             address: ([127, 0, 0, 1], 8080).into(),
+            ipv6_only: true,
             tls: None,
             http2: false,
             http3: false,
@@ -127,7 +134,52 @@ impl Validator<'_> {
             }
             out.push(cfg);
         }
+        for (i, l) in ls.get_ref().iter().enumerate() {
+            out[i].ipv6_only = self.ipv6_only(i, l, &out)?;
+        }
         Ok(out)
+    }
+
+    /// `ipv6_only` of listener `i` (see [`ListenerConfig::ipv6_only`]): only on an IPv6
+    /// address; `false` on `[::]` refused where another listener binds `0.0.0.0` on its port.
+    fn ipv6_only(
+        &self,
+        i: usize,
+        l: &RawListener,
+        all: &[ListenerConfig],
+    ) -> Result<bool, ConfigError> {
+        let addr = *l.address.get_ref();
+        let key = format!("listener[{i}].ipv6_only");
+        let v4_beside = addr.port() != 0
+            && all.iter().any(|o| {
+                o.address.port() == addr.port() && o.address.ip() == std::net::Ipv4Addr::UNSPECIFIED
+            });
+        match (&l.ipv6_only, addr) {
+            (Some(v), SocketAddr::V4(_)) => Err(self.err(
+                Some(v.span()),
+                key,
+                format!("ipv6_only applies to IPv6 addresses, not {addr}"),
+            )),
+            (Some(v), SocketAddr::V6(a)) if !*v.get_ref() && !a.ip().is_unspecified() => {
+                Err(self.err(
+                    Some(v.span()),
+                    key,
+                    format!("ipv6_only = false needs the unspecified address [::], not {addr}"),
+                ))
+            }
+            (Some(v), _) if !*v.get_ref() && v4_beside => Err(self.err(
+                Some(v.span()),
+                key,
+                format!(
+                    "[::]:{} with ipv6_only = false would also take IPv4 port {}, which another listener binds on 0.0.0.0",
+                    addr.port(),
+                    addr.port()
+                ),
+            )),
+            (Some(v), _) => Ok(*v.get_ref()),
+            (None, SocketAddr::V6(a)) => Ok(!a.ip().is_unspecified() || v4_beside),
+            (None, SocketAddr::V4(_)) => Ok(false),
+        }
     }
 
     /// Validates listener `i` (its TLS, offload, HTTP/2 and redirect).
@@ -229,6 +281,8 @@ impl Validator<'_> {
         }
         Ok(ListenerConfig {
             address: *l.address.get_ref(),
+            // set once every listener is known (`ipv6_only`)
+            ipv6_only: true,
             http2: http2 && tls.is_some(),
             http3,
             alt_svc_max_age: l
@@ -314,5 +368,57 @@ mod http3 {
             "{e}"
         );
         assert!(e.contains("needs http3 = true"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod ipv6_only {
+    use crate::Config;
+
+    fn listeners(text: &str) -> Result<Vec<bool>, String> {
+        Config::from_str_at(text, None)
+            .map(|c| c.listeners.iter().map(|l| l.ipv6_only).collect())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn unspecified_ipv6_is_dual_stack_unless_ipv4_shares_its_port() {
+        let l = |a: &str| format!("[[listener]]\naddress = \"{a}\"\n");
+        assert_eq!(listeners(&l("[::]:0")), Ok(vec![false]));
+        assert_eq!(listeners(&l("[::1]:0")), Ok(vec![true]));
+        assert_eq!(listeners(&l("127.0.0.1:0")), Ok(vec![false]));
+        assert_eq!(
+            listeners(&format!("{}ipv6_only = true\n", l("[::]:0"))),
+            Ok(vec![true])
+        );
+        assert_eq!(
+            listeners(&format!("{}{}", l("0.0.0.0:8000"), l("[::]:8000"))),
+            Ok(vec![false, true])
+        );
+        assert_eq!(
+            listeners(&format!("{}{}", l("0.0.0.0:8000"), l("[::]:8001"))),
+            Ok(vec![false, false])
+        );
+    }
+
+    #[test]
+    fn ipv6_only_where_it_means_nothing_is_refused_by_name() {
+        for (text, key) in [
+            (
+                "[[listener]]\naddress = \"127.0.0.1:0\"\nipv6_only = true\n",
+                "listener[0].ipv6_only",
+            ),
+            (
+                "[[listener]]\naddress = \"[::1]:0\"\nipv6_only = false\n",
+                "listener[0].ipv6_only",
+            ),
+            (
+                "[[listener]]\naddress = \"0.0.0.0:8000\"\n[[listener]]\naddress = \"[::]:8000\"\nipv6_only = false\n",
+                "listener[1].ipv6_only",
+            ),
+        ] {
+            let err = listeners(text).expect_err(text);
+            assert!(err.contains(key), "{text}: {err}");
+        }
     }
 }

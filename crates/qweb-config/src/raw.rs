@@ -141,6 +141,7 @@ pub(crate) struct RawLog {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawListener {
     pub address: Spanned<SocketAddr>,
+    pub ipv6_only: Option<Spanned<bool>>,
     pub http2: Option<Spanned<bool>>,
     pub http3: Option<Spanned<bool>>,
     pub alt_svc_max_age: Option<Spanned<u64>>,

@@ -39,7 +39,7 @@ pub(crate) async fn serve<H: Host, S: Handle>(
     worker: &H,
     service: impl FnOnce(Rc<ConnState>) -> S,
 ) {
-    let peer = incoming.remote_address();
+    let peer = crate::conn::canonical_peer(incoming.remote_address());
     let limits = worker.limits();
     let m = worker.metrics();
     // quinn runs the ClientHello's step (the signature, in modes `none` and `sync`) inside

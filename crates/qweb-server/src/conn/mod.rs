@@ -43,6 +43,12 @@ thread_local! {
     static HANDSHAKE_TURNS: Rc<qweb_tls::handshake::HandshakeTurns> = Rc::default();
 }
 
+/// A peer's address as logs, limits and `X-Forwarded-For` see it: an IPv4 client of a
+/// dual-stack `[::]` socket (TCP or QUIC) arrives as `::ffff:a.b.c.d` and is `a.b.c.d` here.
+pub(crate) fn canonical_peer(peer: SocketAddr) -> SocketAddr {
+    SocketAddr::new(peer.ip().to_canonical(), peer.port())
+}
+
 /// This worker's handshake turns (TLS over TCP and QUIC share them).
 pub(crate) fn handshake_turns() -> Rc<qweb_tls::handshake::HandshakeTurns> {
     HANDSHAKE_TURNS.with(Rc::clone)

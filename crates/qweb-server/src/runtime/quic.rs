@@ -101,6 +101,7 @@ pub(crate) fn server_config(
 /// connection IDs carry this process's mark (see `crate::runtime::quic_steer`).
 pub(crate) fn endpoint(
     addr: SocketAddr,
+    ipv6_only: bool,
     worker: usize,
     inherited: Option<(UdpSocket, std::os::fd::OwnedFd)>,
     config: quinn::ServerConfig,
@@ -109,7 +110,8 @@ pub(crate) fn endpoint(
         Some((socket, peer)) => (socket, Some(peer)),
         // one per worker, as the listener's TCP sockets
         None => (
-            crate::runtime::listen::bind_reusing_port(addr, Type::DGRAM, Protocol::UDP)?.into(),
+            crate::runtime::listen::bind_reusing_port(addr, ipv6_only, Type::DGRAM, Protocol::UDP)?
+                .into(),
             None,
         ),
     };

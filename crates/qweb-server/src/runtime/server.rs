@@ -129,6 +129,8 @@ struct BoundListener {
     configured: SocketAddr,
     /// The address its sockets are bound to.
     bound: SocketAddr,
+    /// `IPV6_V6ONLY` of its sockets (and of its HTTP/3 socket).
+    ipv6_only: bool,
 }
 
 /// A started server.
@@ -218,7 +220,7 @@ impl Server {
             .set(crate::proxy::upstream_gauges(&config));
         tls_sessions_collector.set(tls_sessions(&listeners, &built));
         let admin = match config.admin {
-            Some(addr) => bind_reuseport(addr, 1)
+            Some(addr) => bind_reuseport(addr, false, 1)
                 .map_err(|source| ServerError::Bind { addr, source })?
                 .pop(),
             None => None,
@@ -478,6 +480,7 @@ fn generation_for_worker(
         .enumerate()
         .map(|(i, (l, setup))| GenListener {
             bound: l.bound,
+            ipv6_only: l.ipv6_only,
             // each worker takes the next socket of a new listener
             socket: sockets.get_mut(&i).and_then(|s| s.pop()),
             // (a binary upgrade's: taken at start, before unadopted ones are closed)

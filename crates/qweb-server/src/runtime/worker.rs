@@ -65,6 +65,8 @@ impl ListenerCtx {
 pub(crate) struct GenListener {
     /// The address it is bound to (its identity across reloads).
     pub bound: SocketAddr,
+    /// `IPV6_V6ONLY` of its sockets (the HTTP/3 socket is bound alike).
+    pub ipv6_only: bool,
     /// This worker's socket when the listener is new; `None`: keep the one it has.
     pub socket: Option<StdListener>,
     pub tls: Option<Arc<rustls::ServerConfig>>,
@@ -335,7 +337,7 @@ impl Worker {
                 }
             };
             let mut accepting = accepting;
-            self.quic(&mut accepting, l.bound, l.udp, quic);
+            self.quic(&mut accepting, (l.bound, l.ipv6_only), l.udp, quic);
             if accepting.quic.is_none() {
                 accepting.current.borrow().listener.alt_svc.take();
             }
@@ -366,25 +368,27 @@ impl Worker {
     fn quic(
         &self,
         a: &mut Accepting,
-        bound: SocketAddr,
+        (bound, ipv6_only): (SocketAddr, bool),
         inherited: Option<(std::net::UdpSocket, std::os::fd::OwnedFd)>,
         config: Option<quinn::ServerConfig>,
     ) {
         match (config, &a.quic) {
             (Some(c), Some((endpoint, _))) => endpoint.set_server_config(Some(c)),
-            (Some(c), None) => match crate::runtime::quic::endpoint(bound, self.id, inherited, c) {
-                Ok(endpoint) => {
-                    let task = tokio::task::spawn_local(quic_accept_loop(
-                        endpoint.clone(),
-                        a.current.clone(),
-                        self.shutdown.clone(),
-                    ));
-                    a.quic = Some((endpoint, task));
+            (Some(c), None) => {
+                match crate::runtime::quic::endpoint(bound, ipv6_only, self.id, inherited, c) {
+                    Ok(endpoint) => {
+                        let task = tokio::task::spawn_local(quic_accept_loop(
+                            endpoint.clone(),
+                            a.current.clone(),
+                            self.shutdown.clone(),
+                        ));
+                        a.quic = Some((endpoint, task));
+                    }
+                    Err(e) => {
+                        tracing::error!(worker = self.id, listener = %bound, "no HTTP/3 on this listener: {e}");
+                    }
                 }
-                Err(e) => {
-                    tracing::error!(worker = self.id, listener = %bound, "no HTTP/3 on this listener: {e}");
-                }
-            },
+            }
             (None, Some(_)) => {
                 if let Some((endpoint, task)) = a.quic.take() {
                     task.abort();
@@ -623,6 +627,7 @@ async fn accept_loop(
         };
         match accepted {
             Ok((stream, peer)) => {
+                let peer = crate::conn::canonical_peer(peer);
                 let _ = stream.set_nodelay(true);
                 let count = ConnCount::new(&ctx);
                 let id = count.1;

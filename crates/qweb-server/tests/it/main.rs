@@ -14,6 +14,7 @@ mod http3_pipeline;
 mod http_details;
 mod idle;
 mod limits;
+mod listen_families;
 mod metrics;
 mod ocsp;
 mod offload;

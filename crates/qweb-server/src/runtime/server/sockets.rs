@@ -26,26 +26,32 @@ pub(super) fn refuse_addresses_in_use(
     running: &[BoundListener],
     admin: bool,
 ) -> Result<(), ServerError> {
-    // (address, key naming it, UDP: HTTP/3's socket on the same address)
-    let mut to_check: Vec<(SocketAddr, String, bool)> = Vec::new();
+    // (address, ipv6_only, key naming it, UDP: HTTP/3's socket on the same address)
+    let mut to_check: Vec<(SocketAddr, bool, String, bool)> = Vec::new();
     for (i, l) in config.listeners.iter().enumerate() {
         if kept(l, running).is_some() {
             continue;
         }
-        to_check.push((l.address, format!("listener[{i}].address"), false));
+        to_check.push((
+            l.address,
+            l.ipv6_only,
+            format!("listener[{i}].address"),
+            false,
+        ));
         if l.http3 {
             to_check.push((
                 l.address,
+                l.ipv6_only,
                 format!("listener[{i}].address (UDP, http3)"),
                 true,
             ));
         }
     }
     if let (true, Some(addr)) = (admin, config.admin) {
-        to_check.push((addr, "admin.address".into(), false));
+        to_check.push((addr, false, "admin.address".into(), false));
     }
-    for (addr, key, udp) in to_check {
-        match crate::runtime::listen::in_use(addr, udp) {
+    for (addr, ipv6_only, key, udp) in to_check {
+        match crate::runtime::listen::in_use(addr, ipv6_only, udp) {
             Ok(false) => {}
             Ok(true) => return Err(ServerError::InUse { addr, key }),
             Err(source) => return Err(ServerError::Bind { addr, source }),
@@ -76,14 +82,15 @@ pub(super) fn bind_new_listeners(
             continue;
         }
         let addr = l.address;
-        let bound =
-            bind_reuseport(addr, workers).map_err(|source| ServerError::Bind { addr, source })?;
+        let bound = bind_reuseport(addr, l.ipv6_only, workers)
+            .map_err(|source| ServerError::Bind { addr, source })?;
         let local = bound[0]
             .local_addr()
             .map_err(|source| ServerError::Bind { addr, source })?;
         listeners.push(BoundListener {
             configured: addr,
             bound: local,
+            ipv6_only: l.ipv6_only,
         });
         sockets.insert(i, bound);
     }
