@@ -11,7 +11,6 @@
 //! | layer | what it is |
 //! |---|---|
 //! | [`config`] | the configuration, read and validated (everything reads it): the `qweb-config` crate, re-exported |
-//! | `http` | HTTP primitives: bodies, generated responses, path normalisation, request rules |
 //! | `observe` | metrics, access log, log rate limits, process counters |
 //! | `session` | one connection's state: phases, deadlines, the logged-request record, tunnels |
 //! | `conn` | connection drivers (TLS handshake, HTTP/1, HTTP/2), idle parking, timers, flood meters |
@@ -20,8 +19,6 @@
 //! | `runtime` | server, workers, listeners, TLS sessions, OCSP, admin, reload, upgrade, signals |
 
 pub use qweb_config as config;
-
-mod http;
 
 mod observe;
 
@@ -41,7 +38,7 @@ pub use config::{Config, ConfigError};
 /// Fuzz entry points for the HTTP/1.1 wire layer (`crates/qweb-server/fuzz`); not an API.
 #[doc(hidden)]
 pub mod fuzzing {
-    pub use crate::http::h1::fuzzing::{body, head};
+    pub use qweb_http::h1::fuzzing::{body, head};
 }
 pub use observe::process_counters;
 pub use runtime::server::{Phase, ReloadError, RunningServer, Server, ServerError, StartInfo};
@@ -59,7 +56,6 @@ mod layers {
     /// Bottom first; modules on one line are peers and may not import each other.
     const LAYERS: &[&[&str]] = &[
         &["config"],
-        &["http"],
         &["observe"],
         &["session"],
         &["conn"],

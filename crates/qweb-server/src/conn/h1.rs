@@ -1,4 +1,4 @@
-//! The HTTP/1.1 connection driver: qweb's own, on the wire layer of [`crate::http::h1`].
+//! The HTTP/1.1 connection driver: qweb's own, on the wire layer of [`qweb_http::h1`].
 //!
 //! One read buffer per connection, allocated when the next request's bytes arrive and freed
 //! while the connection is idle ([`crate::conn::idle`]). A request head is searched for its
@@ -28,12 +28,12 @@ use tokio::time::Instant;
 use super::idle::{ReadReady, SendQueue};
 use super::lazy_timer::LazyTimer;
 use super::{Handle, Host, Tracked};
-use crate::http::h1::decode::{BodyError, Decoded, Decoder};
-use crate::http::h1::encode::{self, Asked, BodyHint, Framing as Out};
-use crate::http::h1::parse::{self, Framing, Head, HeadError, HeadLimits};
-use crate::http::request_body::{BodyPipe, RequestBody};
 use crate::session::logged::Logged;
 use crate::session::{ConnState, Phase, Timeouts};
+use qweb_http::h1::decode::{BodyError, Decoded, Decoder};
+use qweb_http::h1::encode::{self, Asked, BodyHint, Framing as Out};
+use qweb_http::h1::parse::{self, Framing, Head, HeadError, HeadLimits};
+use qweb_http::request_body::{BodyPipe, RequestBody};
 
 /// A connection that has served more than one request keeps its read buffer this long when
 /// idle: the next request of a keep-alive client usually follows within a round trip. One

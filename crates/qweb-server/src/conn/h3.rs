@@ -16,8 +16,8 @@ use http_body_util::BodyExt;
 use tokio::task::JoinSet;
 
 use super::{Handle, Host};
-use crate::http::request_body::RequestBody;
 use crate::session::ConnState;
+use qweb_http::request_body::RequestBody;
 
 /// The ALPN protocol id of HTTP/3.
 pub(crate) const ALPN_H3: &[u8] = b"h3";

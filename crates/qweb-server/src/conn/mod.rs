@@ -77,7 +77,7 @@ pub(crate) trait Handle: 'static {
     /// The response to `req`; its body logs the request when it ends.
     fn call(
         self: Rc<Self>,
-        req: hyper::Request<crate::http::request_body::RequestBody>,
+        req: hyper::Request<qweb_http::request_body::RequestBody>,
     ) -> impl Future<Output = hyper::Response<crate::session::logged::Logged>> + 'static;
 }
 
@@ -459,7 +459,7 @@ async fn drive<T, H: Host, S: Handle>(
     let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         let svc = svc.clone();
         Box::pin(async move {
-            let req = req.map(crate::http::request_body::RequestBody::Hyper);
+            let req = req.map(qweb_http::request_body::RequestBody::Hyper);
             Ok::<_, Infallible>(svc.call(req).await)
         }) as ServiceFuture
     });

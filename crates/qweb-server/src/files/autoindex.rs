@@ -18,7 +18,7 @@ use http::{header, HeaderValue, Method, Response, StatusCode};
 use percent_encoding::{percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 use super::{resolve, StaticFiles};
-use crate::http::body::{empty, full, Body};
+use qweb_http::body::{empty, full, Body};
 
 /// Most entries listed; more are cut (and the listing says so).
 const MAX_ENTRIES: usize = 10_000;

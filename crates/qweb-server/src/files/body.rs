@@ -36,8 +36,8 @@ use lru::LruCache;
 
 use super::cache::Identity;
 use super::Root;
-use crate::http::body::BoxError;
 use crate::session::ReadAhead;
+use qweb_http::body::BoxError;
 
 /// Largest read per frame.
 pub(crate) const CHUNK: usize = 128 * 1024;

@@ -14,7 +14,7 @@ use http::{header, HeaderMap, HeaderValue};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 
 use super::body::{FileBody, Reopen};
-use crate::http::body::{boxed, full, Body, BoxError};
+use qweb_http::body::{boxed, full, Body, BoxError};
 
 /// A boundary no file is likely to hold: 32 random hex digits.
 fn boundary() -> String {

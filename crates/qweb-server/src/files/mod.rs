@@ -20,14 +20,14 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
 
 use crate::config::StaticConfig;
-use crate::http::body::{empty, full, Body};
-use crate::http::response;
 use crate::session::ReadAhead;
 pub(crate) use body::FileBody;
 use cache::{FileHead, Identity};
 pub(crate) use conditional::entity_tags;
 use conditional::Outcome;
 pub(crate) use open::Root;
+use qweb_http::body::{empty, full, Body};
+use qweb_http::response;
 use range::RangeRequest;
 
 /// Files this small are read whole into one buffer.
@@ -297,7 +297,7 @@ impl StaticFiles {
                     rel: head.rel.clone(),
                     identity: head.identity,
                 };
-                crate::http::body::boxed(FileBody::new(file, source, start, count, ahead))
+                qweb_http::body::boxed(FileBody::new(file, source, start, count, ahead))
             }
         };
         Ok(with_file(with_headers(status, h, body), info))

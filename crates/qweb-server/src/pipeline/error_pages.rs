@@ -5,9 +5,9 @@
 use http::{header, HeaderMap, Method, Response};
 
 use crate::config::ErrorPages;
-use crate::http::body::Body;
 use crate::pipeline::routes::{Handler, Route};
 use crate::session::ReadAhead;
+use qweb_http::body::Body;
 
 /// Headers of the page that describe the file rather than the error.
 const PAGE_ONLY: [header::HeaderName; 4] = [
@@ -31,7 +31,7 @@ pub(crate) fn apply(
         || !(status.is_client_error() || status.is_server_error())
         || resp
             .extensions()
-            .get::<crate::http::response::Generated>()
+            .get::<qweb_http::response::Generated>()
             .is_none()
     {
         // an upstream's own error pages pass untouched
@@ -41,7 +41,7 @@ pub(crate) fn apply(
         return resp;
     };
     let Some((route, (mount, sub))) = routes.iter().find_map(|r| {
-        crate::http::path::split_prefix(&r.prefix, r.strip_prefix, page).map(|split| (r, split))
+        qweb_http::path::split_prefix(&r.prefix, r.strip_prefix, page).map(|split| (r, split))
     }) else {
         return resp;
     };

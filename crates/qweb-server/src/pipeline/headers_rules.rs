@@ -5,9 +5,9 @@
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 
 use crate::config::RouteRules;
-use crate::http::body::Body;
 use crate::pipeline::routes::Route;
 use crate::pipeline::sites::Site;
+use qweb_http::body::Body;
 
 /// The site's response edits, then the route's.
 pub(crate) fn respond(site: Option<&Site>, route: Option<&Route>, resp: &mut Response<Body>) {

@@ -5,10 +5,10 @@ use http::{header, HeaderValue, Request, Response, StatusCode};
 
 use crate::config::{RedirectConfig, RewriteRule};
 use crate::files::StaticFiles;
-use crate::http::body::Body;
-use crate::http::path::PathError;
-use crate::http::response;
 use crate::session::ReadAhead;
+use qweb_http::body::Body;
+use qweb_http::path::PathError;
+use qweb_http::response;
 
 /// The redirect for `req`: `Location` is `cfg.to` with `{host}` (the request's host without
 /// port, else the SNI name), `{uri}` (`path` and the query), `{path}` and `{query}` filled in.
@@ -86,7 +86,7 @@ pub(crate) fn rewrite(rules: &[RewriteRule], path: String) -> Result<String, Pat
     };
     let mut out = String::new();
     caps.expand(&rule.to, &mut out);
-    crate::http::path::normalize(&out)
+    qweb_http::path::normalize(&out)
 }
 
 /// `try_files`: each candidate (`{path}` is the request's path within the route) is served
@@ -103,7 +103,7 @@ pub(crate) fn try_files(
 ) -> Response<Body> {
     for (k, c) in list.iter().enumerate() {
         let last = k + 1 == list.len();
-        let candidate = match crate::http::path::normalize(&c.replace("{path}", sub)) {
+        let candidate = match qweb_http::path::normalize(&c.replace("{path}", sub)) {
             Ok(p) => p,
             Err(e) if last => return response::status(e.status()),
             Err(_) => continue,

@@ -6,19 +6,19 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Instant;
 
-use crate::http::request_body::RequestBody;
 use http::{header, HeaderValue, Request, Response, StatusCode, Version};
 use http_body::Body as _;
+use qweb_http::request_body::RequestBody;
 
-use crate::http::body::{Body, DrainAfter};
-use crate::http::path::PathError;
-use crate::http::request_rules;
-use crate::http::response;
 use crate::pipeline::ctx::WorkerCtx;
 use crate::pipeline::routes::{Handler, Route};
 use crate::proxy::{ClientInfo, Target};
 use crate::session::logged::{AccessRecord, Logged};
 use crate::session::{ConnState, ReadAhead};
+use qweb_http::body::{Body, DrainAfter};
+use qweb_http::path::PathError;
+use qweb_http::request_rules;
+use qweb_http::response;
 
 /// Per-connection service.
 pub(crate) struct Service {
@@ -107,7 +107,7 @@ impl Service {
         let mut resp =
             crate::pipeline::compress::finish(negotiated, resp, &ReadAhead::of(&self.conn));
         if let Some(body) = body.filter(|b| version == Version::HTTP_2 && !b.is_end_stream()) {
-            resp = resp.map(|r| crate::http::body::boxed(DrainAfter::new(r, body)));
+            resp = resp.map(|r| qweb_http::body::boxed(DrainAfter::new(r, body)));
         }
         resp.headers_mut()
             .entry(header::SERVER)
@@ -146,7 +146,7 @@ impl Service {
         }
         let answer = managed.http_answer(req.uri().path())?;
         tracing::info!(peer = %self.conn.peer, path = req.uri().path(), "answered an ACME HTTP-01 challenge");
-        let mut r = Response::new(crate::http::body::full(answer));
+        let mut r = Response::new(qweb_http::body::full(answer));
         r.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/octet-stream"),
@@ -182,15 +182,15 @@ impl Service {
     fn find_route<'a>(routes: &'a [Route], path: &str) -> Option<&'a Route> {
         routes
             .iter()
-            .find(|r| crate::http::path::covers(&r.prefix, path))
+            .find(|r| qweb_http::path::covers(&r.prefix, path))
     }
 
     /// The route of the normalised `path`, refused (400) when a case-insensitive upstream
     /// would read the path as another route's (`/ADMIN/x` beside an `/admin` route and a
     /// proxy route `/` in front of IIS): two hops must agree on which rules apply. Path
-    /// parameters are already read as Tomcat reads them by [`covers`](crate::http::path::covers).
+    /// parameters are already read as Tomcat reads them by [`covers`](qweb_http::path::covers).
     fn route_of<'a>(routes: &'a [Route], path: &str) -> Result<Option<&'a Route>, PathError> {
-        use crate::http::path::{covers_as, Case};
+        use qweb_http::path::{covers_as, Case};
         let route = Self::find_route(routes, path);
         let folded = routes
             .iter()
@@ -206,7 +206,7 @@ impl Service {
     /// an upstream that decodes `%2F` and `%5C` understands it is routed to this same route
     /// (`/files/..%2fsecret` is `/secret` there, a path outside the route).
     fn raw_path_stays(routes: &[Route], route: &Route, raw: &str) -> Result<(), PathError> {
-        let decoded = crate::http::path::normalize_decoding_separators(raw)?;
+        let decoded = qweb_http::path::normalize_decoding_separators(raw)?;
         match Self::find_route(routes, &decoded) {
             Some(r) if std::ptr::eq(r, route) => Ok(()),
             _ => Err(PathError::Forbidden),
@@ -216,9 +216,9 @@ impl Service {
     /// The normalised path; encoded separators pass only on their way to a route that
     /// forwards the raw path.
     fn normalize(routes: &[Route], raw: &str) -> Result<String, PathError> {
-        match crate::http::path::normalize(raw) {
+        match qweb_http::path::normalize(raw) {
             Err(PathError::Forbidden) => {
-                let lenient = crate::http::path::normalize_keeping_separators(raw)?;
+                let lenient = qweb_http::path::normalize_keeping_separators(raw)?;
                 match Self::find_route(routes, &lenient).map(|r| &r.handler) {
                     Some(Handler::Proxy(p)) if p.pass_raw_path() => Ok(lenient),
                     _ => Err(PathError::Forbidden),
@@ -299,9 +299,8 @@ impl Service {
             crate::pipeline::headers_rules::respond(site_ref, None, &mut r);
             return r;
         };
-        let (mount, sub) =
-            crate::http::path::split_prefix(&route.prefix, route.strip_prefix, &path)
-                .unwrap_or(("", path.as_str()));
+        let (mount, sub) = qweb_http::path::split_prefix(&route.prefix, route.strip_prefix, &path)
+            .unwrap_or(("", path.as_str()));
         let method = req.method().clone();
         let resp = match &route.handler {
             Handler::Redirect(rd) => crate::pipeline::rewrite::redirect(rd, &req, Some(&path), sni),

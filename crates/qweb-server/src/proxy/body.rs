@@ -9,15 +9,15 @@ use std::rc::Rc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::http::request_body::RequestBody;
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
+use qweb_http::request_body::RequestBody;
 use tokio::time::{Instant, Sleep};
 
 use super::pool::UpstreamConn;
 use super::Proxy;
-use crate::http::body::BoxError;
+use qweb_http::body::BoxError;
 
 /// What went wrong on the client's side of a request body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,13 +8,13 @@
 use std::hash::{BuildHasher, Hasher};
 use std::rc::Rc;
 
-use crate::http::request_body::RequestBody;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
+use qweb_http::request_body::RequestBody;
 
 use super::{ClientInfo, Proxy, SendBody, Target};
-use crate::http::body::Body;
-use crate::http::response;
+use qweb_http::body::Body;
+use qweb_http::response;
 
 impl Proxy {
     /// An extended CONNECT from an HTTP/2 client.
@@ -74,7 +74,7 @@ fn websocket_key() -> HeaderValue {
         );
         half.copy_from_slice(&h.finish().to_le_bytes());
     }
-    HeaderValue::from_str(&crate::http::base64(&raw))
+    HeaderValue::from_str(&qweb_http::base64(&raw))
         .unwrap_or(HeaderValue::from_static("dGhlIHNhbXBsZSBub25jZQ=="))
 }
 
@@ -83,7 +83,7 @@ mod tests {
     #[test]
     fn base64_of_a_websocket_key() {
         assert_eq!(
-            crate::http::base64(b"the sample nonce"),
+            qweb_http::base64(b"the sample nonce"),
             "dGhlIHNhbXBsZSBub25jZQ=="
         );
         assert_eq!(super::websocket_key().len(), 24);

@@ -88,7 +88,7 @@ pub(crate) struct Forwarding<'a> {
     pub peer: std::net::IpAddr,
     /// It came over TLS.
     pub tls: bool,
-    /// The authority it named (see [`crate::http::request_rules::check`]).
+    /// The authority it named (see [`qweb_http::request_rules::check`]).
     pub authority: Option<&'a HeaderValue>,
 }
 

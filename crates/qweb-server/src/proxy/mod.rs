@@ -32,24 +32,24 @@ use std::net::SocketAddr;
 use std::pin::pin;
 use std::rc::Rc;
 
-use crate::http::request_body::RequestBody;
 use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
+use qweb_http::request_body::RequestBody;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::config::ProxyConfig;
-use crate::http::body::Body;
-use crate::http::response;
 use balance::{Balancer, Load};
 use body::{ClientBody, ClientBodyError, Progress, UpstreamBody};
 pub(crate) use headers::strip_hop_by_hop;
 use headers::Forwarding;
 pub(crate) use health::upstream_gauges;
 use pool::{Pool, SharedSocket, UpstreamConn};
+use qweb_http::body::Body;
+use qweb_http::response;
 
 /// One proxy route on one worker.
 pub(crate) struct Proxy {
@@ -436,7 +436,7 @@ impl Proxy {
             sleep: Box::pin(tokio::time::sleep(self.cfg.timeout)),
             done: false,
         };
-        Response::from_parts(parts, crate::http::body::boxed(body))
+        Response::from_parts(parts, qweb_http::body::boxed(body))
     }
 }
 

@@ -37,8 +37,8 @@ use super::body::ClientBody;
 use super::{
     client_status, strip_hop_by_hop, upstream_request, ClientInfo, Proxy, SendBody, Target,
 };
-use crate::http::body::Body;
-use crate::http::response;
+use qweb_http::body::Body;
+use qweb_http::response;
 
 /// How long the upstream side of an accepted upgrade may take to be handed over by hyper.
 const HANDOFF_TIMEOUT: Duration = Duration::from_secs(5);
@@ -332,7 +332,7 @@ impl Proxy {
                     _ => tracing::debug!(upstream = %tunnel.name, "client stream not handed over"),
                 }
             });
-            let mut r = Response::new(crate::http::body::empty());
+            let mut r = Response::new(qweb_http::body::empty());
             *r.headers_mut() = headers;
             r.extensions_mut().insert(tally);
             return r;
@@ -340,7 +340,7 @@ impl Proxy {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, answer);
         client.conn.tunnel.set(Box::new(tunnel));
-        let mut r = Response::new(crate::http::body::empty());
+        let mut r = Response::new(qweb_http::body::empty());
         *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
         *r.headers_mut() = headers;
         r.extensions_mut().insert(tally);

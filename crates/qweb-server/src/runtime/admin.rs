@@ -18,10 +18,10 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::http::body::{full, Body};
-use crate::http::response;
 use crate::observe::metrics::Metrics;
 use crate::runtime::status_page::PAGE;
+use qweb_http::body::{full, Body};
+use qweb_http::response;
 
 /// Longest life of one admin connection (a scrape takes milliseconds): an idle or slow client
 /// cannot hold the connection's fd.

@@ -19,7 +19,7 @@ pub(crate) struct Page {
 /// A CSP source for inline content: `'sha256-…'`.
 fn hash_source(content: &str) -> String {
     let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, content.as_bytes());
-    format!("'sha256-{}'", crate::http::base64(digest.as_ref()))
+    format!("'sha256-{}'", qweb_http::base64(digest.as_ref()))
 }
 
 /// The status page.

@@ -11,8 +11,8 @@ use std::time::Instant;
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 
-use crate::http::body::{Body, BoxError};
 use crate::session::RequestGuard;
+use qweb_http::body::{Body, BoxError};
 
 /// What the access log says about one request.
 pub(crate) struct AccessRecord {

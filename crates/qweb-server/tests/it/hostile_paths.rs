@@ -441,6 +441,9 @@ async fn path_parameters_do_not_take_a_path_out_of_its_route() {
     assert!(
         leaked.is_empty(),
         "reached the upstream: {:?}",
-        leaked.iter().map(|r| r.target().to_owned()).collect::<Vec<_>>()
+        leaked
+            .iter()
+            .map(|r| r.target().to_owned())
+            .collect::<Vec<_>>()
     );
 }

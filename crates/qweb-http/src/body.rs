@@ -8,13 +8,13 @@ use http_body::Body as HttpBody;
 use http_body_util::{BodyExt, Empty, Full};
 
 /// Errors a body can yield.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Every response body qweb produces. Bodies live on their worker, so they need not be
 /// `Send` (an upstream body holds the worker's connection pool).
-pub(crate) type Body = Pin<Box<dyn HttpBody<Data = Bytes, Error = BoxError>>>;
+pub type Body = Pin<Box<dyn HttpBody<Data = Bytes, Error = BoxError>>>;
 
 /// Boxes a body.
-pub(crate) fn boxed<B>(b: B) -> Body
+pub fn boxed<B>(b: B) -> Body
 where
     B: HttpBody<Data = Bytes, Error = BoxError> + 'static,
 {
@@ -22,19 +22,19 @@ where
 }
 
 /// A body of known bytes.
-pub(crate) fn full(b: impl Into<Bytes>) -> Body {
+pub fn full(b: impl Into<Bytes>) -> Body {
     boxed(Full::new(b.into()).map_err(|never| match never {}))
 }
 
 /// An empty body.
-pub(crate) fn empty() -> Body {
+pub fn empty() -> Body {
     boxed(Empty::new().map_err(|never| match never {}))
 }
 
 /// How much of a request body its handler did not take [`DrainAfter`] reads at most.
-pub(crate) const DRAIN_BYTES: usize = 64 * 1024;
+pub const DRAIN_BYTES: usize = 64 * 1024;
 /// How long [`DrainAfter`] waits at most for the rest of a request body.
-pub(crate) const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+pub const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// An HTTP/2 response body that, once its own bytes are out, reads and discards the rest of
 /// its request's body (which the handler did not take: a static file, a redirect, a refusal)
@@ -45,7 +45,7 @@ pub(crate) const DRAIN_TIME: std::time::Duration = std::time::Duration::from_sec
 /// depends on timing. nginx likewise discards an unread request body. Bounded: after
 /// [`DRAIN_BYTES`] or [`DRAIN_TIME`] the response ends anyway (and h2 resets the request's
 /// side with NO_ERROR, as before).
-pub(crate) struct DrainAfter<R> {
+pub struct DrainAfter<R> {
     inner: Body,
     /// The request body still to read (`None`: read, or given up).
     request: Option<R>,
@@ -56,7 +56,7 @@ pub(crate) struct DrainAfter<R> {
 
 impl<R> DrainAfter<R> {
     /// `inner`, then the rest of `request`.
-    pub(crate) fn new(inner: Body, request: R) -> Self {
+    pub fn new(inner: Body, request: R) -> Self {
         DrainAfter {
             inner,
             request: Some(request),

@@ -22,7 +22,7 @@ use http::StatusCode;
 
 /// Why a path was refused (always 400 Bad Request).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PathError {
+pub enum PathError {
     /// Not an origin-form path (does not start with `/`).
     NotAbsolute,
     /// A `%` not followed by two hex digits.
@@ -39,7 +39,7 @@ pub(crate) enum PathError {
 
 impl PathError {
     /// The status that refuses the request.
-    pub(crate) fn status(self) -> StatusCode {
+    pub fn status(self) -> StatusCode {
         StatusCode::BAD_REQUEST
     }
 }
@@ -71,20 +71,20 @@ enum Separators {
 }
 
 /// Normalises an origin-form request path (without the query). See the module docs.
-pub(crate) fn normalize(raw: &str) -> Result<String, PathError> {
+pub fn normalize(raw: &str) -> Result<String, PathError> {
     normalize_with(raw, Separators::Refuse)
 }
 
 /// [`normalize`], but `%2F` and `%5C` are kept encoded (one segment) instead of refused: for
 /// routing requests to routes that forward the client's raw path (`pass_raw_path`).
-pub(crate) fn normalize_keeping_separators(raw: &str) -> Result<String, PathError> {
+pub fn normalize_keeping_separators(raw: &str) -> Result<String, PathError> {
     normalize_with(raw, Separators::Keep)
 }
 
 /// [`normalize`], but `%2F` and `%5C` are decoded to `/` before dot segments are removed: the
 /// path as an upstream that decodes them understands a raw path (python's http.server, IIS),
 /// so `/files/..%2fx` is `/x`. For checking where a raw path lands, never for forwarding.
-pub(crate) fn normalize_decoding_separators(raw: &str) -> Result<String, PathError> {
+pub fn normalize_decoding_separators(raw: &str) -> Result<String, PathError> {
     normalize_with(raw, Separators::Split)
 }
 
@@ -98,17 +98,13 @@ pub(crate) fn normalize_decoding_separators(raw: &str) -> Result<String, PathErr
 /// `/api%3Bx/y` are beneath `/api`, as Tomcat, Jetty and Spring read them (each segment's
 /// name ends at its first `;`), so that a route's rules see the path its upstream acts on.
 /// With `strip`, the parameters of the prefix's own segments go with the prefix.
-pub(crate) fn split_prefix<'a>(
-    prefix: &'a str,
-    strip: bool,
-    path: &'a str,
-) -> Option<(&'a str, &'a str)> {
+pub fn split_prefix<'a>(prefix: &'a str, strip: bool, path: &'a str) -> Option<(&'a str, &'a str)> {
     split_prefix_as(prefix, strip, path, Case::Sensitive)
 }
 
 /// How a prefix is compared with a path's segments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Case {
+pub enum Case {
     /// Byte for byte, as RFC 3986 says paths compare and qweb routes.
     Sensitive,
     /// ASCII case folded: how a case-insensitive upstream (IIS, a Windows or macOS file
@@ -117,7 +113,7 @@ pub(crate) enum Case {
 }
 
 /// [`split_prefix`], comparing as `case` says.
-pub(crate) fn split_prefix_as<'a>(
+pub fn split_prefix_as<'a>(
     prefix: &'a str,
     strip: bool,
     path: &'a str,
@@ -164,7 +160,7 @@ fn beneath<'a>(prefix: &str, path: &'a str, case: Case) -> Option<&'a str> {
 }
 
 /// Does `path` carry a path parameter (a `;`, raw or encoded as `%3B`)?
-pub(crate) fn has_parameters(path: &str) -> bool {
+pub fn has_parameters(path: &str) -> bool {
     let b = path.as_bytes();
     b.contains(&b';')
         || b.windows(3)
@@ -186,12 +182,12 @@ fn segment_name(segment: &str) -> &str {
 }
 
 /// Does `prefix` cover `path`? See [`split_prefix`].
-pub(crate) fn covers(prefix: &str, path: &str) -> bool {
+pub fn covers(prefix: &str, path: &str) -> bool {
     split_prefix(prefix, false, path).is_some()
 }
 
 /// Does `prefix` cover `path` as `case` compares? See [`split_prefix_as`].
-pub(crate) fn covers_as(prefix: &str, path: &str, case: Case) -> bool {
+pub fn covers_as(prefix: &str, path: &str, case: Case) -> bool {
     split_prefix_as(prefix, false, path, case).is_some()
 }
 

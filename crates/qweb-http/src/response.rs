@@ -2,14 +2,14 @@
 
 use http::{header, HeaderValue, Response, StatusCode};
 
-use crate::http::body::{full, Body};
+use crate::body::{full, Body};
 
 /// Marks a response qweb made itself (not an upstream's): `error_pages` replace only these.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Generated;
+pub struct Generated;
 
 /// A response with a short plain-text body naming the status, e.g. `404 Not Found`.
-pub(crate) fn status(code: StatusCode) -> Response<Body> {
+pub fn status(code: StatusCode) -> Response<Body> {
     let text = format!(
         "{} {}\n",
         code.as_u16(),
@@ -26,7 +26,7 @@ pub(crate) fn status(code: StatusCode) -> Response<Body> {
 }
 
 /// 405 with `Allow`.
-pub(crate) fn method_not_allowed(allow: &'static str) -> Response<Body> {
+pub fn method_not_allowed(allow: &'static str) -> Response<Body> {
     let mut r = status(StatusCode::METHOD_NOT_ALLOWED);
     r.headers_mut()
         .insert(header::ALLOW, HeaderValue::from_static(allow));

@@ -19,7 +19,7 @@ use http::{HeaderMap, Method, Request, StatusCode, Version};
 
 /// A request refused before routing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Refusal {
+pub struct Refusal {
     /// The answer.
     pub status: StatusCode,
     /// The request's framing is in doubt: close the connection after answering (HTTP/1).
@@ -40,7 +40,7 @@ impl Refusal {
 
 /// Checks `req` against the table above; on success returns the authority the request names
 /// (`None`: an HTTP/1.0 request without `Host`, or an empty `Host`).
-pub(crate) fn check<B>(req: &Request<B>) -> Result<Option<HeaderValue>, Refusal> {
+pub fn check<B>(req: &Request<B>) -> Result<Option<HeaderValue>, Refusal> {
     // an HTTP/2 extended CONNECT (RFC 8441, WebSocket) goes on to its route
     let extended = req.extensions().get::<hyper::ext::Protocol>().is_some();
     if (req.method() == Method::CONNECT && !extended) || req.method() == Method::TRACE {
@@ -135,7 +135,7 @@ fn check_framing(h: &HeaderMap) -> Result<(), Refusal> {
 /// `uri-host [ ":" port ]` (RFC 9110 §7.2, RFC 3986 §3.2.2): an IP literal in brackets, or a
 /// reg-name of unreserved, percent-encoded and sub-delim characters; the port all digits.
 /// An empty value is valid (RFC 9112 §3.2: the target has no authority). No userinfo.
-pub(crate) fn valid_host(v: &[u8]) -> bool {
+pub fn valid_host(v: &[u8]) -> bool {
     if v.is_empty() {
         return true;
     }

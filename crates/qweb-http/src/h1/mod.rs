@@ -10,10 +10,10 @@
 //! request whose framing two hops could read differently (`Transfer-Encoding` with
 //! `Content-Length`, or a coding list that does not end in `chunked`) is never kept alive.
 
-pub(crate) mod decode;
-pub(crate) mod encode;
+pub mod decode;
+pub mod encode;
 #[doc(hidden)]
 pub mod fuzzing;
 #[cfg(test)]
 mod h11_diff;
-pub(crate) mod parse;
+pub mod parse;

@@ -13,7 +13,7 @@ use http::{Method, StatusCode, Version};
 
 /// What the request said that shapes its response.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Asked {
+pub struct Asked {
     /// `HEAD`: the head only.
     pub head: bool,
     /// The request's version.
@@ -26,12 +26,7 @@ pub(crate) struct Asked {
 
 impl Asked {
     /// From the request's method and the parsed head's flags.
-    pub(crate) fn new(
-        method: &Method,
-        version: Version,
-        keep_alive: bool,
-        te_trailers: bool,
-    ) -> Self {
+    pub fn new(method: &Method, version: Version, keep_alive: bool, te_trailers: bool) -> Self {
         Asked {
             head: method == Method::HEAD,
             version,
@@ -43,7 +38,7 @@ impl Asked {
 
 /// How the response body goes out.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Framing {
+pub enum Framing {
     /// No body bytes (HEAD, 1xx, 204, 304, or a known empty body).
     None,
     /// Exactly this many bytes.
@@ -57,7 +52,7 @@ pub(crate) enum Framing {
 
 /// The encoded head's consequences.
 #[derive(Debug)]
-pub(crate) struct Encoded {
+pub struct Encoded {
     /// How the body is framed.
     pub framing: Framing,
     /// The connection is kept after this response.
@@ -66,7 +61,7 @@ pub(crate) struct Encoded {
 
 /// What the response's body says of itself.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct BodyHint {
+pub struct BodyHint {
     /// It is known to be empty.
     pub empty: bool,
     /// Its exact length, when known.
@@ -74,7 +69,7 @@ pub(crate) struct BodyHint {
 }
 
 /// Writes the head of a response with `status` and `headers` to `dst`.
-pub(crate) fn head(
+pub fn head(
     status: StatusCode,
     headers: &HeaderMap,
     body: BodyHint,
@@ -258,7 +253,7 @@ fn valid_trailer(name: &HeaderName) -> bool {
 }
 
 /// A chunk's size line.
-pub(crate) fn chunk_size(dst: &mut Vec<u8>, n: usize) {
+pub fn chunk_size(dst: &mut Vec<u8>, n: usize) {
     let mut digits = [0u8; 16];
     let mut i = digits.len();
     let mut v = n;
@@ -275,11 +270,7 @@ pub(crate) fn chunk_size(dst: &mut Vec<u8>, n: usize) {
 }
 
 /// The last chunk with the trailer fields `allowed` lets through.
-pub(crate) fn last_chunk(
-    dst: &mut Vec<u8>,
-    trailers: Option<&HeaderMap>,
-    allowed: Option<&[HeaderName]>,
-) {
+pub fn last_chunk(dst: &mut Vec<u8>, trailers: Option<&HeaderMap>, allowed: Option<&[HeaderName]>) {
     dst.extend_from_slice(b"0\r\n");
     if let (Some(t), Some(allowed)) = (trailers, allowed) {
         for (name, value) in t {
@@ -293,7 +284,7 @@ pub(crate) fn last_chunk(
 
 /// The head of an answer the connection gives by itself (a refused head): no body but the
 /// status, and the connection closes.
-pub(crate) fn refusal(status: StatusCode, dst: &mut Vec<u8>) {
+pub fn refusal(status: StatusCode, dst: &mut Vec<u8>) {
     let reason = status.canonical_reason().unwrap_or("");
     let body_len = status.as_str().len() + 1 + reason.len() + 1;
     status_line(dst, status);

@@ -12,13 +12,13 @@ use bytes::{Buf, Bytes};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::http::body::BoxError;
+use crate::body::BoxError;
 
 /// The receive half of an HTTP/3 request stream.
-pub(crate) type H3Recv = h3::server::RequestStream<h3_quinn::RecvStream, Bytes>;
+pub type H3Recv = h3::server::RequestStream<h3_quinn::RecvStream, Bytes>;
 
 /// A request's body, whichever protocol carried it.
-pub(crate) enum RequestBody {
+pub enum RequestBody {
     /// No body (an HTTP/1.1 request without one).
     Empty,
     /// HTTP/1.1: the bytes the connection driver decodes (see [`BodyPipe`]).
@@ -31,7 +31,7 @@ pub(crate) enum RequestBody {
 }
 
 /// An HTTP/3 request body: DATA frames until the stream's end, then the trailers if any.
-pub(crate) struct H3Body {
+pub struct H3Body {
     stream: H3Recv,
     /// The request's `Content-Length`, for `size_hint`.
     length: Option<u64>,
@@ -46,7 +46,7 @@ pub(crate) struct H3Body {
 impl RequestBody {
     /// An HTTP/3 body on `stream`; `length`: the request's `Content-Length`. A request whose
     /// length says 0 ends at once.
-    pub(crate) fn h3(stream: H3Recv, length: Option<u64>) -> Self {
+    pub fn h3(stream: H3Recv, length: Option<u64>) -> Self {
         RequestBody::H3(Box::new(H3Body {
             stream,
             length,
@@ -151,13 +151,13 @@ impl H3Body {
 /// handed over one at a time through a [`BodyPipe`]. The driver reads from the socket only
 /// when the body is asked for a frame (so a body nobody reads is never read), and a
 /// `Content-Length` body knows its size.
-pub(crate) struct H1Body {
+pub struct H1Body {
     pipe: Rc<RefCell<Pipe>>,
 }
 
 /// The connection driver's end of an [`H1Body`].
 #[derive(Clone)]
-pub(crate) struct BodyPipe(Rc<RefCell<Pipe>>);
+pub struct BodyPipe(Rc<RefCell<Pipe>>);
 
 #[derive(Default)]
 struct Pipe {
@@ -166,7 +166,7 @@ struct Pipe {
     /// No frame follows the one held (or none is held and the body is over).
     ended: bool,
     /// Why the body failed (given once, then the body is over).
-    failed: Option<crate::http::h1::decode::BodyError>,
+    failed: Option<crate::h1::decode::BodyError>,
     /// The body asked for a frame and has none.
     wanted: bool,
     /// Bytes the body still announces (`Content-Length`).
@@ -181,7 +181,7 @@ struct Pipe {
 
 impl BodyPipe {
     /// A pipe and its body; `length`: the body's `Content-Length`, if it has one.
-    pub(crate) fn new(length: Option<u64>) -> (BodyPipe, RequestBody) {
+    pub fn new(length: Option<u64>) -> (BodyPipe, RequestBody) {
         let pipe = Rc::new(RefCell::new(Pipe {
             remaining: length,
             ..Pipe::default()
@@ -190,19 +190,19 @@ impl BodyPipe {
     }
 
     /// The body asked for a frame the driver has not given yet.
-    pub(crate) fn wanted(&self) -> bool {
+    pub fn wanted(&self) -> bool {
         let p = self.0.borrow();
         p.wanted && p.frame.is_none() && !p.ended && p.failed.is_none() && !p.dropped
     }
 
     /// The body was dropped before its end (nobody will read the rest).
-    pub(crate) fn abandoned(&self) -> bool {
+    pub fn abandoned(&self) -> bool {
         let p = self.0.borrow();
         p.dropped && !p.ended
     }
 
     /// Wakes the driver with `w` when the body wants a frame or is dropped.
-    pub(crate) fn register(&self, w: &Waker) {
+    pub fn register(&self, w: &Waker) {
         let mut p = self.0.borrow_mut();
         match &p.driver {
             Some(d) if d.will_wake(w) => {}
@@ -211,7 +211,7 @@ impl BodyPipe {
     }
 
     /// Hands over a frame; `last`: the body ends with it.
-    pub(crate) fn push(&self, frame: Frame<Bytes>, last: bool) {
+    pub fn push(&self, frame: Frame<Bytes>, last: bool) {
         let mut p = self.0.borrow_mut();
         p.frame = Some(frame);
         p.ended |= last;
@@ -222,7 +222,7 @@ impl BodyPipe {
     }
 
     /// The body is over.
-    pub(crate) fn end(&self) {
+    pub fn end(&self) {
         let mut p = self.0.borrow_mut();
         p.ended = true;
         if let Some(w) = p.consumer.take() {
@@ -233,18 +233,18 @@ impl BodyPipe {
     /// The connection is done with this request (answered, or ending): a body not read to its
     /// end fails (as hyper's `Incoming` does when its connection goes), so that whoever
     /// still reads it (an upstream request) ends instead of waiting.
-    pub(crate) fn close(&self) {
+    pub fn close(&self) {
         let unfinished = {
             let p = self.0.borrow();
             !p.ended && p.failed.is_none()
         };
         if unfinished {
-            self.fail(crate::http::h1::decode::BodyError::Truncated);
+            self.fail(crate::h1::decode::BodyError::Truncated);
         }
     }
 
     /// The body failed.
-    pub(crate) fn fail(&self, e: crate::http::h1::decode::BodyError) {
+    pub fn fail(&self, e: crate::h1::decode::BodyError) {
         let mut p = self.0.borrow_mut();
         p.failed = Some(e);
         if let Some(w) = p.consumer.take() {

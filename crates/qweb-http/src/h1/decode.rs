@@ -13,12 +13,12 @@ use super::parse::Framing;
 
 /// Chunk extensions a body may carry in all (they are read and dropped; hyper allows as
 /// much).
-pub(crate) const MAX_EXTENSIONS: usize = 16 * 1024;
+pub const MAX_EXTENSIONS: usize = 16 * 1024;
 
 /// Why a request body could not be read. The connection is closed after the response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub(crate) enum BodyError {
+pub enum BodyError {
     /// The chunked framing is malformed.
     #[error("malformed chunked body: {0}")]
     Chunked(&'static str),
@@ -32,7 +32,7 @@ pub(crate) enum BodyError {
 
 /// What [`Decoder::decode`] found.
 #[derive(Debug)]
-pub(crate) enum Decoded {
+pub enum Decoded {
     /// Body bytes.
     Data(Bytes),
     /// The trailer fields (the body ends after them).
@@ -45,7 +45,7 @@ pub(crate) enum Decoded {
 
 /// The decoding state of one request body.
 #[derive(Debug)]
-pub(crate) enum Decoder {
+pub enum Decoder {
     /// This many bytes are left.
     Length(u64),
     /// Chunked.
@@ -56,7 +56,7 @@ pub(crate) enum Decoder {
 
 /// Where a chunked body stands.
 #[derive(Debug)]
-pub(crate) struct Chunked {
+pub struct Chunked {
     at: At,
     /// The current chunk's size, then what is left of its data.
     size: u64,
@@ -80,7 +80,7 @@ enum At {
 
 impl Decoder {
     /// A decoder for `framing`; `max_trailers`: the trailer section's size limit.
-    pub(crate) fn new(framing: Framing, max_trailers: usize) -> Self {
+    pub fn new(framing: Framing, max_trailers: usize) -> Self {
         match framing {
             Framing::Empty | Framing::Length(0) => Decoder::Done,
             Framing::Length(n) => Decoder::Length(n),
@@ -95,12 +95,12 @@ impl Decoder {
     }
 
     /// The body is over.
-    pub(crate) fn is_done(&self) -> bool {
+    pub fn is_done(&self) -> bool {
         matches!(self, Decoder::Done)
     }
 
     /// Bytes the body still announces (`Content-Length` only).
-    pub(crate) fn remaining(&self) -> Option<u64> {
+    pub fn remaining(&self) -> Option<u64> {
         match self {
             Decoder::Length(n) => Some(*n),
             Decoder::Done => Some(0),
@@ -110,14 +110,14 @@ impl Decoder {
 
     /// Takes and drops what of the body `buf` already holds (for a body nobody reads), without
     /// waiting for more; `true` when the body is then over.
-    pub(crate) fn skip_buffered(&mut self, buf: &mut BytesMut) -> bool {
+    pub fn skip_buffered(&mut self, buf: &mut BytesMut) -> bool {
         while let Ok(Decoded::Data(_) | Decoded::Trailers(_)) = self.decode(buf, false) {}
         self.is_done()
     }
 
     /// Decodes what `buf` holds. `eof`: the client closed its side; what is missing then is an
     /// error.
-    pub(crate) fn decode(&mut self, buf: &mut BytesMut, eof: bool) -> Result<Decoded, BodyError> {
+    pub fn decode(&mut self, buf: &mut BytesMut, eof: bool) -> Result<Decoded, BodyError> {
         let r = match self {
             Decoder::Done => return Ok(Decoded::End),
             Decoder::Length(left) => {

@@ -1,14 +1,14 @@
 //! HTTP primitives, the bottom layer: response bodies, generated responses, request-path normalisation, request rules, and HTTP/1.1 on the wire (`h1`). Imports nothing above it but `config`.
 
-pub(crate) mod body;
-pub(crate) mod h1;
-pub(crate) mod path;
-pub(crate) mod request_body;
-pub(crate) mod request_rules;
-pub(crate) mod response;
+pub mod body;
+pub mod h1;
+pub mod path;
+pub mod request_body;
+pub mod request_rules;
+pub mod response;
 
 /// Standard base64 (RFC 4648, with padding): `Sec-WebSocket-Key`s, CSP hashes.
-pub(crate) fn base64(data: &[u8]) -> String {
+pub fn base64(data: &[u8]) -> String {
     const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for c in data.chunks(3) {

@@ -13,7 +13,7 @@ use http::{Method, StatusCode, Uri, Version};
 /// connection is closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub(crate) enum HeadError {
+pub enum HeadError {
     /// The head breaks the grammar of RFC 9112 (or a framing rule): 400.
     #[error("malformed request head: {0}")]
     Malformed(&'static str),
@@ -33,7 +33,7 @@ pub(crate) enum HeadError {
 
 impl HeadError {
     /// The status the client is answered with.
-    pub(crate) fn status(&self) -> StatusCode {
+    pub fn status(&self) -> StatusCode {
         match self {
             HeadError::Malformed(_) => StatusCode::BAD_REQUEST,
             HeadError::TooLarge(_) | HeadError::TooManyFields(_) => {
@@ -47,7 +47,7 @@ impl HeadError {
 
 /// How a request's body is delimited (RFC 9112 §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Framing {
+pub enum Framing {
     /// No body.
     Empty,
     /// `Content-Length` bytes (more than 0).
@@ -58,7 +58,7 @@ pub(crate) enum Framing {
 
 /// A parsed request head.
 #[derive(Debug)]
-pub(crate) struct Head {
+pub struct Head {
     /// The request line and the fields.
     pub parts: http::request::Parts,
     /// The body's framing.
@@ -78,7 +78,7 @@ pub(crate) struct Head {
 
 /// The limits of a head.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct HeadLimits {
+pub struct HeadLimits {
     /// Bytes from the request line to the blank line, inclusive.
     pub max_size: usize,
     /// Header fields.
@@ -93,7 +93,7 @@ const STACK_FIELDS: usize = 64;
 
 /// Removes the empty lines a client may send before a request line (RFC 9112 §2.2: a
 /// server SHOULD ignore at least one). Returns how many bytes were removed.
-pub(crate) fn skip_empty_lines(buf: &mut BytesMut) -> usize {
+pub fn skip_empty_lines(buf: &mut BytesMut) -> usize {
     let n = buf
         .iter()
         .take_while(|&&b| b == b'\r' || b == b'\n')
@@ -105,7 +105,7 @@ pub(crate) fn skip_empty_lines(buf: &mut BytesMut) -> usize {
 /// Where the head that starts `buf` ends (just past its blank line), looking for the blank
 /// line from `*searched` on; when it is not there yet, `*searched` is moved to where the next
 /// search resumes, so that a head trickled in byte by byte is not searched again and again.
-pub(crate) fn head_end(buf: &[u8], searched: &mut usize) -> Option<usize> {
+pub fn head_end(buf: &[u8], searched: &mut usize) -> Option<usize> {
     let mut at = *searched;
     while let Some(i) = memchr::memchr(b'\n', &buf[at.min(buf.len())..]) {
         let lf = at + i;
@@ -125,7 +125,7 @@ pub(crate) fn head_end(buf: &[u8], searched: &mut usize) -> Option<usize> {
 }
 
 /// Parses the head that ends at `end` (from [`head_end`]) and takes it off the front of `buf`.
-pub(crate) fn parse(buf: &mut BytesMut, end: usize, limits: HeadLimits) -> Result<Head, HeadError> {
+pub fn parse(buf: &mut BytesMut, end: usize, limits: HeadLimits) -> Result<Head, HeadError> {
     if end > limits.max_size {
         return Err(HeadError::TooLarge(limits.max_size));
     }
@@ -284,7 +284,7 @@ fn build(raw: &Bytes, req: &httparse::Request<'_, '_>) -> Result<Head, HeadError
 }
 
 /// The comma-separated tokens of a field value, trimmed, empty ones left out.
-pub(crate) fn tokens(v: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub fn tokens(v: &[u8]) -> impl Iterator<Item = &[u8]> {
     v.split(|&b| b == b',')
         .map(|t| t.trim_ascii())
         .filter(|t| !t.is_empty())
@@ -292,7 +292,7 @@ pub(crate) fn tokens(v: &[u8]) -> impl Iterator<Item = &[u8]> {
 
 /// `Content-Length = 1*DIGIT` (RFC 9110 §8.6), at most 19 digits (no overflow); no sign, no
 /// list.
-pub(crate) fn content_length(v: &[u8]) -> Option<u64> {
+pub fn content_length(v: &[u8]) -> Option<u64> {
     if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
         return None;
     }
