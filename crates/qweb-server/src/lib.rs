@@ -11,7 +11,6 @@
 //! | layer | what it is |
 //! |---|---|
 //! | [`config`] | the configuration, read and validated (everything reads it): the `qweb-config` crate, re-exported |
-//! | `observe` | metrics, access log, log rate limits, process counters |
 //! | `session` | one connection's state: phases, deadlines, the logged-request record, tunnels |
 //! | `conn` | connection drivers (TLS handshake, HTTP/1, HTTP/2), idle parking, timers, flood meters |
 //! | `files`, `proxy` | the handlers: static files and the reverse proxy |
@@ -19,8 +18,6 @@
 //! | `runtime` | server, workers, listeners, TLS sessions, OCSP, admin, reload, upgrade, signals |
 
 pub use qweb_config as config;
-
-mod observe;
 
 mod session;
 
@@ -40,7 +37,7 @@ pub use config::{Config, ConfigError};
 pub mod fuzzing {
     pub use qweb_http::h1::fuzzing::{body, head};
 }
-pub use observe::process_counters;
+pub use qweb_observe::process_counters;
 pub use runtime::server::{Phase, ReloadError, RunningServer, Server, ServerError, StartInfo};
 pub use runtime::{control, fd_limit, notify, upgrade};
 
@@ -56,7 +53,6 @@ mod layers {
     /// Bottom first; modules on one line are peers and may not import each other.
     const LAYERS: &[&[&str]] = &[
         &["config"],
-        &["observe"],
         &["session"],
         &["conn"],
         &["files", "proxy"],

@@ -837,7 +837,7 @@ where
     tracing::debug!(peer = %state.peer, "HTTP/1 request refused: {e}");
     let status = e.status();
     if let Some(format) = worker.refused_log() {
-        crate::observe::access_log::refused(format, state.peer, status.as_u16());
+        qweb_observe::access_log::refused(format, state.peer, status.as_u16());
     }
     c.out.small(|b| encode::refusal(status, b));
     let limits = worker.limits();

@@ -75,7 +75,7 @@ pub(crate) async fn serve<H: Host, S: Handle>(
     };
     drop(handshaking);
     let _open =
-        crate::observe::metrics::ProtocolOpen::new(m, crate::observe::metrics::HttpProtocol::H3);
+        qweb_observe::metrics::ProtocolOpen::new(m, qweb_observe::metrics::HttpProtocol::H3);
     let state = Rc::new(ConnState::new(peer));
     state.protocol.set("HTTP/3");
     state.tls_version.set(Some("TLSv1.3"));
@@ -281,10 +281,10 @@ async fn timed(
 
 /// Counts a QUIC handshake in progress on the worker while it lives (the accept loop's Retry
 /// threshold reads the count).
-struct Handshaking<'a>(&'a crate::observe::metrics::WorkerMetrics);
+struct Handshaking<'a>(&'a qweb_observe::metrics::WorkerMetrics);
 
 impl<'a> Handshaking<'a> {
-    fn new(m: &'a crate::observe::metrics::WorkerMetrics) -> Self {
+    fn new(m: &'a qweb_observe::metrics::WorkerMetrics) -> Self {
         m.quic_handshaking.fetch_add(1, Relaxed);
         Handshaking(m)
     }

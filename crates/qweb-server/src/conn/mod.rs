@@ -59,9 +59,9 @@ pub(crate) trait Host: 'static {
     /// The configured limits and timeouts.
     fn limits(&self) -> &crate::config::Limits;
     /// The worker's counters (handshakes).
-    fn metrics(&self) -> &crate::observe::metrics::WorkerMetrics;
+    fn metrics(&self) -> &qweb_observe::metrics::WorkerMetrics;
     /// Rate limit of log lines about misbehaving peers.
-    fn peer_log(&self) -> &crate::observe::log_limit::PerPeer;
+    fn peer_log(&self) -> &qweb_observe::log_limit::PerPeer;
     /// Becomes `true` when the server shuts down.
     fn shutdown(&self) -> tokio::sync::watch::Receiver<bool>;
     /// Becomes `true` when a reload retired the connection's configuration.
@@ -447,11 +447,11 @@ async fn drive<T, H: Host, S: Handle>(
     // gets its first request served.
     let late = *worker.shutdown().borrow();
     let protocol = if h2 {
-        crate::observe::metrics::HttpProtocol::H2
+        qweb_observe::metrics::HttpProtocol::H2
     } else {
-        crate::observe::metrics::HttpProtocol::Http1
+        qweb_observe::metrics::HttpProtocol::Http1
     };
-    let _open = crate::observe::metrics::ProtocolOpen::new(worker.metrics(), protocol);
+    let _open = qweb_observe::metrics::ProtocolOpen::new(worker.metrics(), protocol);
     if !h2 {
         h1::serve(io, state, worker, svc, late).await;
         return;

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use crate::config::{AccessFormat, Limits};
-use crate::observe::log_limit::PerPeer;
-use crate::observe::metrics::{RouteMetrics, WorkerMetrics};
 use crate::pipeline::routes::Route;
+use qweb_observe::log_limit::PerPeer;
+use qweb_observe::metrics::{RouteMetrics, WorkerMetrics};
 
 /// Worker-wide state of one configuration generation, shared by its connections through
 /// `Rc`. The runtime builds it (its `worker` module) and counts its connections.

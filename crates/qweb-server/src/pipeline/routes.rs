@@ -5,8 +5,8 @@ use std::rc::Rc;
 
 use crate::config::RouteAction;
 use crate::files::StaticFiles;
-use crate::observe::metrics::RouteMetrics;
 use crate::proxy::Proxy;
+use qweb_observe::metrics::RouteMetrics;
 
 /// What serves a route on this worker.
 pub(crate) enum Handler {
@@ -30,7 +30,7 @@ pub(crate) struct Route {
 /// server name; empty for top-level routes) followed by the route's prefix.
 pub(crate) fn build_route(
     r: &crate::config::RouteConfig,
-    registry: &crate::observe::metrics::Metrics,
+    registry: &qweb_observe::metrics::Metrics,
     label_prefix: &str,
 ) -> std::io::Result<Route> {
     let handler = match &r.action {

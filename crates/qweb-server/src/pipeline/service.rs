@@ -67,7 +67,7 @@ impl Service {
         let start = Instant::now();
         let method = req.method().clone();
         let log_path = if self.worker.access_log {
-            crate::observe::access_log::escape(
+            qweb_observe::access_log::escape(
                 req.uri()
                     .path_and_query()
                     .map(|p| p.as_str())
@@ -80,7 +80,7 @@ impl Service {
         let fields = self
             .worker
             .access_log
-            .then(|| crate::observe::access_log::RequestFields::of(&req));
+            .then(|| qweb_observe::access_log::RequestFields::of(&req));
         // Compression, part 1: negotiate, and map encoded ETags in If-None-Match.
         let negotiated =
             crate::pipeline::compress::begin(self.worker.compression.as_ref(), &mut req);
@@ -235,7 +235,7 @@ impl Service {
         &self,
         mut req: Request<()>,
         body: &mut Option<RequestBody>,
-        matched: &std::cell::Cell<Option<std::rc::Rc<crate::observe::metrics::RouteMetrics>>>,
+        matched: &std::cell::Cell<Option<std::rc::Rc<qweb_observe::metrics::RouteMetrics>>>,
         identify: bool,
     ) -> Response<Body> {
         let ahead = ReadAhead::of(&self.conn);

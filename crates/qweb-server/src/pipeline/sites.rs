@@ -47,7 +47,7 @@ impl Sites {
     /// Opens every site's routes (static roots, upstream pools) for this worker.
     pub(crate) fn new(
         cfg: &SitesConfig,
-        registry: &crate::observe::metrics::Metrics,
+        registry: &qweb_observe::metrics::Metrics,
     ) -> std::io::Result<Self> {
         let mut sites = Sites {
             default: cfg.default,

@@ -79,7 +79,7 @@ async fn check_once(weak: &Weak<Proxy>, idx: usize) -> bool {
 /// prefix, a site's by its first server name and prefix (as the request metrics).
 pub(crate) fn upstream_gauges(
     config: &crate::config::Config,
-) -> Vec<crate::observe::metrics::UpstreamRoute> {
+) -> Vec<qweb_observe::metrics::UpstreamRoute> {
     let top = config.routes.iter().map(|r| ("", r));
     let sites = config.sites.sites.iter().flat_map(|s| {
         let label = s.server_names.first().map_or("", String::as_str);

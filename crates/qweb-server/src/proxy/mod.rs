@@ -59,7 +59,7 @@ pub(crate) struct Proxy {
     /// HTTP/2 upstreams' connections.
     h2: h2::H2Conns,
     /// "all upstreams of the route are down": once a second at most, not once a request.
-    down_log: crate::observe::log_limit::Every,
+    down_log: qweb_observe::log_limit::Every,
 }
 
 /// Facts about the client connection the upstream is told.
@@ -123,7 +123,7 @@ impl Proxy {
             cfg: cfg.clone(),
             balancer: Balancer::new(cfg),
             h2: h2::H2Conns::new(cfg.upstreams.len()),
-            down_log: crate::observe::log_limit::Every::new(std::time::Duration::from_secs(1)),
+            down_log: qweb_observe::log_limit::Every::new(std::time::Duration::from_secs(1)),
         })
     }
 

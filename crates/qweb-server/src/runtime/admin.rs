@@ -1,5 +1,5 @@
 //! The admin listener: `GET /metrics` in the OpenMetrics text format, `/status.json` (the same
-//! counters summed for people, `crate::observe::status`) and `/status` (an HTML page that
+//! counters summed for people, `qweb_observe::status`) and `/status` (an HTML page that
 //! shows them live, `crate::runtime::status_page`). Plain HTTP/1.1, on its own thread; off
 //! unless `[admin]` is configured. Only GET and HEAD (405 otherwise); every answer says
 //! `Cache-Control: no-store`. At most [`MAX_CONNECTIONS`] connections, each
@@ -18,10 +18,10 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::observe::metrics::Metrics;
 use crate::runtime::status_page::PAGE;
 use qweb_http::body::{full, Body};
 use qweb_http::response;
+use qweb_observe::metrics::Metrics;
 
 /// Longest life of one admin connection (a scrape takes milliseconds): an idle or slow client
 /// cannot hold the connection's fd.
@@ -46,11 +46,11 @@ fn handle(req: &Request<Incoming>, registry: &Metrics) -> Response<Body> {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64());
-            let doc = crate::observe::status::document(&registry.render(), now);
+            let doc = qweb_observe::status::document(&registry.render(), now);
             (doc.to_string(), "application/json")
         }
         "/status" => (PAGE.html.clone(), "text/html; charset=utf-8"),
-        _ => (registry.render(), crate::observe::metrics::CONTENT_TYPE),
+        _ => (registry.render(), qweb_observe::metrics::CONTENT_TYPE),
     };
     let mut r = no_store(Response::new(full(body)));
     let h = r.headers_mut();
@@ -108,7 +108,7 @@ pub(crate) fn run(
 async fn serve(socket: TcpListener, registry: Arc<Metrics>, mut shutdown: watch::Receiver<bool>) {
     let registry = Rc::new(registry);
     let open = Rc::new(std::cell::Cell::new(0usize));
-    let errors = crate::observe::log_limit::Every::new(Duration::from_secs(1));
+    let errors = qweb_observe::log_limit::Every::new(Duration::from_secs(1));
     let addr = socket.local_addr().ok();
     let reserve = Rc::new(std::cell::RefCell::new(
         crate::runtime::fd_limit::FdReserve::new(),

@@ -14,9 +14,9 @@ use std::sync::Arc;
 
 use socket2::{Protocol, Type};
 
-use crate::observe::metrics::WorkerMetrics;
 use crate::runtime::quic_handshake::OffloadingConfig;
 use crate::runtime::quic_steer::{MarkedCids, SteeredSocket};
+use qweb_observe::metrics::WorkerMetrics;
 
 /// Streams of other kinds than requests a client may have open at once: HTTP/3 needs three
 /// (control, QPACK encoder and decoder); the rest is room for reserved (grease) streams.

@@ -43,7 +43,7 @@ use qweb_offload::job::{Job, Step};
 use qweb_offload::{Offloader, OpResult};
 use send_wrapper::SendWrapper;
 
-use crate::observe::metrics::WorkerMetrics;
+use qweb_observe::metrics::WorkerMetrics;
 
 /// Handshake bytes a session keeps while its signature is out (a TLS ClientHello is one
 /// message; nothing else may follow it before the server's flight). Past it, the connection

@@ -24,9 +24,9 @@ use qweb_offload::{Engine, InlineEngine, Mode, PoolConfig, PoolEngine};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::{Config, EngineConfig, EngineKind, ListenerConfig, RouteAction, TlsConfig};
-use crate::observe::metrics::{Metrics, WorkerMetrics};
 use crate::runtime::listen::bind_reuseport;
 use crate::runtime::worker::{self, Command, GenListener, Generation, WorkerExtras};
+use qweb_observe::metrics::{Metrics, WorkerMetrics};
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -518,7 +518,7 @@ fn config_hash(config: &Config) -> String {
     for p in &config.files {
         bytes.extend(std::fs::read(p).unwrap_or_default());
     }
-    crate::observe::metrics::config_hash(&bytes)
+    qweb_observe::metrics::config_hash(&bytes)
 }
 
 /// Checks what a worker would open for `config` (static roots), so that a reload fails here,

@@ -25,9 +25,9 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::conn::TlsListener;
-use crate::observe::metrics::{Metrics, WorkerMetrics, NO_ROUTE};
 use crate::pipeline::ctx::WorkerCtx;
 use crate::pipeline::routes::{build_route, Handler};
+use qweb_observe::metrics::{Metrics, WorkerMetrics, NO_ROUTE};
 
 /// One listener as this worker sees it.
 pub(crate) struct ListenerCtx {
@@ -251,7 +251,7 @@ impl Worker {
                 .compression
                 .as_ref()
                 .map(crate::pipeline::compress::Compressor::new),
-            peer_log: crate::observe::log_limit::PerPeer::new(Duration::from_secs(60)),
+            peer_log: qweb_observe::log_limit::PerPeer::new(Duration::from_secs(60)),
             tunnels: Rc::default(),
             acme: g.acme.clone(),
         });
@@ -601,7 +601,7 @@ async fn accept_loop(
     current: Rc<RefCell<Current>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let errors = crate::observe::log_limit::Every::new(Duration::from_secs(1));
+    let errors = qweb_observe::log_limit::Every::new(Duration::from_secs(1));
     let mut reserve = crate::runtime::fd_limit::FdReserve::new();
     loop {
         let ctx = current.borrow().gen.clone();

@@ -22,11 +22,11 @@ pub(crate) struct AccessRecord {
     pub status: u16,
     pub log: bool,
     /// The route's request counters and latency histogram.
-    pub route: std::rc::Rc<crate::observe::metrics::RouteMetrics>,
+    pub route: std::rc::Rc<qweb_observe::metrics::RouteMetrics>,
     /// The access-log line format.
     pub format: crate::config::AccessFormat,
     /// Host, User-Agent, Referer (when the log is on).
-    pub fields: Option<crate::observe::access_log::RequestFields>,
+    pub fields: Option<qweb_observe::access_log::RequestFields>,
 }
 
 /// A tunnel's byte counts (an upgrade's, an extended CONNECT's), shared by the tunnel and the
@@ -183,14 +183,14 @@ struct Line {
     status: u16,
     start: Instant,
     tls: Option<&'static str>,
-    fields: Option<crate::observe::access_log::RequestFields>,
+    fields: Option<qweb_observe::access_log::RequestFields>,
 }
 
 impl Line {
     fn write(&self, bytes: u64, aborted: bool, received: Option<u64>) {
-        crate::observe::access_log::write(
+        qweb_observe::access_log::write(
             self.format,
-            &crate::observe::access_log::Entry {
+            &qweb_observe::access_log::Entry {
                 peer: self.peer,
                 method: self.method.as_str(),
                 target: &self.target,

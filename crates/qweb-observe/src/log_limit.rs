@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// At most one line per `every`.
-pub(crate) struct Every {
+pub struct Every {
     every: Duration,
     last: Cell<Option<Instant>>,
     suppressed: Cell<u64>,
@@ -17,7 +17,7 @@ pub(crate) struct Every {
 
 impl Every {
     /// One line per `every`.
-    pub(crate) fn new(every: Duration) -> Self {
+    pub fn new(every: Duration) -> Self {
         Every {
             every,
             last: Cell::new(None),
@@ -26,7 +26,7 @@ impl Every {
     }
 
     /// `Some(n)`: log now, `n` lines were suppressed since the last one. `None`: stay quiet.
-    pub(crate) fn hit(&self) -> Option<u64> {
+    pub fn hit(&self) -> Option<u64> {
         let now = Instant::now();
         match self.last.get() {
             Some(t) if now.saturating_duration_since(t) < self.every => {
@@ -45,14 +45,14 @@ impl Every {
 const MAX_PEERS: usize = 4096;
 
 /// At most one line per peer address per `every`.
-pub(crate) struct PerPeer {
+pub struct PerPeer {
     every: Duration,
     peers: RefCell<HashMap<IpAddr, (Instant, u64)>>,
 }
 
 impl PerPeer {
     /// One line per peer per `every`.
-    pub(crate) fn new(every: Duration) -> Self {
+    pub fn new(every: Duration) -> Self {
         PerPeer {
             every,
             peers: RefCell::new(HashMap::new()),
@@ -60,7 +60,7 @@ impl PerPeer {
     }
 
     /// `Some(n)`: log now, `n` lines about this peer were suppressed since the last one.
-    pub(crate) fn hit(&self, peer: IpAddr) -> Option<u64> {
+    pub fn hit(&self, peer: IpAddr) -> Option<u64> {
         let now = Instant::now();
         let mut peers = self.peers.borrow_mut();
         if peers.len() >= MAX_PEERS && !peers.contains_key(&peer) {

@@ -30,7 +30,7 @@ pub fn register(counters: Vec<ProcessCounter>) -> bool {
 
 /// Encodes the registered counters.
 #[derive(Debug, Default)]
-pub(crate) struct ProcessCounters;
+pub struct ProcessCounters;
 
 impl Collector for ProcessCounters {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {

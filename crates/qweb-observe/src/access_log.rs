@@ -27,20 +27,23 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::header;
 
-use crate::config::AccessFormat;
+use qweb_config::AccessFormat;
 
 /// The request header fields the access log shows, taken before the request is consumed.
 #[derive(Debug, Default)]
-pub(crate) struct RequestFields {
+pub struct RequestFields {
+    /// The target's authority, else `Host`.
     pub host: Option<String>,
+    /// `User-Agent`.
     pub user_agent: Option<String>,
+    /// `Referer`.
     pub referer: Option<String>,
 }
 
 impl RequestFields {
     /// `Host` (or the target's authority), `User-Agent` and `Referer` of `req`, lossily
     /// decoded (escaped when written).
-    pub(crate) fn of<B>(req: &http::Request<B>) -> RequestFields {
+    pub fn of<B>(req: &http::Request<B>) -> RequestFields {
         let get = |name: header::HeaderName| {
             req.headers()
                 .get(name)
@@ -59,31 +62,39 @@ impl RequestFields {
 }
 
 /// One finished (or abandoned) request.
-pub(crate) struct Entry<'a> {
+pub struct Entry<'a> {
+    /// The client's address.
     pub peer: SocketAddr,
+    /// The request method.
     pub method: &'a str,
     /// The request target, already escaped.
     pub target: &'a str,
+    /// `HTTP/1.1`, `HTTP/2.0`, `HTTP/3.0`.
     pub protocol: &'a str,
+    /// The response status.
     pub status: u16,
+    /// Response body bytes sent (a tunnel's: to the client).
     pub bytes: u64,
+    /// From the request head to the last byte sent (or the abort).
     pub elapsed: Duration,
+    /// The response was not sent to its end.
     pub aborted: bool,
     /// A tunnel's bytes from the client (`None`: not a tunnel).
     pub received: Option<u64>,
     /// `TLSv1.3`, `TLSv1.2`, or `None` on plain HTTP.
     pub tls: Option<&'a str>,
+    /// `Host`, `User-Agent` and `Referer` (`None`: not taken, for formats without them).
     pub fields: Option<&'a RequestFields>,
 }
 
 /// Writes `e` in `format`.
-pub(crate) fn write(format: AccessFormat, e: &Entry<'_>) {
+pub fn write(format: AccessFormat, e: &Entry<'_>) {
     let line = format_entry(format, e, SystemTime::now());
     tracing::info!(target: "qweb::access", "{line}");
 }
 
 /// Logs a request refused by the parser (its head never reached the service).
-pub(crate) fn refused(format: AccessFormat, peer: SocketAddr, status: u16) {
+pub fn refused(format: AccessFormat, peer: SocketAddr, status: u16) {
     let line = match format {
         AccessFormat::Qweb => format!(
             "{} {peer} \"-\" {status} 0 0.000ms refused",
@@ -231,7 +242,7 @@ fn clf_time(t: SystemTime) -> String {
 }
 
 /// `s` with every byte outside printable ASCII, and `"` and `\`, written as `\xHH`.
-pub(crate) fn escape(s: &str) -> String {
+pub fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for &b in s.as_bytes() {
         if (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\' {

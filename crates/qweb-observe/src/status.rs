@@ -11,13 +11,16 @@ use serde_json::{json, Map, Value};
 /// Rows of one list (workers, upstreams, engines, listeners) in the document; more are counted
 /// in its `omitted`, so a configuration with thousands of upstreams gives a document of bounded
 /// size. Down upstreams come first, so they are the ones shown.
-pub(crate) const MAX_ROWS: usize = 100;
+pub const MAX_ROWS: usize = 100;
 
 /// One sample line of the exposition: `name{labels} value`.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Sample {
+pub struct Sample {
+    /// The metric's name.
     pub name: String,
+    /// Its labels, in exposition order.
     pub labels: Vec<(String, String)>,
+    /// Its value.
     pub value: f64,
 }
 
@@ -80,7 +83,7 @@ fn parse_line(line: &str) -> Option<Sample> {
 }
 
 /// The samples of an OpenMetrics text.
-pub(crate) fn parse(text: &str) -> Vec<Sample> {
+pub fn parse(text: &str) -> Vec<Sample> {
     text.lines().filter_map(parse_line).collect()
 }
 
@@ -375,7 +378,7 @@ fn upstreams(s: &Samples) -> Value {
 }
 
 /// The status document of the exposition `text`, `now` seconds since the Unix epoch.
-pub(crate) fn document(text: &str, now: f64) -> Value {
+pub fn document(text: &str, now: f64) -> Value {
     let samples = parse(text);
     let s = Samples::new(&samples);
     let sum = |name: &str| num(s.sum(name, "", ""));

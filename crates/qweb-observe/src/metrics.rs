@@ -21,7 +21,7 @@ use qweb_offload::EngineSet;
 use qweb_tls::handshake::HandshakeGauges;
 
 /// The content type of [`Metrics::render`]'s text.
-pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Upper bounds (seconds) of the request latency buckets.
 const REQUEST_BUCKETS: [f64; 13] = [
@@ -30,15 +30,18 @@ const REQUEST_BUCKETS: [f64; 13] = [
 
 /// The `route` label of requests no route matched (refused before routing, or no prefix
 /// covers the path).
-pub(crate) const NO_ROUTE: &str = "-";
+pub const NO_ROUTE: &str = "-";
 
 /// Counters of one worker, written by the worker, read by the admin endpoint.
 #[derive(Debug, Default)]
-pub(crate) struct WorkerMetrics {
+pub struct WorkerMetrics {
+    /// TLS (and QUIC) handshakes completed.
     pub handshakes_ok: AtomicU64,
+    /// TLS (and QUIC) handshakes that failed or timed out.
     pub handshakes_failed: AtomicU64,
     /// Handshake jobs paused on an offloaded op right now.
     pub handshake: HandshakeGauges,
+    /// Connections open (TCP from their accept, QUIC from their handshake's end).
     pub connections: AtomicI64,
     /// Connections serving HTTP/1.1 (the others are in their TLS handshake, or HTTP/2).
     pub http1: AtomicI64,
@@ -50,13 +53,16 @@ pub(crate) struct WorkerMetrics {
     pub quic_handshaking: AtomicI64,
     /// New QUIC connections answered with a Retry (address validation).
     pub quic_retries: AtomicU64,
+    /// Requests served (every protocol).
     pub requests: AtomicU64,
 }
 
 /// The HTTP protocol a connection serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum HttpProtocol {
+pub enum HttpProtocol {
+    /// HTTP/1.x.
     Http1,
+    /// HTTP/2.
     H2,
     /// Over QUIC: the connection is counted in `connections` here too (a TCP connection is
     /// counted there from its accept).
@@ -64,11 +70,11 @@ pub(crate) enum HttpProtocol {
 }
 
 /// One connection serving HTTP in a protocol (its counts are up while this lives).
-pub(crate) struct ProtocolOpen<'a>(&'a AtomicI64, Option<&'a AtomicI64>);
+pub struct ProtocolOpen<'a>(&'a AtomicI64, Option<&'a AtomicI64>);
 
 impl<'a> ProtocolOpen<'a> {
     /// Counts a connection of `w` serving `protocol`.
-    pub(crate) fn new(w: &'a WorkerMetrics, protocol: HttpProtocol) -> Self {
+    pub fn new(w: &'a WorkerMetrics, protocol: HttpProtocol) -> Self {
         let (count, also) = match protocol {
             HttpProtocol::Http1 => (&w.http1, None),
             HttpProtocol::H2 => (&w.h2, None),
@@ -94,7 +100,7 @@ type RouteClassLabels = [(&'static str, String); 2];
 type ResultLabels = [(&'static str, &'static str); 1];
 
 /// What `/metrics` reports, and the handles the server writes through.
-pub(crate) struct Metrics {
+pub struct Metrics {
     registry: Registry,
     /// The engines reported (replaced on reload).
     pub engines: EngineSet,
@@ -111,7 +117,7 @@ pub(crate) struct Metrics {
 /// A route's counters, resolved once when a worker builds its routes: a request only bumps
 /// atomics (no label lookup on the request path).
 #[derive(Clone)]
-pub(crate) struct RouteMetrics {
+pub struct RouteMetrics {
     /// Requests by status class, `1xx` to `5xx`.
     by_class: [Counter; 5],
     duration: Histogram,
@@ -119,7 +125,7 @@ pub(crate) struct RouteMetrics {
 
 impl RouteMetrics {
     /// A request on this route ended with `status` after `elapsed` (to the last body byte).
-    pub(crate) fn observe(&self, status: u16, elapsed: Duration) {
+    pub fn observe(&self, status: u16, elapsed: Duration) {
         let class = usize::from(status / 100).clamp(1, 5) - 1;
         self.by_class[class].inc();
         self.duration.observe(elapsed.as_secs_f64());
@@ -242,18 +248,18 @@ impl Collector for WorkersCollector {
 
 /// One proxy route's upstreams for `/metrics`: its label, the upstreams' names, the gauges
 /// its workers share.
-pub(crate) type UpstreamRoute = (String, Vec<String>, Arc<crate::config::UpstreamGauges>);
+pub type UpstreamRoute = (String, Vec<String>, Arc<qweb_config::UpstreamGauges>);
 
 /// Reads the proxy routes' upstream health at each scrape; the routes are replaced on reload.
 #[derive(Debug, Default)]
-pub(crate) struct UpstreamsCollector {
+pub struct UpstreamsCollector {
     routes: Mutex<Vec<UpstreamRoute>>,
     workers: usize,
 }
 
 impl UpstreamsCollector {
     /// The routes of the configuration now in use.
-    pub(crate) fn set(&self, routes: Vec<UpstreamRoute>) {
+    pub fn set(&self, routes: Vec<UpstreamRoute>) {
         *self.routes.lock().unwrap_or_else(PoisonError::into_inner) = routes;
     }
 }
@@ -264,7 +270,7 @@ impl Collector for UpstreamsCollector {
         if routes.is_empty() {
             return Ok(());
         }
-        type Get = fn(&crate::config::UpstreamGauges, usize) -> i64;
+        type Get = fn(&qweb_config::UpstreamGauges, usize) -> i64;
         let down_help = format!("Workers (of {}) that skip the upstream now.", self.workers);
         let families: [(&str, MetricType, &str, Get); 4] = [
             (
@@ -309,7 +315,7 @@ impl Metrics {
     /// The registry for `workers`, the engines of `engines` and the compression counters;
     /// `config_hash` names the configuration loaded at start. `collectors` are registered by
     /// the layers above (TLS sessions, the open-file cache): this module imports none of them.
-    pub(crate) fn new(
+    pub fn new(
         workers: Vec<Arc<WorkerMetrics>>,
         engines: EngineSet,
         compression: Arc<qweb_compress::CompressMetrics>,
@@ -366,7 +372,7 @@ impl Metrics {
         );
         engines.register(&mut registry);
         compression.register(&mut registry);
-        registry.register_collector(Box::new(crate::observe::process_counters::ProcessCounters));
+        registry.register_collector(Box::new(crate::process_counters::ProcessCounters));
         for c in collectors {
             registry.register_collector(c);
         }
@@ -383,7 +389,7 @@ impl Metrics {
     }
 
     /// The handles of route `prefix` (created with zero counts when new).
-    pub(crate) fn route(&self, prefix: &str) -> RouteMetrics {
+    pub fn route(&self, prefix: &str) -> RouteMetrics {
         let class = |c: &str| {
             self.requests
                 .get_or_create_owned(&[("route", prefix.to_owned()), ("class", c.to_owned())])
@@ -403,7 +409,7 @@ impl Metrics {
     }
 
     /// A reload ended: `ok` with the new configuration's hash, or failed.
-    pub(crate) fn reloaded(&self, new_hash: Option<String>) {
+    pub fn reloaded(&self, new_hash: Option<String>) {
         let result = if new_hash.is_some() { "ok" } else { "failed" };
         self.reloads.get_or_create(&[("result", result)]).inc();
         if let Some(h) = new_hash {
@@ -412,7 +418,7 @@ impl Metrics {
     }
 
     /// The OpenMetrics text of everything registered.
-    pub(crate) fn render(&self) -> String {
+    pub fn render(&self) -> String {
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
             // writing to a String cannot fail; a collector error leaves a partial text
@@ -424,7 +430,7 @@ impl Metrics {
 
 /// A short, stable hash of a configuration file's bytes (FNV-1a, 64 bits, hex): changes when
 /// the file does, so dashboards can tell which configuration each instance runs.
-pub(crate) fn config_hash(bytes: &[u8]) -> String {
+pub fn config_hash(bytes: &[u8]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         h ^= u64::from(*b);
