@@ -11,15 +11,12 @@
 //! | layer | what it is |
 //! |---|---|
 //! | [`config`] | the configuration, read and validated (everything reads it): the `qweb-config` crate, re-exported |
-//! | `session` | one connection's state: phases, deadlines, the logged-request record, tunnels |
 //! | `conn` | connection drivers (TLS handshake, HTTP/1, HTTP/2), idle parking, timers, flood meters |
 //! | `files`, `proxy` | the handlers: static files and the reverse proxy |
 //! | `pipeline` | the request pipeline: service, sites, rewrite, routing, error pages, headers, compression glue |
 //! | `runtime` | server, workers, listeners, TLS sessions, OCSP, admin, reload, upgrade, signals |
 
 pub use qweb_config as config;
-
-mod session;
 
 mod conn;
 
@@ -53,7 +50,6 @@ mod layers {
     /// Bottom first; modules on one line are peers and may not import each other.
     const LAYERS: &[&[&str]] = &[
         &["config"],
-        &["session"],
         &["conn"],
         &["files", "proxy"],
         &["pipeline"],

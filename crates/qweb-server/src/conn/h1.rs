@@ -28,12 +28,12 @@ use tokio::time::Instant;
 use super::idle::{ReadReady, SendQueue};
 use super::lazy_timer::LazyTimer;
 use super::{Handle, Host, Tracked};
-use crate::session::logged::Logged;
-use crate::session::{ConnState, Phase, Timeouts};
 use qweb_http::h1::decode::{BodyError, Decoded, Decoder};
 use qweb_http::h1::encode::{self, Asked, BodyHint, Framing as Out};
 use qweb_http::h1::parse::{self, Framing, Head, HeadError, HeadLimits};
 use qweb_http::request_body::{BodyPipe, RequestBody};
+use qweb_session::logged::Logged;
+use qweb_session::{ConnState, Phase, Timeouts};
 
 /// A connection that has served more than one request keeps its read buffer this long when
 /// idle: the next request of a keep-alive client usually follows within a round trip. One

@@ -15,7 +15,7 @@ use super::idle::{send_queue, SendQueue, QUEUE_CHECK};
 use super::lazy_timer::LazyTimer;
 use super::{sleep_or_never, HyperService, LocalExec, Tracked};
 use super::{Host, ReadReady};
-use crate::session::{ConnState, Expiry, Timeouts};
+use qweb_session::{ConnState, Expiry, Timeouts};
 
 /// How an HTTP/2 connection is ending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

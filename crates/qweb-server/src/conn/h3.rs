@@ -16,8 +16,8 @@ use http_body_util::BodyExt;
 use tokio::task::JoinSet;
 
 use super::{Handle, Host};
-use crate::session::ConnState;
 use qweb_http::request_body::RequestBody;
+use qweb_session::ConnState;
 
 /// The ALPN protocol id of HTTP/3.
 pub(crate) const ALPN_H3: &[u8] = b"h3";
@@ -244,7 +244,7 @@ fn strip_connection_fields(h: &mut http::HeaderMap) {
 /// Streams `body` on `send`: DATA frames, trailers, then the stream's end.
 async fn send_body(
     send: &mut H3Send,
-    mut body: crate::session::logged::Logged,
+    mut body: qweb_session::logged::Logged,
     send_timeout: std::time::Duration,
 ) -> Result<(), String> {
     while let Some(frame) = body.frame().await {

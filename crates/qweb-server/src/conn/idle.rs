@@ -5,7 +5,7 @@
 //! the buffer is allocated again when the next request's bytes arrive (as nginx frees its
 //! buffers in `ngx_http_set_keepalive` and allocates them again on the next read). An idle
 //! connection is its transport (the socket, or the TLS stream with rustls' own state), its
-//! [`crate::session::ConnState`] and the driver's small state.
+//! [`qweb_session::ConnState`] and the driver's small state.
 //!
 //! A connection that has served more than one request frees its buffer only after it stayed
 //! idle for the driver's `PARK_AFTER` (10 ms); after its first request it does at once (most

@@ -34,8 +34,8 @@ use tokio::time::{sleep_until, Instant};
 use crate::conn::h2_flood::FloodMeter;
 use crate::conn::idle::ReadReady;
 use crate::conn::write_burst::WriteBurst;
-use crate::session::logged::Logged;
-use crate::session::{ConnState, StreamCancel};
+use qweb_session::logged::Logged;
+use qweb_session::{ConnState, StreamCancel};
 
 thread_local! {
     /// This worker's turns for handshake steps computed in place (modes `none` and `sync`):
@@ -69,7 +69,7 @@ pub(crate) trait Host: 'static {
     /// The access-log format for requests the HTTP/1 parser refused (`None`: no access log).
     fn refused_log(&self) -> Option<crate::config::AccessFormat>;
     /// The tunnels of the connection's generation (registered while they run).
-    fn tunnels(&self) -> &Rc<crate::session::tunnel::Tunnels>;
+    fn tunnels(&self) -> &Rc<qweb_session::tunnel::Tunnels>;
 }
 
 /// Answers the requests of one connection.
@@ -78,7 +78,7 @@ pub(crate) trait Handle: 'static {
     fn call(
         self: Rc<Self>,
         req: hyper::Request<qweb_http::request_body::RequestBody>,
-    ) -> impl Future<Output = hyper::Response<crate::session::logged::Logged>> + 'static;
+    ) -> impl Future<Output = hyper::Response<qweb_session::logged::Logged>> + 'static;
 }
 
 /// A TLS listener's handshake setup on this worker.

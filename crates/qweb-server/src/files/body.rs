@@ -36,8 +36,8 @@ use lru::LruCache;
 
 use super::cache::Identity;
 use super::Root;
-use crate::session::ReadAhead;
 use qweb_http::body::BoxError;
+use qweb_session::ReadAhead;
 
 /// Largest read per frame.
 pub(crate) const CHUNK: usize = 128 * 1024;
@@ -275,11 +275,8 @@ mod tests {
     }
 
     /// A body whose chunks are sized by a connection with `streams` requests in flight.
-    fn on_conn(
-        mut body: FileBody,
-        streams: usize,
-    ) -> (FileBody, Vec<crate::session::RequestGuard>) {
-        let conn = std::rc::Rc::new(crate::session::ConnState::new(([127, 0, 0, 1], 1).into()));
+    fn on_conn(mut body: FileBody, streams: usize) -> (FileBody, Vec<qweb_session::RequestGuard>) {
+        let conn = std::rc::Rc::new(qweb_session::ConnState::new(([127, 0, 0, 1], 1).into()));
         let guards = (0..streams).map(|_| conn.request_started_guard()).collect();
         body.ahead = ReadAhead::of(&conn);
         (body, guards)

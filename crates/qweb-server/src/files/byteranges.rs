@@ -95,7 +95,7 @@ pub(crate) fn respond(
 pub(crate) fn file_parts(
     file: std::fs::File,
     source: impl Fn() -> Reopen + 'static,
-    ahead: crate::session::ReadAhead,
+    ahead: qweb_session::ReadAhead,
 ) -> PartSource {
     let mut file = Some(file);
     PartSource::File(Box::new(move |offset, count, first| {

@@ -20,7 +20,6 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
 
 use crate::config::StaticConfig;
-use crate::session::ReadAhead;
 pub(crate) use body::FileBody;
 use cache::{FileHead, Identity};
 pub(crate) use conditional::entity_tags;
@@ -28,6 +27,7 @@ use conditional::Outcome;
 pub(crate) use open::Root;
 use qweb_http::body::{empty, full, Body};
 use qweb_http::response;
+use qweb_session::ReadAhead;
 use range::RangeRequest;
 
 /// Files this small are read whole into one buffer.

@@ -39,8 +39,8 @@ use crate::config::{CompressionConfig, Config};
 use crate::files::body::Reopen;
 use crate::files::cache::Identity;
 use crate::files::FileBody;
-use crate::session::ReadAhead;
 use qweb_http::body::{boxed, full, Body};
+use qweb_session::ReadAhead;
 
 pub(crate) use crate::files::StaticFile;
 

@@ -34,7 +34,7 @@ pub(crate) struct WorkerCtx {
     /// Log lines about misbehaving peers: one per peer per minute.
     pub peer_log: PerPeer,
     /// The tunnels (WebSockets...) of this generation's connections.
-    pub tunnels: Rc<crate::session::tunnel::Tunnels>,
+    pub tunnels: Rc<qweb_session::tunnel::Tunnels>,
     /// The ACME HTTP-01 answers (sites with `acme`).
     pub acme: Option<Arc<qweb_tls::Managed>>,
 }
@@ -64,7 +64,7 @@ impl crate::conn::Host for WorkerCtx {
         self.access_log.then_some(self.log_format)
     }
 
-    fn tunnels(&self) -> &Rc<crate::session::tunnel::Tunnels> {
+    fn tunnels(&self) -> &Rc<qweb_session::tunnel::Tunnels> {
         &self.tunnels
     }
 }

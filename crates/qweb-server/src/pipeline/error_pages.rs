@@ -6,8 +6,8 @@ use http::{header, HeaderMap, Method, Response};
 
 use crate::config::ErrorPages;
 use crate::pipeline::routes::{Handler, Route};
-use crate::session::ReadAhead;
 use qweb_http::body::Body;
+use qweb_session::ReadAhead;
 
 /// Headers of the page that describe the file rather than the error.
 const PAGE_ONLY: [header::HeaderName; 4] = [

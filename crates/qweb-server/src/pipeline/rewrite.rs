@@ -5,10 +5,10 @@ use http::{header, HeaderValue, Request, Response, StatusCode};
 
 use crate::config::{RedirectConfig, RewriteRule};
 use crate::files::StaticFiles;
-use crate::session::ReadAhead;
 use qweb_http::body::Body;
 use qweb_http::path::PathError;
 use qweb_http::response;
+use qweb_session::ReadAhead;
 
 /// The redirect for `req`: `Location` is `cfg.to` with `{host}` (the request's host without
 /// port, else the SNI name), `{uri}` (`path` and the query), `{path}` and `{query}` filled in.

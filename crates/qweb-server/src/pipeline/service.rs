@@ -13,12 +13,12 @@ use qweb_http::request_body::RequestBody;
 use crate::pipeline::ctx::WorkerCtx;
 use crate::pipeline::routes::{Handler, Route};
 use crate::proxy::{ClientInfo, Target};
-use crate::session::logged::{AccessRecord, Logged};
-use crate::session::{ConnState, ReadAhead};
 use qweb_http::body::{Body, DrainAfter};
 use qweb_http::path::PathError;
 use qweb_http::request_rules;
 use qweb_http::response;
+use qweb_session::logged::{AccessRecord, Logged};
+use qweb_session::{ConnState, ReadAhead};
 
 /// Per-connection service.
 pub(crate) struct Service {
@@ -133,7 +133,7 @@ impl Service {
         };
         let tunnel = resp
             .extensions_mut()
-            .remove::<crate::session::logged::TunnelTally>();
+            .remove::<qweb_session::logged::TunnelTally>();
         resp.map(|b| Logged::new(b, record, guard, tunnel))
     }
 

@@ -67,10 +67,10 @@ pub(crate) struct ClientInfo {
     pub addr: SocketAddr,
     pub tls: bool,
     /// The client connection (an accepted upgrade leaves its tunnel there).
-    pub conn: Rc<crate::session::ConnState>,
+    pub conn: Rc<qweb_session::ConnState>,
     /// The generation's tunnels and the shutdown signal: an HTTP/2 WebSocket registers there
     /// (kept past a reload's `shutdown_timeout`, told when to go away).
-    pub tunnels: Rc<crate::session::tunnel::Tunnels>,
+    pub tunnels: Rc<qweb_session::tunnel::Tunnels>,
     /// Becomes `true` when the server shuts down.
     pub shutdown: tokio::sync::watch::Receiver<bool>,
 }

@@ -8,13 +8,13 @@
 //!    upstream.
 //! 2. The upstream answers 101 switching to the protocol asked for: the 101 goes to the
 //!    client, and the [`Tunnel`] waits in the client connection's
-//!    [`TunnelSlot`](crate::session::tunnel::TunnelSlot). Any other
+//!    [`TunnelSlot`](qweb_session::tunnel::TunnelSlot). Any other
 //!    answer is an ordinary response (a 101 to another protocol is a 502).
 //! 3. Once hyper has written the 101 and given the client connection back, the connection
 //!    calls [`run`]: the bytes are copied both ways until both sides have closed, or one
 //!    fails, or nothing moved for the route's `upgrade_idle_timeout`, or a write waits that
 //!    long (a peer that stops reading does not hold the tunnel forever). The access-log
-//!    line of the 101 is written then, with the bytes both ways ([`crate::session::logged::TunnelTally`]).
+//!    line of the 101 is written then, with the bytes both ways ([`qweb_session::logged::TunnelTally`]).
 //! 4. A reload does not cut it at `shutdown_timeout`: it goes on up to
 //!    `upgrade_drain_timeout`; then, or at shutdown, it is told to go away ([`Ending`]): a
 //!    WebSocket gets a close frame 1001 (going away) each way, put between two frames (the
@@ -57,7 +57,7 @@ const GOING_AWAY_GRACE: Duration = Duration::from_secs(1);
 /// A WebSocket close frame with status 1001 (going away), server to client (unmasked).
 const CLOSE_1001_TO_CLIENT: [u8; 4] = [0x88, 0x02, 0x03, 0xe9];
 
-use crate::session::tunnel::Ending;
+use qweb_session::tunnel::Ending;
 
 /// Resolves when `e` says to end; never without one.
 async fn ending(e: &mut Option<Ending>) {
@@ -145,15 +145,15 @@ pub(crate) struct Tunnel {
     pub(super) idle: Duration,
     pub(super) name: String,
     /// The bytes both ways, for the access-log line of the response that opened it.
-    pub(super) tally: crate::session::logged::TunnelTally,
+    pub(super) tally: qweb_session::logged::TunnelTally,
     /// A WebSocket: told to go away, it sends close frames 1001.
     pub(super) websocket: bool,
 }
 
-impl crate::session::tunnel::Tunnel for Tunnel {
+impl qweb_session::tunnel::Tunnel for Tunnel {
     fn run<'a>(
         self: Box<Self>,
-        client: Box<dyn crate::session::tunnel::TunnelIo + 'a>,
+        client: Box<dyn qweb_session::tunnel::TunnelIo + 'a>,
         early: Bytes,
         ending: Option<Ending>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>> {
@@ -307,7 +307,7 @@ impl Proxy {
         let upstream = hyper::upgrade::on(&mut resp);
         let mut headers = std::mem::take(resp.headers_mut());
         strip_hop_by_hop(&mut headers);
-        let tally = crate::session::logged::TunnelTally::default();
+        let tally = qweb_session::logged::TunnelTally::default();
         let tunnel = Tunnel {
             upstream,
             idle: self.cfg.upgrade_idle_timeout,

@@ -48,7 +48,7 @@ impl ListenerCtx {
     fn service(
         &self,
         worker: &Rc<WorkerCtx>,
-        state: Rc<crate::session::ConnState>,
+        state: Rc<qweb_session::ConnState>,
     ) -> crate::pipeline::service::Service {
         crate::pipeline::service::Service::new(
             worker.clone(),

@@ -11,20 +11,25 @@ use std::time::Instant;
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 
-use crate::session::RequestGuard;
+use crate::RequestGuard;
 use qweb_http::body::{Body, BoxError};
 
 /// What the access log says about one request.
-pub(crate) struct AccessRecord {
+pub struct AccessRecord {
+    /// When the request head was read.
     pub start: Instant,
+    /// The request method.
     pub method: http::Method,
+    /// The request target, as the log shows it.
     pub path: String,
+    /// The response status.
     pub status: u16,
+    /// Whether the access log is on (else only the route's metrics are counted).
     pub log: bool,
     /// The route's request counters and latency histogram.
     pub route: std::rc::Rc<qweb_observe::metrics::RouteMetrics>,
     /// The access-log line format.
-    pub format: crate::config::AccessFormat,
+    pub format: qweb_config::AccessFormat,
     /// Host, User-Agent, Referer (when the log is on).
     pub fields: Option<qweb_observe::access_log::RequestFields>,
 }
@@ -33,7 +38,7 @@ pub(crate) struct AccessRecord {
 /// response that opened it (as an extension): that response's access-log line waits until
 /// both are gone, i.e. the tunnel ended, and then says the bytes both ways and the duration.
 #[derive(Clone, Default)]
-pub(crate) struct TunnelTally(std::sync::Arc<Tally>);
+pub struct TunnelTally(std::sync::Arc<Tally>);
 
 /// An access-log line waiting for a tunnel's byte counts (from the client, to it).
 type DeferredLine = Box<dyn FnOnce(u64, u64) + Send>;
@@ -49,7 +54,7 @@ struct Tally {
 
 impl TunnelTally {
     /// The tunnel moved `from_client` and `to_client` bytes (so far).
-    pub(crate) fn set(&self, from_client: u64, to_client: u64) {
+    pub fn set(&self, from_client: u64, to_client: u64) {
         self.0.from_client.store(from_client, Ordering::Relaxed);
         self.0.to_client.store(to_client, Ordering::Relaxed);
     }
@@ -77,7 +82,7 @@ impl Drop for Tally {
 /// for the client (a chunk handed over, not yet taken) or for its source; on drop (body
 /// finished, the client went away, or the send timeout reset it) writes the access-log line
 /// and marks the request as no longer in flight on its connection.
-pub(crate) struct Logged {
+pub struct Logged {
     inner: Body,
     bytes: u64,
     /// The body went out whole (end of stream reached).
@@ -89,7 +94,9 @@ pub(crate) struct Logged {
 }
 
 impl Logged {
-    pub(crate) fn new(
+    /// `inner`, logged as `record` when it ends or is dropped; `guard` keeps the request
+    /// counted in its connection's phase; `tunnel`: the response opened one.
+    pub fn new(
         inner: Body,
         record: AccessRecord,
         guard: RequestGuard,
@@ -175,7 +182,7 @@ impl Drop for Logged {
 
 /// An access-log line waiting for its byte counts.
 struct Line {
-    format: crate::config::AccessFormat,
+    format: qweb_config::AccessFormat,
     peer: std::net::SocketAddr,
     method: http::Method,
     target: String,

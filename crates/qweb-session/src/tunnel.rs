@@ -16,13 +16,13 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{watch, Notify};
 
 /// A client transport handed to a tunnel.
-pub(crate) trait TunnelIo: AsyncRead + AsyncWrite + Unpin {}
+pub trait TunnelIo: AsyncRead + AsyncWrite + Unpin {}
 
 impl<T: AsyncRead + AsyncWrite + Unpin> TunnelIo for T {}
 
 /// Something that carries bytes between the client and another peer once the client's
 /// HTTP/1.1 exchange is over.
-pub(crate) trait Tunnel {
+pub trait Tunnel {
     /// Runs the tunnel to its end; `early` are the bytes the client sent after its request
     /// head that hyper had already read; `ending` tells it to go away.
     fn run<'a>(
@@ -35,16 +35,16 @@ pub(crate) trait Tunnel {
 
 /// The slot (HTTP/1.1 only: HTTP/2 tunnels run inside their stream).
 #[derive(Default)]
-pub(crate) struct TunnelSlot(RefCell<Option<Box<dyn Tunnel>>>);
+pub struct TunnelSlot(RefCell<Option<Box<dyn Tunnel>>>);
 
 impl TunnelSlot {
     /// The tunnel to run once the connection's HTTP/1 exchange is over, if any.
-    pub(crate) fn take(&self) -> Option<Box<dyn Tunnel>> {
+    pub fn take(&self) -> Option<Box<dyn Tunnel>> {
         self.0.borrow_mut().take()
     }
 
     /// Leaves a tunnel for the connection to run.
-    pub(crate) fn set(&self, t: Box<dyn Tunnel>) {
+    pub fn set(&self, t: Box<dyn Tunnel>) {
         *self.0.borrow_mut() = Some(t);
     }
 }
@@ -52,13 +52,15 @@ impl TunnelSlot {
 /// What tells a running tunnel to go away: the server shuts down, or the generation it
 /// belongs to was retired and its `upgrade_drain_timeout` passed.
 #[derive(Clone)]
-pub(crate) struct Ending {
+pub struct Ending {
     shutdown: watch::Receiver<bool>,
     going_away: watch::Receiver<bool>,
 }
 
 impl Ending {
-    pub(crate) fn new(shutdown: watch::Receiver<bool>, going_away: watch::Receiver<bool>) -> Self {
+    /// Ends when `shutdown` (the worker stops) or `going_away` (the tunnel's generation was
+    /// retired and its `upgrade_drain_timeout` passed) turns true.
+    pub fn new(shutdown: watch::Receiver<bool>, going_away: watch::Receiver<bool>) -> Self {
         Ending {
             shutdown,
             going_away,
@@ -66,13 +68,13 @@ impl Ending {
     }
 
     /// The tunnel must end now (what [`Ending::wait`] would resolve at once for).
-    pub(crate) fn said(&self) -> bool {
+    pub fn said(&self) -> bool {
         *self.shutdown.borrow() || *self.going_away.borrow()
     }
 
     /// Resolves when the tunnel must end (never once a sender is gone: the server is being
     /// torn down and the tunnel's task with it).
-    pub(crate) async fn wait(&mut self) {
+    pub async fn wait(&mut self) {
         let said = tokio::select! {
             r = self.shutdown.wait_for(|s| *s) => r.is_ok(),
             r = self.going_away.wait_for(|g| *g) => r.is_ok(),
@@ -86,7 +88,7 @@ impl Ending {
 /// The tunnels of one configuration generation on a worker: which connection tasks run one
 /// (a retirement keeps those past `shutdown_timeout`, up to `upgrade_drain_timeout`), and
 /// the signal that tells them to go away.
-pub(crate) struct Tunnels {
+pub struct Tunnels {
     /// Connection tasks running tunnels, and how many each (an HTTP/2 connection may carry
     /// several WebSockets).
     tasks: RefCell<HashMap<tokio::task::Id, usize>>,
@@ -108,16 +110,13 @@ impl Default for Tunnels {
 impl Tunnels {
     /// The connection on the current task now runs a tunnel. Returns the guard to hold while
     /// it runs, and what tells it to go away (`shutdown`, or [`Tunnels::go_away`]).
-    pub(crate) fn started(
-        self: &Rc<Self>,
-        shutdown: watch::Receiver<bool>,
-    ) -> (TunnelGuard, Ending) {
+    pub fn started(self: &Rc<Self>, shutdown: watch::Receiver<bool>) -> (TunnelGuard, Ending) {
         self.started_on(tokio::task::try_id(), shutdown)
     }
 
     /// A tunnel carried by connection task `id` (an HTTP/2 WebSocket runs in a task of its
     /// own, but lives as long as its connection's task does).
-    pub(crate) fn started_on(
+    pub fn started_on(
         self: &Rc<Self>,
         id: Option<tokio::task::Id>,
         shutdown: watch::Receiver<bool>,
@@ -131,23 +130,23 @@ impl Tunnels {
     }
 
     /// How many tunnels run.
-    pub(crate) fn count(&self) -> usize {
+    pub fn count(&self) -> usize {
         self.tasks.borrow().len()
     }
 
     /// Whether task `id` runs a tunnel.
-    pub(crate) fn runs(&self, id: tokio::task::Id) -> bool {
+    pub fn runs(&self, id: tokio::task::Id) -> bool {
         self.tasks.borrow().contains_key(&id)
     }
 
     /// Tells every tunnel to go away (a WebSocket gets a close frame 1001 each way).
-    pub(crate) fn go_away(&self) {
+    pub fn go_away(&self) {
         self.going_away.send_replace(true);
     }
 }
 
 /// A running tunnel, registered with its generation until dropped.
-pub(crate) struct TunnelGuard(Rc<Tunnels>, Option<tokio::task::Id>);
+pub struct TunnelGuard(Rc<Tunnels>, Option<tokio::task::Id>);
 
 impl Drop for TunnelGuard {
     fn drop(&mut self) {

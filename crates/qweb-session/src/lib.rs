@@ -4,8 +4,8 @@
 //! Shared (through `Rc`) by the connection's I/O wrapper, its service and its response bodies,
 //! all on the worker's thread. Imports only `http` and `observe` below it.
 
-pub(crate) mod logged;
-pub(crate) mod tunnel;
+pub mod logged;
+pub mod tunnel;
 
 use std::cell::{Cell, RefCell};
 use std::net::SocketAddr;
@@ -23,14 +23,14 @@ tokio::task_local! {
 /// Cancels one HTTP/2 stream task: the task drops its stream (h2 sends RST_STREAM) and its
 /// response body (which closes files and frees upstream connections).
 #[derive(Default)]
-pub(crate) struct StreamCancel {
+pub struct StreamCancel {
     cancelled: Cell<bool>,
     notify: Notify,
 }
 
 impl StreamCancel {
     /// Runs `fut` as the stream task of `cancel`, until it ends or is cancelled.
-    pub(crate) async fn run<F: std::future::Future>(cancel: Rc<StreamCancel>, fut: F) {
+    pub async fn run<F: std::future::Future>(cancel: Rc<StreamCancel>, fut: F) {
         let c = cancel.clone();
         STREAM
             .scope(cancel, async move {
@@ -51,7 +51,7 @@ impl StreamCancel {
 
 /// The phase a connection is in; each phase owns its deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Phase {
+pub enum Phase {
     /// Waiting for a request head to start (idle keep-alive).
     AwaitRequest,
     /// A request head is arriving.
@@ -62,7 +62,7 @@ pub(crate) enum Phase {
 
 /// Why a connection's deadline passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Expiry {
+pub enum Expiry {
     /// Idle for `keepalive_timeout`.
     Idle,
     /// The request head took longer than `header_read_timeout`.
@@ -75,7 +75,7 @@ pub(crate) enum Expiry {
 
 impl Expiry {
     /// For the log.
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Expiry::Idle => "idle keep-alive timeout",
             Expiry::Head => "request head timeout",
@@ -87,9 +87,12 @@ impl Expiry {
 
 /// The timeouts a connection's deadlines come from.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Timeouts {
+pub struct Timeouts {
+    /// A request head must arrive within this (`header_read_timeout`).
     pub head: Duration,
+    /// A connection may wait this long for its next request (`keepalive_timeout`).
     pub idle: Duration,
+    /// A write, or a response, may make no progress for this long (`send_timeout`).
     pub send: Duration,
     /// Also cut single responses that wait for the client (HTTP/2, where flow control can
     /// stall one stream while the socket stays writable). HTTP/1 needs only stalled writes.
@@ -111,21 +114,21 @@ struct Sending {
 /// does not read its socket has each stream's chunk wait in memory. The budget is split among
 /// the requests in flight ([`ReadAhead::share`]); with HTTP/2's send buffer per stream
 /// (`conn/h2.rs`) it bounds what such a connection holds.
-pub(crate) const READ_AHEAD_BUDGET: usize = 1 << 20;
+pub const READ_AHEAD_BUDGET: usize = 1 << 20;
 
 /// A response's share of its connection's [`READ_AHEAD_BUDGET`]. `None` (no connection, as
 /// in unit tests): no share, the reader's own maximum applies.
 #[derive(Clone, Default)]
-pub(crate) struct ReadAhead(Option<Rc<ConnState>>);
+pub struct ReadAhead(Option<Rc<ConnState>>);
 
 impl ReadAhead {
     /// The share of a response on `conn`.
-    pub(crate) fn of(conn: &Rc<ConnState>) -> Self {
+    pub fn of(conn: &Rc<ConnState>) -> Self {
         ReadAhead(Some(conn.clone()))
     }
 
     /// Bytes this response may read ahead now: the budget over the requests in flight.
-    pub(crate) fn share(&self) -> usize {
+    pub fn share(&self) -> usize {
         match &self.0 {
             Some(c) => READ_AHEAD_BUDGET / (c.in_flight().max(1) as usize),
             None => usize::MAX,
@@ -134,7 +137,7 @@ impl ReadAhead {
 }
 
 /// The state of one connection.
-pub(crate) struct ConnState {
+pub struct ConnState {
     /// The client's address.
     pub peer: SocketAddr,
     /// "HTTP/1.1" or "HTTP/2" (set once the protocol is known).
@@ -165,7 +168,7 @@ pub(crate) struct ConnState {
 
 impl ConnState {
     /// A new connection from `peer`.
-    pub(crate) fn new(peer: SocketAddr) -> Self {
+    pub fn new(peer: SocketAddr) -> Self {
         ConnState {
             peer,
             protocol: Cell::new("HTTP/1.1"),
@@ -186,23 +189,23 @@ impl ConnState {
     }
 
     /// The phase the connection is in.
-    pub(crate) fn phase(&self) -> Phase {
+    pub fn phase(&self) -> Phase {
         self.phase.get()
     }
 
     /// Requests in flight.
-    pub(crate) fn in_flight(&self) -> u32 {
+    pub fn in_flight(&self) -> u32 {
         self.in_flight.get()
     }
 
     /// Requests started on this connection so far.
-    pub(crate) fn requests_started(&self) -> u64 {
+    pub fn requests_started(&self) -> u64 {
         self.started.get()
     }
 
     /// A request head was parsed and handed to the service; the request is in flight until
     /// the guard is dropped (response body finished, or the request abandoned).
-    pub(crate) fn request_started_guard(self: &Rc<Self>) -> RequestGuard {
+    pub fn request_started_guard(self: &Rc<Self>) -> RequestGuard {
         self.head_started.set(None);
         self.in_flight.set(self.in_flight.get() + 1);
         self.started.set(self.started.get() + 1);
@@ -233,7 +236,7 @@ impl ConnState {
 
     /// Bytes were read from the client (with no request in flight: a head is arriving, and
     /// its deadline runs).
-    pub(crate) fn on_read(&self) {
+    pub fn on_read(&self) {
         let now = Instant::now();
         self.last_activity.set(now);
         if self.in_flight.get() == 0 && self.head_started.get().is_none() {
@@ -244,7 +247,7 @@ impl ConnState {
     }
 
     /// A write to the client was refused (`blocked`) or made progress.
-    pub(crate) fn on_write(&self, blocked: bool) {
+    pub fn on_write(&self, blocked: bool) {
         if blocked {
             if self.write_blocked_since.get().is_none() {
                 self.write_blocked_since.set(Some(Instant::now()));
@@ -256,20 +259,20 @@ impl ConnState {
     }
 
     /// The read path saw an HTTP/2 control-frame flood: the connection must close.
-    pub(crate) fn on_flood(&self) {
+    pub fn on_flood(&self) {
         if !self.flood.replace(true) {
             self.changed.notify_one();
         }
     }
 
     /// Whether a flood was detected.
-    pub(crate) fn flooded(&self) -> bool {
+    pub fn flooded(&self) -> bool {
         self.flood.get()
     }
 
     /// When the connection (or one of its responses) must be dealt with if nothing changes,
     /// and why. `t.head` is not used for HTTP/2 (pass the idle timeout).
-    pub(crate) fn deadline(&self, t: Timeouts) -> Option<(Instant, Expiry)> {
+    pub fn deadline(&self, t: Timeouts) -> Option<(Instant, Expiry)> {
         let write = self
             .write_blocked_since
             .get()
@@ -296,7 +299,7 @@ impl ConnState {
     /// HTTP/2: resets every stream whose response waited for the client for `send` or
     /// longer. Returns `true` when every request in flight had stalled (the connection
     /// should be closed).
-    pub(crate) fn reset_stalled_streams(&self, send: Duration) -> bool {
+    pub fn reset_stalled_streams(&self, send: Duration) -> bool {
         let now = Instant::now();
         let responses = self.responses.borrow();
         let mut stalled = 0;
@@ -312,7 +315,7 @@ impl ConnState {
     }
 
     /// HTTP/2: resets every stream in flight.
-    pub(crate) fn reset_all_streams(&self) {
+    pub fn reset_all_streams(&self) {
         for s in self.responses.borrow().iter() {
             if let Some(c) = &s.stream {
                 c.cancel();
@@ -322,25 +325,25 @@ impl ConnState {
 }
 
 /// One request in flight on a connection.
-pub(crate) struct RequestGuard {
+pub struct RequestGuard {
     conn: Rc<ConnState>,
     sending: Rc<Sending>,
 }
 
 impl RequestGuard {
     /// The connection's state.
-    pub(crate) fn conn(&self) -> &ConnState {
+    pub fn conn(&self) -> &ConnState {
         &self.conn
     }
 
     /// The response body is about to be asked for its next chunk: whatever happens next is up
     /// to the body's source, not the client.
-    pub(crate) fn body_polled(&self) {
+    pub fn body_polled(&self) {
         self.sending.waiting_since.set(None);
     }
 
     /// The response (head or a chunk) was handed over and now waits for the client to take it.
-    pub(crate) fn waiting_for_client(&self) {
+    pub fn waiting_for_client(&self) {
         if self.sending.waiting_since.get().is_none() {
             self.sending.waiting_since.set(Some(Instant::now()));
             self.conn.changed.notify_one();
