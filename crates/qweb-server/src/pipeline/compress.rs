@@ -372,11 +372,7 @@ pub(crate) fn finish(
         // boundaries (so the encoded bytes behind one ETag) depend on timing.
         flush_after: if file.is_some() {
             None
-        } else if resp
-            .extensions()
-            .get::<crate::proxy::Unbuffered>()
-            .is_some()
-        {
+        } else if resp.extensions().get::<qweb_proxy::Unbuffered>().is_some() {
             // an event stream: every pause of the upstream is a flush
             Some(std::time::Duration::ZERO)
         } else {

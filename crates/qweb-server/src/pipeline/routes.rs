@@ -5,8 +5,8 @@ use std::rc::Rc;
 
 use crate::config::RouteAction;
 use crate::files::StaticFiles;
-use crate::proxy::Proxy;
 use qweb_observe::metrics::RouteMetrics;
+use qweb_proxy::Proxy;
 
 /// What serves a route on this worker.
 pub(crate) enum Handler {

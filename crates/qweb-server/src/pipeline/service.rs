@@ -12,11 +12,11 @@ use qweb_http::request_body::RequestBody;
 
 use crate::pipeline::ctx::WorkerCtx;
 use crate::pipeline::routes::{Handler, Route};
-use crate::proxy::{ClientInfo, Target};
 use qweb_http::body::{Body, DrainAfter};
 use qweb_http::path::PathError;
 use qweb_http::request_rules;
 use qweb_http::response;
+use qweb_proxy::{ClientInfo, Target};
 use qweb_session::logged::{AccessRecord, Logged};
 use qweb_session::{ConnState, ReadAhead};
 

@@ -215,9 +215,7 @@ impl Server {
                 Box::new(crate::files::cache::CacheCollector(file_cache.clone())),
             ],
         ));
-        metrics
-            .upstreams
-            .set(crate::proxy::upstream_gauges(&config));
+        metrics.upstreams.set(qweb_proxy::upstream_gauges(&config));
         tls_sessions_collector.set(tls_sessions(&listeners, &built));
         let admin = match config.admin {
             Some(addr) => bind_reuseport(addr, false, 1)
@@ -705,7 +703,7 @@ impl RunningServer {
         self.metrics.engines.set(engine_list(&built.engines));
         self.metrics
             .upstreams
-            .set(crate::proxy::upstream_gauges(config));
+            .set(qweb_proxy::upstream_gauges(config));
         self.tls_sessions_collector
             .set(tls_sessions(&listeners, &built));
         self.sessions = kept_sessions(config, &built);

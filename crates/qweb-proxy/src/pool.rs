@@ -1,7 +1,7 @@
 //! Idle upstream connections of one proxy route on one worker, per upstream.
 //!
 //! A connection comes back only when its exchange ended cleanly (see
-//! [`super::body::UpstreamBody`]), and is handed out again only if it is still open, younger than
+//! [`super::response_body::UpstreamBody`]), and is handed out again only if it is still open, younger than
 //! [`IDLE_MAX`], and *quiet*: nothing is waiting to be read on its socket. An upstream that sends
 //! bytes after a response ended (late or stray bytes) never gets them read as the response to
 //! another client's request.

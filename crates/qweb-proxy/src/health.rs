@@ -15,7 +15,7 @@ use super::Proxy;
 impl Proxy {
     /// Starts the route's health checks on this worker (none without `health_check`). They
     /// stop when the proxy is dropped.
-    pub(crate) fn start_health_checks(self: &Rc<Self>) {
+    pub fn start_health_checks(self: &Rc<Self>) {
         let Some(hc) = &self.cfg.health_check else {
             return;
         };
@@ -77,9 +77,7 @@ async fn check_once(weak: &Weak<Proxy>, idx: usize) -> bool {
 
 /// Every proxy route's upstream gauges, for the metrics registry: top-level routes labelled by
 /// prefix, a site's by its first server name and prefix (as the request metrics).
-pub(crate) fn upstream_gauges(
-    config: &crate::config::Config,
-) -> Vec<qweb_observe::metrics::UpstreamRoute> {
+pub fn upstream_gauges(config: &qweb_config::Config) -> Vec<qweb_observe::metrics::UpstreamRoute> {
     let top = config.routes.iter().map(|r| ("", r));
     let sites = config.sites.sites.iter().flat_map(|s| {
         let label = s.server_names.first().map_or("", String::as_str);
@@ -87,7 +85,7 @@ pub(crate) fn upstream_gauges(
     });
     top.chain(sites)
         .filter_map(|(label, r)| match &r.action {
-            crate::config::RouteAction::Proxy(p) => Some((
+            qweb_config::RouteAction::Proxy(p) => Some((
                 format!("{label}{}", r.prefix),
                 p.upstreams.iter().map(|u| u.name.clone()).collect(),
                 p.gauges.clone(),

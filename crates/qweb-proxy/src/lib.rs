@@ -1,18 +1,23 @@
-//! Reverse proxy to upstream HTTP/1.1 servers: a keep-alive connection pool per worker and
-//! upstream, round-robin, streaming bodies both ways.
+//! The reverse proxy: upstream HTTP/1.1 servers (plain or TLS) over a keep-alive pool per
+//! worker and upstream, HTTP/2 upstreams (`h2c://`, or `https://` with ALPN h2) over one
+//! multiplexed connection each (`h2`), balancing by weight, fewest requests in flight or a
+//! consistent hash (`balance`), passive and active health (`health`), forwarded headers
+//! (`headers`), request and response bodies streamed both ways (`body`), and upgrades and
+//! extended CONNECT tunnels (`upgrade`). Imports `qweb-config`, `qweb-http`, `qweb-observe`
+//! and `qweb-session`, nothing of the server above it.
 //!
 //! One exchange runs in named phases (as Pingora's proxy does):
 //!
 //! 1. [`upstream_request`]: the client's request rewritten for the upstream (path, `Host`,
 //!    hop-by-hop and forwarding headers, body framing);
-//! 2. [`Proxy::forward`]: pick an upstream (round-robin), [`Proxy::connection`] (an idle pooled
+//! 2. [`Proxy::forward`]: pick an upstream (the route's `balance`), [`Proxy::connection`] (an idle pooled
 //!    connection or a new one), [`Proxy::exchange`] (send, wait for the response head under
 //!    the phase timeouts);
 //! 3. each failure says whether another try is allowed ([`Retry`]): a request that was not
 //!    sent may go to a fresh connection or the next upstream; one that was sent never goes
 //!    twice;
 //! 4. [`Proxy::respond`]: the response head checked and rewritten; its body
-//!    ([`body::UpstreamBody`]) returns the connection to the pool when the exchange ended
+//!    ([`response_body::UpstreamBody`]) returns the connection to the pool when the exchange ended
 //!    cleanly.
 //!
 //! Statuses: 502 when no upstream can be reached or one answers wrongly, 504 on upstream
@@ -25,6 +30,7 @@ mod h2;
 mod headers;
 mod health;
 mod pool;
+mod response_body;
 mod tls;
 mod upgrade;
 
@@ -41,18 +47,19 @@ use qweb_http::request_body::RequestBody;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::config::ProxyConfig;
 use balance::{Balancer, Load};
-use body::{ClientBody, ClientBodyError, Progress, UpstreamBody};
-pub(crate) use headers::strip_hop_by_hop;
+use body::{ClientBody, ClientBodyError, Progress};
+pub use headers::strip_hop_by_hop;
 use headers::Forwarding;
-pub(crate) use health::upstream_gauges;
+pub use health::upstream_gauges;
 use pool::{Pool, SharedSocket, UpstreamConn};
+use qweb_config::ProxyConfig;
 use qweb_http::body::Body;
 use qweb_http::response;
+use response_body::UpstreamBody;
 
 /// One proxy route on one worker.
-pub(crate) struct Proxy {
+pub struct Proxy {
     cfg: ProxyConfig,
     balancer: Balancer,
     pool: Pool,
@@ -63,8 +70,10 @@ pub(crate) struct Proxy {
 }
 
 /// Facts about the client connection the upstream is told.
-pub(crate) struct ClientInfo {
+pub struct ClientInfo {
+    /// The client's address (`X-Forwarded-For`, `Forwarded: for=`).
     pub addr: SocketAddr,
+    /// The client came over TLS (`X-Forwarded-Proto`).
     pub tls: bool,
     /// The client connection (an accepted upgrade leaves its tunnel there).
     pub conn: Rc<qweb_session::ConnState>,
@@ -76,7 +85,7 @@ pub(crate) struct ClientInfo {
 }
 
 /// What the client asked for, after the request rules and path normalisation.
-pub(crate) struct Target<'a> {
+pub struct Target<'a> {
     /// Path and query to send upstream (normalised, or as sent with `pass_raw_path`).
     pub path_and_query: &'a str,
     /// The authority the client named (`Host`, `:authority`, or an absolute-form target's).
@@ -117,7 +126,8 @@ struct Answer {
 }
 
 impl Proxy {
-    pub(crate) fn new(cfg: &ProxyConfig) -> Rc<Self> {
+    /// The proxy of one route: its upstreams, balancer, pools and health state.
+    pub fn new(cfg: &ProxyConfig) -> Rc<Self> {
         Rc::new(Proxy {
             pool: Pool::new(cfg.upstreams.len(), cfg.keepalive),
             cfg: cfg.clone(),
@@ -128,7 +138,7 @@ impl Proxy {
     }
 
     /// Forwards `req` to an upstream and returns the response to send to the client.
-    pub(crate) async fn forward(
+    pub async fn forward(
         self: &Rc<Self>,
         req: Request<RequestBody>,
         target: &Target<'_>,
@@ -499,7 +509,7 @@ fn upstream_request(
 /// stream, or `X-Accel-Buffering: no`): compression, when it applies, flushes at every pause
 /// of the upstream instead of waiting for `flush_interval`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Unbuffered;
+pub struct Unbuffered;
 
 /// A response of type `text/event-stream` or with `X-Accel-Buffering: no` (the header is
 /// for qweb, as for nginx: removed).
@@ -580,7 +590,7 @@ impl Proxy {
     }
 
     /// The route forwards the client's path as sent (`pass_raw_path`).
-    pub(crate) fn pass_raw_path(&self) -> bool {
+    pub fn pass_raw_path(&self) -> bool {
         self.cfg.pass_raw_path
     }
 }

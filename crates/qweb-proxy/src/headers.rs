@@ -3,7 +3,7 @@
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-use crate::config::ProxyConfig;
+use qweb_config::ProxyConfig;
 
 const HOP_BY_HOP: [&str; 9] = [
     "connection",
@@ -45,7 +45,7 @@ const FORWARDING: [&str; 4] = [
 
 /// Removes hop-by-hop headers: the fixed list, and every header named in `Connection` except
 /// the [`PROTECTED`] ones.
-pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
+pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     if h.contains_key(header::CONNECTION) {
         let named: Vec<HeaderName> = h
             .get_all(header::CONNECTION)
@@ -83,7 +83,7 @@ fn join_cookies(h: &mut HeaderMap) {
 }
 
 /// Who sent the request, as the upstream is told.
-pub(crate) struct Forwarding<'a> {
+pub struct Forwarding<'a> {
     /// The client's address.
     pub peer: std::net::IpAddr,
     /// It came over TLS.
@@ -101,7 +101,7 @@ pub(crate) struct Forwarding<'a> {
 /// - `X-Forwarded-For` is every value the client sent, joined, plus the client's address;
 /// - `X-Forwarded-Host`, `X-Forwarded-Proto`, `X-Real-IP` are set by qweb, and `Forwarded`
 ///   dropped, unless the client is in `trusted_proxies` (then the client's are kept).
-pub(crate) fn rewrite_request(
+pub fn rewrite_request(
     h: &mut HeaderMap,
     cfg: &ProxyConfig,
     from: &Forwarding<'_>,
@@ -187,7 +187,7 @@ mod tests {
             buffer_request_body: false,
             upstream_tls: None,
             upstream_server_name: None,
-            balance: crate::config::Balance::RoundRobin,
+            balance: qweb_config::Balance::RoundRobin,
             weights: vec![],
             max_fails: 1,
             fail_timeout: Duration::from_secs(1),

@@ -18,7 +18,7 @@ use http::header::{self, HeaderMap};
 use tokio::time::Instant;
 
 use super::Proxy;
-use crate::config::{Balance, HashKey, ProxyConfig, UpstreamGauges};
+use qweb_config::{Balance, HashKey, ProxyConfig, UpstreamGauges};
 
 #[derive(Default)]
 struct UpState {
@@ -213,7 +213,7 @@ impl Balancer {
 
 /// A request in flight to an upstream (for `least_conn`, and the shared `in_flight` gauge);
 /// released on drop.
-pub(crate) struct Load {
+pub struct Load {
     proxy: Rc<Proxy>,
     idx: usize,
 }
@@ -257,15 +257,15 @@ fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Upstream;
+    use qweb_config::Upstream;
 
     fn cfg(n: usize, balance: Balance, weights: Vec<u32>) -> ProxyConfig {
-        let mut c = crate::config::Config::from_str_at(
+        let mut c = qweb_config::Config::from_str_at(
             "[[route]]\nprefix = \"/\"\nupstreams = [\"127.0.0.1:9\"]\n",
             None,
         )
         .unwrap();
-        let crate::config::RouteAction::Proxy(mut p) = c.routes.remove(0).action else {
+        let qweb_config::RouteAction::Proxy(mut p) = c.routes.remove(0).action else {
             panic!("proxy route");
         };
         p.upstreams = (0..n)

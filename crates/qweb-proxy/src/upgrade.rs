@@ -140,7 +140,7 @@ fn close_1001_to_upstream() -> [u8; 8] {
 }
 
 /// An upgrade the upstream accepted, waiting for the client connection to be free.
-pub(crate) struct Tunnel {
+pub struct Tunnel {
     pub(super) upstream: hyper::upgrade::OnUpgrade,
     pub(super) idle: Duration,
     pub(super) name: String,
@@ -376,7 +376,7 @@ where
 /// Runs an accepted upgrade: `down` is the client connection as hyper left it, `early` the
 /// bytes hyper had read past the request head (the client may send before it sees the 101);
 /// `end` says when to go away.
-pub(crate) async fn run<D>(down: D, early: Bytes, t: Tunnel, end: Option<Ending>)
+pub async fn run<D>(down: D, early: Bytes, t: Tunnel, end: Option<Ending>)
 where
     D: AsyncRead + AsyncWrite + Unpin,
 {
