@@ -188,6 +188,7 @@ where
                 ControlFlow::Break => break,
             }
         }
+        // qweb: the flush of `T` that followed here is in `flush` (`poll_ready` goes without)
         Poll::Ready(Ok(()))
     }
 

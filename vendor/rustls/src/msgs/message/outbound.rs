@@ -84,6 +84,7 @@ impl<'a> OutboundChunks<'a> {
     /// Append all bytes to a vector
     pub fn copy_to_vec(&self, vec: &mut Vec<u8>) {
         match *self {
+            // qweb: copied in 2 KiB pieces (`extend_in_pieces`, below), not one `memcpy`
             Self::Single(chunk) => extend_in_pieces(vec, chunk),
             Self::Multiple { chunks, start, end } => {
                 let mut size = 0;
@@ -96,6 +97,7 @@ impl<'a> OutboundChunks<'a> {
                     }
                     let start = start.saturating_sub(psize);
                     let end = if end - psize < len { end - psize } else { len };
+                    // qweb: in 2 KiB pieces, as above
                     extend_in_pieces(vec, &chunk[start..end]);
                 }
             }
