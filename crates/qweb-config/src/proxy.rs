@@ -330,16 +330,6 @@ pub struct HealthCheck {
     pub timeout: Duration,
 }
 
-/// `health_check` as written.
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawHealthCheck {
-    pub path: Spanned<String>,
-    pub interval: Option<Spanned<super::units::Dur>>,
-    pub expect: Option<Spanned<u16>>,
-    pub timeout: Option<Spanned<super::units::Dur>>,
-}
-
 impl Validator<'_> {
     /// `balance`, `hash_key`, `weights` (one per upstream), `health_check`.
     fn balancing(

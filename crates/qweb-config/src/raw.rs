@@ -30,8 +30,8 @@ pub(crate) struct RawConfig {
     #[serde(default)]
     pub file_cache: super::file_cache::RawFileCache,
     #[serde(default, rename = "site")]
-    pub sites: Vec<Spanned<super::sites::RawSite>>,
-    pub rewrite: Option<Spanned<Vec<super::sites::RawRewrite>>>,
+    pub sites: Vec<Spanned<RawSite>>,
+    pub rewrite: Option<Spanned<Vec<RawRewrite>>>,
     pub error_pages: Option<Spanned<std::collections::BTreeMap<String, String>>>,
 }
 
@@ -148,7 +148,7 @@ pub(crate) struct RawListener {
     pub quic_retry_threshold: Option<Spanned<u32>>,
     pub tls: Option<Spanned<RawTls>>,
     pub offload: Option<Spanned<RawListenerOffload>>,
-    pub redirect: Option<Spanned<super::sites::RawRedirect>>,
+    pub redirect: Option<Spanned<RawRedirect>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -190,10 +190,10 @@ pub(crate) struct RawRoute {
     pub underscores_in_headers: Option<bool>,
     pub trusted_proxies: Option<Vec<Spanned<String>>>,
     pub max_response_header_size: Option<Spanned<Size>>,
-    pub headers: Option<Spanned<super::sites::RawHeaderEdits>>,
-    pub request_headers: Option<Spanned<super::sites::RawHeaderEdits>>,
+    pub headers: Option<Spanned<RawHeaderEdits>>,
+    pub request_headers: Option<Spanned<RawHeaderEdits>>,
     pub expires: Option<Spanned<std::collections::BTreeMap<String, Dur>>>,
-    pub redirect: Option<Spanned<super::sites::RawRedirect>>,
+    pub redirect: Option<Spanned<RawRedirect>>,
     pub try_files: Option<Spanned<Vec<String>>>,
     pub charset: Option<Spanned<String>>,
     pub autoindex: Option<Spanned<bool>>,
@@ -210,6 +210,70 @@ pub(crate) struct RawRoute {
     pub weights: Option<Spanned<Vec<Spanned<u32>>>>,
     pub max_fails: Option<u32>,
     pub fail_timeout: Option<Spanned<Dur>>,
-    pub health_check: Option<Spanned<super::proxy::RawHealthCheck>>,
+    pub health_check: Option<Spanned<RawHealthCheck>>,
     pub upstream_http2: Option<Spanned<bool>>,
+}
+
+/// `[[site]]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawSite {
+    pub server_names: Option<Spanned<Vec<Spanned<String>>>>,
+    pub default: Option<Spanned<bool>>,
+    #[serde(default)]
+    pub certificates: Vec<RawCertificate>,
+    pub acme: Option<Spanned<super::acme::RawAcme>>,
+    #[serde(default, rename = "route")]
+    pub routes: Vec<Spanned<RawRoute>>,
+    pub headers: Option<Spanned<RawHeaderEdits>>,
+    pub request_headers: Option<Spanned<RawHeaderEdits>>,
+    pub rewrite: Option<Spanned<Vec<RawRewrite>>>,
+    pub error_pages: Option<Spanned<std::collections::BTreeMap<String, String>>>,
+    pub charset: Option<Spanned<String>>,
+}
+
+/// `rewrite = [{ from = "^/old/(.*)$", to = "/new/$1" }]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRewrite {
+    pub from: String,
+    pub to: String,
+}
+
+/// `headers = { set = {...}, add = {...}, remove = [...] }` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHeaderEdits {
+    #[serde(default)]
+    pub set: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub add: std::collections::BTreeMap<String, OneOrMany>,
+    #[serde(default)]
+    pub remove: Vec<String>,
+}
+
+/// A value or a list of values (`add = { Link = ["<a>", "<b>"] }`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `redirect = { to = "https://{host}{uri}", status = 308 }` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRedirect {
+    pub to: String,
+    pub status: Option<u16>,
+}
+
+/// `health_check` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawHealthCheck {
+    pub path: Spanned<String>,
+    pub interval: Option<Spanned<Dur>>,
+    pub expect: Option<Spanned<u16>>,
+    pub timeout: Option<Spanned<Dur>>,
 }

@@ -4,34 +4,15 @@
 //! `[[route]]`s are the default site (for names no site claims), unless a site says
 //! `default = true`; without top-level routes the first site is the default.
 
-use serde::Deserialize;
 use toml::Spanned;
 
-use super::raw::{RawCertificate, RawConfig, RawRoute};
+use super::raw::{OneOrMany, RawConfig, RawHeaderEdits, RawRedirect, RawRewrite, RawRoute};
 use super::{
     CertificateConfig, ConfigError, ListenerConfig, OffloadConfig, RouteConfig, Validator,
 };
 
 /// Longest server name (RFC 1035: 253 characters in text form).
 const MAX_NAME: usize = 253;
-
-/// `[[site]]` as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawSite {
-    pub server_names: Option<Spanned<Vec<Spanned<String>>>>,
-    pub default: Option<Spanned<bool>>,
-    #[serde(default)]
-    pub certificates: Vec<RawCertificate>,
-    pub acme: Option<Spanned<super::acme::RawAcme>>,
-    #[serde(default, rename = "route")]
-    pub routes: Vec<Spanned<RawRoute>>,
-    pub headers: Option<Spanned<RawHeaderEdits>>,
-    pub request_headers: Option<Spanned<RawHeaderEdits>>,
-    pub rewrite: Option<Spanned<Vec<RawRewrite>>>,
-    pub error_pages: Option<Spanned<std::collections::BTreeMap<String, String>>>,
-    pub charset: Option<Spanned<String>>,
-}
 
 /// `error_pages = { 404 = "/404.html", "5xx" = "/50x.html" }`: the page served (with the
 /// original status) for an error response, exact codes before classes. A page is a path
@@ -53,14 +34,6 @@ impl ErrorPages {
     }
 }
 
-/// `rewrite = [{ from = "^/old/(.*)$", to = "/new/$1" }]` as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawRewrite {
-    pub from: String,
-    pub to: String,
-}
-
 /// Longest `rewrite` pattern, and the most memory its compiled form may take.
 const MAX_PATTERN: usize = 1024;
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
@@ -74,34 +47,6 @@ pub struct RewriteRule {
     pub from: regex::Regex,
     /// The replacement (`regex` syntax: `$1`, `${name}`, `$$`).
     pub to: String,
-}
-
-/// `headers = { set = {...}, add = {...}, remove = [...] }` as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawHeaderEdits {
-    #[serde(default)]
-    pub set: std::collections::BTreeMap<String, String>,
-    #[serde(default)]
-    pub add: std::collections::BTreeMap<String, OneOrMany>,
-    #[serde(default)]
-    pub remove: Vec<String>,
-}
-
-/// A value or a list of values (`add = { Link = ["<a>", "<b>"] }`).
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub(crate) enum OneOrMany {
-    One(String),
-    Many(Vec<String>),
-}
-
-/// `redirect = { to = "https://{host}{uri}", status = 308 }` as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawRedirect {
-    pub to: String,
-    pub status: Option<u16>,
 }
 
 /// Header edits: `remove` first, then `set` (replaces every value), then `add` (appends, so

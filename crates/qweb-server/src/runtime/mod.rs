@@ -3,7 +3,10 @@
 pub(crate) mod acme;
 pub(crate) mod admin;
 pub mod control;
+pub(crate) mod error;
+pub(crate) mod fd;
 pub mod fd_limit;
+pub(crate) mod keyserver;
 pub(crate) mod listen;
 pub mod notify;
 pub(crate) mod ocsp_fetch;

@@ -28,51 +28,7 @@ use crate::runtime::listen::bind_reuseport;
 use crate::runtime::worker::{self, Command, GenListener, Generation, WorkerExtras};
 use qweb_observe::metrics::{Metrics, WorkerMetrics};
 
-/// Why the server could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum ServerError {
-    /// A listening address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// The error.
-        source: std::io::Error,
-    },
-    /// Another process listens on the address already.
-    #[error("{addr} is already in use by another process ({key})")]
-    InUse {
-        /// The address.
-        addr: SocketAddr,
-        /// The configuration key that names it, e.g. `listener[0].address`.
-        key: String,
-    },
-    /// Certificates could not be loaded or generated.
-    #[error(transparent)]
-    Tls(#[from] qweb_tls::TlsError),
-    /// The state folder could not be written.
-    #[error("state folder {path}: {source}")]
-    State {
-        /// The folder.
-        path: PathBuf,
-        /// The error.
-        source: std::io::Error,
-    },
-    /// A worker thread could not be started.
-    #[error("cannot start a worker thread: {0}")]
-    Thread(std::io::Error),
-    /// An engine could not be started.
-    #[error("cannot start offload engine `{name}`: {source}")]
-    Engine {
-        /// The engine.
-        name: String,
-        /// The error.
-        source: std::io::Error,
-    },
-    /// Session ticket keys could not be set up (key file).
-    #[error("ticket keys: {0}")]
-    Tickets(String),
-}
+pub use crate::runtime::error::ServerError;
 
 /// Why a reload was refused (the running configuration stays).
 #[derive(Debug, thiserror::Error)]
@@ -531,43 +487,6 @@ fn check_worker_setup(config: &Config) -> Result<(), ServerError> {
         }
     }
     Ok(())
-}
-
-/// A one-connection client of a `keyserver` engine's key servers (ticket keys, ACME key
-/// generation), with its mutual-TLS configuration.
-pub(crate) fn keyserver_client(
-    k: &crate::config::KeyserverEngineConfig,
-) -> Result<qweb_keyserver::client::ClientConfig, ServerError> {
-    Ok(qweb_keyserver::client::ClientConfig {
-        servers: k.servers.clone(),
-        connections: 1,
-        max_in_flight: 1,
-        timeout: k.timeout,
-        tls: keyserver_client_tls(k)?,
-    })
-}
-
-/// The mutual-TLS client configuration for `tls://` key servers.
-pub(crate) fn keyserver_client_tls(
-    k: &crate::config::KeyserverEngineConfig,
-) -> Result<Option<Arc<rustls::ClientConfig>>, ServerError> {
-    let (Some(cert), Some(key), Some(ca)) = (&k.client_cert, &k.client_key, &k.server_ca) else {
-        return Ok(None);
-    };
-    let provider = Arc::new(qweb_tls::provider());
-    let mut roots = rustls::RootCertStore::empty();
-    for c in qweb_tls::load_certs(ca)? {
-        roots.add(c).map_err(qweb_tls::TlsError::Rustls)?;
-    }
-    let chain = qweb_tls::load_certs(cert)?;
-    let key = qweb_tls::load_private_key(key)?;
-    let cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(qweb_tls::TlsError::Rustls)?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)
-        .map_err(qweb_tls::TlsError::Rustls)?;
-    Ok(Some(Arc::new(cfg)))
 }
 
 impl RunningServer {

@@ -11,7 +11,7 @@ use qweb_tls::{HandshakeStats, SessionResumption, Ticketer};
 use tokio::sync::watch;
 
 use crate::config::{Config, EngineKind, ListenerConfig, TicketKeys};
-use crate::runtime::server::ServerError;
+use crate::runtime::error::ServerError;
 
 /// One TLS listener's resumption state.
 pub(crate) struct ListenerSession {
@@ -152,7 +152,7 @@ pub(crate) fn setup(
                         _ => None,
                     })
                     .ok_or_else(|| bad(format!("no keyserver engine `{engine}`")))?;
-                let client = crate::runtime::server::keyserver_client(k)?;
+                let client = crate::runtime::keyserver::keyserver_client(k)?;
                 // local keys until the fleet's arrive (or the fleet keys the configuration
                 // this one replaces had)
                 let t = match kept_ticketer {

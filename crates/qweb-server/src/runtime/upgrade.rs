@@ -18,7 +18,9 @@ use std::process::Command;
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use rustix::io::{fcntl_getfd, fcntl_setfd, FdFlags};
+use rustix::io::{fcntl_setfd, FdFlags};
+
+use super::fd::is_open;
 
 /// `addr=fd,fd;addr=fd`: the listening sockets handed to the new process.
 pub const FDS_ENV: &str = "QWEB_UPGRADE_FDS";
@@ -104,24 +106,6 @@ fn parse_inherited() -> HashMap<SocketAddr, Vec<TcpListener>> {
     out
 }
 
-/// Whether `fd` is open in this process (an fcntl probe).
-pub(crate) fn is_open(fd: RawFd) -> bool {
-    fcntl_getfd(unsafe_borrow(fd)).is_ok()
-}
-
-/// Marks an adopted fd close-on-exec (it was inherited without).
-pub(crate) fn close_on_exec(fd: RawFd) {
-    let _ = fcntl_setfd(unsafe_borrow(fd), FdFlags::CLOEXEC);
-}
-
-/// A borrowed fd for the `fcntl` probe.
-#[allow(unsafe_code)]
-fn unsafe_borrow(fd: RawFd) -> std::os::fd::BorrowedFd<'static> {
-    // SAFETY: used only for one fcntl(F_GETFD) probe, which fails cleanly (EBADF) on a
-    // closed fd and does not keep the borrow.
-    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
-}
-
 /// Whether sockets on `addr` were inherited (then it is ours, not another process's).
 pub(crate) fn has_inherited(addr: SocketAddr) -> bool {
     addr.port() != 0
@@ -179,7 +163,7 @@ pub fn signal_ready() {
     let Ok(fd) = fd.parse::<RawFd>() else {
         return;
     };
-    if fcntl_getfd(unsafe_borrow(fd)).is_err() {
+    if !is_open(fd) {
         return;
     }
     #[allow(unsafe_code)]

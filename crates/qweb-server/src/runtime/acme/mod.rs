@@ -71,7 +71,7 @@ fn keyless(
             _ => None,
         })
         .ok_or_else(|| format!("no keyserver engine `{engine}`"))?;
-    let client = crate::runtime::server::keyserver_client(k).map_err(|e| e.to_string())?;
+    let client = crate::runtime::keyserver::keyserver_client(k).map_err(|e| e.to_string())?;
     let engine_ref = engines
         .get(engine)
         .cloned()
