@@ -1,6 +1,7 @@
-//! No crate of the workspace has an import cycle between its top-level modules (a parent and
-//! its own children aside): read from the sources, since rustc allows any import inside a
-//! crate. qweb-server's stricter check (imports only go down its layers) is its own unit test.
+//! No crate of the workspace has an import cycle between its module files (`crate::`,
+//! `super::` and `self::` paths; a child's imports from its own parent aside): read from the
+//! sources, since rustc allows any import inside a crate. qweb-server's stricter check
+//! (imports only go down its layers) is its own unit test.
 
 use std::path::Path;
 

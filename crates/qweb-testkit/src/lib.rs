@@ -14,7 +14,7 @@
 //! | upstreams: hyper ([`upstream`]), raw recording ([`recorder`]), WebSocket echo ([`ws`]) | |
 //! | headless Chromium: the DOM after the page's scripts ran | [`browser::Chromium`] |
 //! | deterministic bodies | [`corpus`] |
-//! | the import graph of a crate's modules (layers, cycles) | [`modgraph`] |
+//! | the import graph of a crate's module files (layers, cycles) | [`modgraph`] |
 //!
 //! The crate root re-exports what qweb-server's tests used from their old `tests/common`
 //! module, so `use qweb_testkit as common;` keeps `common::start_with(..)`,
