@@ -3,7 +3,7 @@
 //! setting to change that, so the scenario runs in a network and mount namespace of its own
 //! (`unshare -n -m`, root only): a private loopback where qweb binds 80 and 443, and a
 //! private `/etc/hosts` naming the test domains. Where namespaces are not allowed the test
-//! says so and skips.
+//! says so and skips; where a tool is missing it skips too, or fails where `CI` is set.
 //!
 //! The outer test re-runs this test binary inside the namespaces with the inner test, which
 //! refuses to run anywhere else (it bind-mounts over `/etc/hosts`).
@@ -21,15 +21,11 @@ const BIN: &str = env!("CARGO_BIN_EXE_qweb");
 const INNER: &str = "QWEB_ACME_IN_NAMESPACE";
 const DIRECTORY: &str = "https://acme.test:9443/acme/local/directory";
 
-/// Why the namespaced scenario cannot run here, if it cannot.
+/// Why the namespaced scenario cannot run here, if it cannot. A missing tool is a failure
+/// under `CI` (`qweb_testkit::tools`); namespaces that are not allowed skip everywhere.
 fn unavailable() -> Option<String> {
     for tool in ["caddy", "unshare", "ip", "curl", "mount"] {
-        let found = Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !found {
+        if !qweb_testkit::tools::require(tool) {
             return Some(format!("`{tool}` is not installed"));
         }
     }

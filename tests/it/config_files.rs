@@ -256,14 +256,7 @@ fn the_split_example_checks_and_serves() {
 /// unit's binary path is pointed at this build's binary, which verify checks exists.
 #[test]
 fn the_systemd_unit_verifies() {
-    if Command::new("systemd-analyze")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!(
-            "SKIPPED: systemd-analyze is not installed (apt-get install systemd; .ci/run does)"
-        );
+    if !qweb_testkit::tools::require("systemd-analyze") {
         return;
     }
     let unit = std::fs::read_to_string(

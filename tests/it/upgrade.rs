@@ -165,8 +165,7 @@ async fn sigusr2_hands_the_sockets_to_a_new_process_without_losing_a_request() {
 /// upgrade while the old process still drains HTTP/3 is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http3_download_in_flight_survives_a_binary_upgrade() {
-    if !qweb_testkit::h3::aioquic_available() {
-        eprintln!("SKIPPED: python3 with aioquic is needed (pip install aioquic)");
+    if !qweb_testkit::tools::require("aioquic") {
         return;
     }
     let up = qweb_testkit::upstream::start("h3up").await;

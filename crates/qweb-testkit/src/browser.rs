@@ -1,6 +1,6 @@
 //! Headless Chromium: the page as a real browser built it (`--dump-dom`), after its scripts
-//! ran. Tests skip (with a printed `SKIPPED` line) where no browser is installed; `.ci/run`
-//! installs one.
+//! ran. Tests skip (with a printed `SKIPPED` line) where no browser is installed, and fail
+//! where `CI` is set ([`crate::tools::missing`]); `.ci/run` installs one.
 //!
 //! ```no_run
 //! use qweb_testkit::browser::Chromium;
@@ -20,7 +20,8 @@ pub struct Chromium {
 
 impl Chromium {
     /// `QWEB_CHROMIUM`, else the first of `chromium`, `chromium-browser`, `google-chrome`
-    /// that runs; `None` (after printing a `SKIPPED` line) when there is none.
+    /// that runs; `None` (after printing a `SKIPPED` line) when there is none, a panic when
+    /// there is none and `CI` is set.
     pub fn find() -> Option<Chromium> {
         let bin = std::env::var("QWEB_CHROMIUM").ok().or_else(|| {
             ["chromium", "chromium-browser", "google-chrome"]
@@ -34,7 +35,7 @@ impl Chromium {
                 .map(str::to_owned)
         });
         let Some(bin) = bin else {
-            eprintln!("SKIPPED: no chromium (apt-get install chromium, or set QWEB_CHROMIUM)");
+            crate::tools::missing("chromium");
             return None;
         };
         let profile = tempfile::tempdir().expect("chromium profile dir");

@@ -101,12 +101,10 @@ fn first<'a>(fields: &'a [(String, String)], name: &str) -> Option<&'a str> {
         .map(|(_, v)| v.as_str())
 }
 
-/// Is `aioquic` importable? (`.ci/run` installs it.)
+/// Is `aioquic` importable? `false` after a `SKIPPED` line; a panic instead where `CI` is set
+/// ([`crate::tools::require`]; `.ci/run` installs it).
 pub fn aioquic_available() -> bool {
-    Command::new("python3")
-        .args(["-c", "import aioquic"])
-        .output()
-        .is_ok_and(|o| o.status.success())
+    crate::tools::require("aioquic")
 }
 
 /// The client: one QUIC connection, every request on its own stream at once, ALPN h3, the

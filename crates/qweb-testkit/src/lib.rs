@@ -15,6 +15,7 @@
 //! | headless Chromium: the DOM after the page's scripts ran | [`browser::Chromium`] |
 //! | deterministic bodies | [`corpus`] |
 //! | the import graph of a crate's module files (layers, cycles) | [`modgraph`] |
+//! | an external tool a test needs: skip without it, fail under `CI` | [`tools::require`] |
 //!
 //! The crate root re-exports what qweb-server's tests used from their old `tests/common`
 //! module, so `use qweb_testkit as common;` keeps `common::start_with(..)`,
@@ -33,6 +34,7 @@ pub mod process;
 pub mod recorder;
 pub mod server;
 pub mod tls;
+pub mod tools;
 pub mod upstream;
 pub mod wire;
 pub mod ws;
