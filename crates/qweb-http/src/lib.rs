@@ -1,6 +1,7 @@
 //! HTTP primitives, the bottom layer: response bodies, generated responses, request-path normalisation, request rules, and HTTP/1.1 on the wire (`h1`). Imports nothing above it but `config`.
 
 pub mod body;
+pub mod fields;
 pub mod h1;
 pub mod path;
 pub mod request_body;

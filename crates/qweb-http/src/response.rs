@@ -8,13 +8,27 @@ use crate::body::{full, Body};
 #[derive(Debug, Clone, Copy)]
 pub struct Generated;
 
+/// Marks a response after which its connection takes no more requests: a refusal that leaves
+/// an HTTP/1 connection unusable (a head too large to have been read whole, a request the
+/// rules refuse with `close`). The HTTP/1 driver answers it with `Connection: close` and
+/// closes; HTTP/2 and HTTP/3, whose streams end apart, ignore it. The pipeline never writes
+/// `Connection` itself.
+#[derive(Debug, Clone, Copy)]
+pub struct EndsConnection;
+
+/// The body of every canned answer, for the pipeline's responses and the HTTP/1 driver's
+/// refusals alike: the status and its reason on one line, `404 Not Found\n`.
+pub fn status_text(code: StatusCode, dst: &mut Vec<u8>) {
+    dst.extend_from_slice(code.as_str().as_bytes());
+    dst.push(b' ');
+    dst.extend_from_slice(code.canonical_reason().unwrap_or("").as_bytes());
+    dst.push(b'\n');
+}
+
 /// A response with a short plain-text body naming the status, e.g. `404 Not Found`.
 pub fn status(code: StatusCode) -> Response<Body> {
-    let text = format!(
-        "{} {}\n",
-        code.as_u16(),
-        code.canonical_reason().unwrap_or("")
-    );
+    let mut text = Vec::with_capacity(32);
+    status_text(code, &mut text);
     let mut r = Response::new(full(text));
     *r.status_mut() = code;
     r.headers_mut().insert(

@@ -124,6 +124,15 @@ pub struct RouteMetrics {
 }
 
 impl RouteMetrics {
+    /// Handles counted in no registry: for a driver's tests over in-memory I/O, whose
+    /// requests belong to no route of a running server.
+    pub fn unregistered() -> Self {
+        RouteMetrics {
+            by_class: Default::default(),
+            duration: Histogram::new(REQUEST_BUCKETS),
+        }
+    }
+
     /// A request on this route ended with `status` after `elapsed` (to the last body byte).
     pub fn observe(&self, status: u16, elapsed: Duration) {
         let class = usize::from(status / 100).clamp(1, 5) - 1;

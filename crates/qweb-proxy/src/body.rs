@@ -105,6 +105,23 @@ impl ClientBody {
     }
 }
 
+/// A frame as the next hop gets it: trailers lose the fields that may not be trailers (RFC
+/// 9110 §6.5.1: framing, routing, authentication, response control, `Content-*`,
+/// `Set-Cookie`, `Location`; [`qweb_http::fields::allowed_in_trailers`]), in both directions
+/// and whatever the protocols of the two hops; data frames pass as they are.
+pub(super) fn hop_frame(f: Frame<Bytes>) -> Frame<Bytes> {
+    match f.into_trailers() {
+        Ok(mut t) => {
+            let dropped = qweb_http::fields::strip_forbidden_trailers(&mut t);
+            if dropped > 0 {
+                tracing::debug!(dropped, "trailer fields that may not be trailers removed");
+            }
+            Frame::trailers(t)
+        }
+        Err(f) => f,
+    }
+}
+
 /// Reads the client's whole body (`buffer_request_body`): at most `limit` bytes, no pause
 /// longer than `idle`.
 pub(super) async fn read_whole(
@@ -163,7 +180,7 @@ impl HttpBody for ClientBody {
                 if inner.is_end_stream() {
                     p.finished.set(true);
                 }
-                Poll::Ready(Some(Ok(f)))
+                Poll::Ready(Some(Ok(hop_frame(f))))
             }
             Poll::Ready(None) => {
                 p.last.set(Instant::now());

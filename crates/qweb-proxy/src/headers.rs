@@ -1,39 +1,10 @@
-//! Header rewriting for both directions of the proxy: hop-by-hop removal (RFC 9110 §7.6.1),
-//! the forwarding headers, and names qweb does not pass.
+//! Header rewriting for both directions of the proxy: hop-by-hop removal (RFC 9110 §7.6.1,
+//! the list is [`qweb_http::fields`]'s), the forwarding headers, and names qweb does not pass.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use qweb_config::ProxyConfig;
-
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "proxy-authorization",
-    "proxy-authenticate",
-];
-
-/// Headers a `Connection` option may not remove: the framing, the target, end-to-end
-/// credentials, and the forwarding headers qweb sets itself. A client must not be able to
-/// strip `Authorization` or `Cookie` on their way to the application, nor a response's
-/// `Content-Length` on its way down.
-const PROTECTED: [&str; 11] = [
-    "host",
-    "content-length",
-    "content-type",
-    "authorization",
-    "cookie",
-    "set-cookie",
-    "x-forwarded-for",
-    "x-forwarded-host",
-    "x-forwarded-proto",
-    "forwarded",
-    "x-real-ip",
-];
+use qweb_http::fields::strip_hop_by_hop;
 
 /// The forwarding headers a client may only pass when it is a trusted proxy.
 const FORWARDING: [&str; 4] = [
@@ -42,27 +13,6 @@ const FORWARDING: [&str; 4] = [
     "forwarded",
     "x-real-ip",
 ];
-
-/// Removes hop-by-hop headers: the fixed list, and every header named in `Connection` except
-/// the [`PROTECTED`] ones.
-pub fn strip_hop_by_hop(h: &mut HeaderMap) {
-    if h.contains_key(header::CONNECTION) {
-        let named: Vec<HeaderName> = h
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-            .filter(|n| !PROTECTED.contains(&n.as_str()))
-            .collect();
-        for n in named {
-            h.remove(n);
-        }
-    }
-    for n in HOP_BY_HOP {
-        h.remove(n);
-    }
-}
 
 /// Joins several `Cookie` fields into one, separated by `"; "` (RFC 9113 §8.2.3, RFC 6265
 /// §5.4: one `Cookie` header).

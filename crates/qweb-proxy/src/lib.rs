@@ -49,12 +49,12 @@ use tokio::time::Instant;
 
 use balance::{Balancer, Load};
 use body::{ClientBody, ClientBodyError, Progress};
-pub use headers::strip_hop_by_hop;
 use headers::Forwarding;
 pub use health::upstream_gauges;
 use pool::{Pool, SharedSocket, UpstreamConn};
 use qweb_config::ProxyConfig;
 use qweb_http::body::Body;
+use qweb_http::fields::strip_hop_by_hop;
 use qweb_http::response;
 use response_body::UpstreamBody;
 

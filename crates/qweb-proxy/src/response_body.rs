@@ -13,7 +13,7 @@ use hyper::body::Incoming;
 use qweb_http::body::BoxError;
 use tokio::time::{Instant, Sleep};
 
-use super::body::Progress;
+use super::body::{hop_frame, Progress};
 use super::pool::UpstreamConn;
 use super::Proxy;
 
@@ -59,7 +59,7 @@ impl HttpBody for UpstreamBody {
                     if f.data_ref().is_some_and(|d| d.is_empty()) {
                         continue; // an empty chunk would become an empty DATA frame
                     }
-                    Poll::Ready(Some(Ok(f)))
+                    Poll::Ready(Some(Ok(hop_frame(f))))
                 }
                 Poll::Ready(Some(Err(e))) => {
                     this.conn = None;

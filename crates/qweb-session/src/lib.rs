@@ -4,6 +4,7 @@
 //! Shared (through `Rc`) by the connection's I/O wrapper, its service and its response bodies,
 //! all on the worker's thread. Imports only `http` and `observe` below it.
 
+pub mod closing;
 pub mod logged;
 pub mod tunnel;
 
@@ -99,6 +100,32 @@ pub struct Timeouts {
     pub per_response: bool,
 }
 
+impl Timeouts {
+    /// HTTP/1: the head, keep-alive and send timeouts as configured; a stalled write is what
+    /// a stalled response looks like (one response at a time).
+    pub fn http1(limits: &qweb_config::Limits) -> Self {
+        Timeouts {
+            head: limits.header_read_timeout,
+            idle: limits.keepalive_timeout,
+            send: limits.send_timeout,
+            per_response: false,
+        }
+    }
+
+    /// HTTP/2 and HTTP/3: frames that are not requests (PING, WINDOW_UPDATE) may arrive
+    /// while idle, so only the keep-alive timeout applies between requests (the codecs bound
+    /// header blocks themselves); each response has its own send deadline, as flow control
+    /// can stall one stream while the connection stays writable.
+    pub fn multiplexed(limits: &qweb_config::Limits) -> Self {
+        Timeouts {
+            head: limits.keepalive_timeout,
+            idle: limits.keepalive_timeout,
+            send: limits.send_timeout,
+            per_response: true,
+        }
+    }
+}
+
 /// How far one response has come.
 struct Sending {
     /// `Some(t)`: the response's next chunk is ready and has been waiting for the client since
@@ -155,6 +182,8 @@ pub struct ConnState {
     responses: RefCell<Vec<Rc<Sending>>>,
     /// An HTTP/2 control-frame flood was detected on the read path.
     flood: Cell<bool>,
+    /// How the connection is ending (see [`closing`]).
+    closing: Cell<closing::Closing>,
     /// Woken when the deadline may have moved earlier, or the connection must close.
     pub changed: Notify,
     /// The server name the TLS client sent (SNI), lower case.
@@ -181,6 +210,7 @@ impl ConnState {
             write_blocked_since: Cell::new(None),
             responses: RefCell::new(Vec::new()),
             flood: Cell::new(false),
+            closing: Cell::new(closing::Closing::Open),
             changed: Notify::new(),
             sni: std::cell::OnceCell::new(),
             tunnel: Default::default(),
@@ -268,6 +298,24 @@ impl ConnState {
     /// Whether a flood was detected.
     pub fn flooded(&self) -> bool {
         self.flood.get()
+    }
+
+    /// How the connection is ending.
+    pub fn closing(&self) -> closing::Closing {
+        self.closing.get()
+    }
+
+    /// The connection takes no more requests, for `why` (see [`closing::Closing::drain`]);
+    /// its driver is woken.
+    pub fn drain(&self, why: closing::Drain) {
+        self.set_closing(self.closing.get().drain(why));
+    }
+
+    /// Sets how the connection is ending; its driver is woken when that changed.
+    pub fn set_closing(&self, c: closing::Closing) {
+        if self.closing.replace(c) != c {
+            self.changed.notify_one();
+        }
     }
 
     /// When the connection (or one of its responses) must be dealt with if nothing changes,

@@ -269,12 +269,14 @@ pub fn chunk_size(dst: &mut Vec<u8>, n: usize) {
     dst.extend_from_slice(b"\r\n");
 }
 
-/// The last chunk with the trailer fields `allowed` lets through.
+/// The last chunk with the trailer fields `allowed` lets through (those the `Trailer` field
+/// announced), none of them a field that may not be a trailer
+/// ([`crate::fields::allowed_in_trailers`]).
 pub fn last_chunk(dst: &mut Vec<u8>, trailers: Option<&HeaderMap>, allowed: Option<&[HeaderName]>) {
     dst.extend_from_slice(b"0\r\n");
     if let (Some(t), Some(allowed)) = (trailers, allowed) {
         for (name, value) in t {
-            if allowed.contains(name) {
+            if allowed.contains(name) && crate::fields::allowed_in_trailers(name) {
                 field(dst, name.as_str().as_bytes(), value.as_bytes());
             }
         }
@@ -285,18 +287,15 @@ pub fn last_chunk(dst: &mut Vec<u8>, trailers: Option<&HeaderMap>, allowed: Opti
 /// The head of an answer the connection gives by itself (a refused head): no body but the
 /// status, and the connection closes.
 pub fn refusal(status: StatusCode, dst: &mut Vec<u8>) {
-    let reason = status.canonical_reason().unwrap_or("");
-    let body_len = status.as_str().len() + 1 + reason.len() + 1;
+    let mut body = Vec::with_capacity(32);
+    crate::response::status_text(status, &mut body);
     status_line(dst, status);
     dst.extend_from_slice(b"content-type: text/plain; charset=utf-8\r\n");
-    length_field(dst, body_len as u64);
+    length_field(dst, body.len() as u64);
     dst.extend_from_slice(b"connection: close\r\nserver: qweb\r\ndate: ");
     with_date(|d| dst.extend_from_slice(d));
     dst.extend_from_slice(b"\r\n\r\n");
-    dst.extend_from_slice(status.as_str().as_bytes());
-    dst.push(b' ');
-    dst.extend_from_slice(reason.as_bytes());
-    dst.push(b'\n');
+    dst.extend_from_slice(&body);
 }
 
 thread_local! {

@@ -1,6 +1,6 @@
 //! The HTTP/2 connection loop: hyper's HTTP/2 server connection, watched for the keep-alive,
-//! send and flood deadlines, shutdown and retirement, with one [`Closing`] state for how the
-//! connection is ending.
+//! send and flood deadlines, shutdown and retirement; how the connection is ending is the
+//! session's [`Closing`], as for HTTP/1 and HTTP/3.
 
 use std::pin::pin;
 use std::rc::Rc;
@@ -15,43 +15,8 @@ use super::idle::{send_queue, SendQueue, QUEUE_CHECK};
 use super::lazy_timer::LazyTimer;
 use super::{sleep_or_never, HyperService, LocalExec, Tracked};
 use super::{Host, ReadReady};
+use qweb_session::closing::{Closing, Drain, GRACE};
 use qweb_session::{ConnState, Expiry, Timeouts};
-
-/// How an HTTP/2 connection is ending.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Closing {
-    /// Serving.
-    Open,
-    /// A reload retired the connection's configuration: GOAWAY once the client's first
-    /// request is in (hyper drops a connection still in its HTTP/2 handshake instead, and
-    /// that request would be lost).
-    RetirePending,
-    /// GOAWAY sent (shutdown, retirement, idle): the streams in flight finish. `drop_at`:
-    /// sent for idleness, the client gets this long to close before the connection is
-    /// dropped if nothing is in flight (a client that never answers must not hold it).
-    Draining { drop_at: Option<Instant> },
-    /// Whatever is in flight is closed at `at` (a flood, or every stream stalled).
-    Cutting { at: Instant },
-}
-
-impl Closing {
-    /// GOAWAY is out (or everything is about to be cut): no new one, no idle deadline.
-    fn goaway_sent(self) -> bool {
-        matches!(self, Closing::Draining { .. } | Closing::Cutting { .. })
-    }
-
-    /// When the loop must look again regardless of the connection.
-    fn deadline(self) -> Option<Instant> {
-        match self {
-            Closing::Draining { drop_at } => drop_at,
-            Closing::Cutting { at } => Some(at),
-            Closing::Open | Closing::RetirePending => None,
-        }
-    }
-}
-
-/// How long a connection being cut, or drained after an idle GOAWAY, gets to finish.
-const GRACE: Duration = Duration::from_secs(1);
 
 fn log_flood<H: Host>(worker: &H, state: &ConnState) {
     if let Some(n) = worker.peer_log().hit(state.peer.ip()) {
@@ -137,49 +102,52 @@ pub(super) async fn serve<T, H: Host>(
         .enable_connect_protocol()
         .serve_connection(io, service);
     let mut conn = pin!(conn);
-    let mut closing = Closing::Open;
     let mut timer = LazyTimer::new();
     // Kept across turns of the loop: a wait made anew each turn registers with its watch or
     // `Notify` each time (7 % of a worker's time on HTTP/1 keep-alive).
     let mut shut = pin!(shutdown.wait_for(|s| *s));
     let mut retired = pin!(retire.wait_for(|r| *r));
     let mut changed = pin!(state.changed.notified());
-    // HTTP/2 frames that are not requests (PING, WINDOW_UPDATE) may arrive while idle: only
-    // the keep-alive timeout applies (h2 bounds header blocks itself).
-    let timeouts = Timeouts {
-        head: limits.keepalive_timeout,
-        idle: limits.keepalive_timeout,
-        send: limits.send_timeout,
-        per_response: true,
-    };
+    let timeouts = Timeouts::multiplexed(limits);
     let mut quiet = Quiet::default();
     loop {
         let queue_check = quiet.next_check(
-            state.in_flight() == 0 && !closing.goaway_sent(),
+            state.in_flight() == 0 && !state.closing().announced(),
             limits.send_timeout,
         );
-        if state.flooded() && !matches!(closing, Closing::Cutting { .. }) {
+        if state.flooded() && !matches!(state.closing(), Closing::Cutting { .. }) {
             log_flood(worker, &state);
             state.reset_all_streams();
-            closing = Closing::Cutting {
+            state.set_closing(Closing::Cutting {
                 at: Instant::now() + GRACE,
-            };
+            });
         }
-        if closing == Closing::RetirePending && state.requests_started() > 0 {
-            conn.as_mut().graceful_shutdown();
-            closing = Closing::Draining { drop_at: None };
+        // A drain the client was not told of: GOAWAY, except that a retirement waits for the
+        // client's first request (hyper drops a connection still in its HTTP/2 handshake,
+        // and that request would be lost).
+        if let Closing::Draining {
+            why,
+            announced: false,
+            ..
+        } = state.closing()
+        {
+            if why != Drain::Retired || state.requests_started() > 0 {
+                conn.as_mut().graceful_shutdown();
+                state.set_closing(state.closing().announce(None));
+            }
         }
+        let closing = state.closing();
         timer.arm(
             state
                 .deadline(timeouts)
                 .filter(|(_, why)| {
-                    !closing.goaway_sent() || !matches!(why, Expiry::Idle | Expiry::Head)
+                    !closing.announced() || !matches!(why, Expiry::Idle | Expiry::Head)
                 })
                 .map(|d| d.0),
         );
         tokio::select! {
             r = conn.as_mut() => {
-                if state.flooded() && !matches!(closing, Closing::Cutting { .. }) {
+                if state.flooded() && !matches!(state.closing(), Closing::Cutting { .. }) {
                     // the flood ended the connection before the loop saw it
                     log_flood(worker, &state);
                 }
@@ -205,18 +173,19 @@ pub(super) async fn serve<T, H: Host>(
                         }
                         Expiry::ResponseStalled => {
                             if state.reset_stalled_streams(limits.send_timeout)
-                                && !matches!(closing, Closing::Cutting { .. })
+                                && !matches!(state.closing(), Closing::Cutting { .. })
                             {
                                 // Every stream waits on a client that takes nothing.
                                 tracing::debug!(peer = %state.peer, "closing: {}", why.as_str());
                                 conn.as_mut().graceful_shutdown();
                                 state.reset_all_streams();
-                                closing = Closing::Cutting { at: Instant::now() + GRACE };
+                                state.set_closing(Closing::Cutting { at: Instant::now() + GRACE });
                             }
                         }
-                        Expiry::Idle | Expiry::Head if !closing.goaway_sent() => {
+                        Expiry::Idle | Expiry::Head if !state.closing().announced() => {
                             conn.as_mut().graceful_shutdown();
-                            closing = Closing::Draining { drop_at: Some(Instant::now() + GRACE) };
+                            let drained = state.closing().drain(Drain::Idle);
+                            state.set_closing(drained.announce(Some(Instant::now() + GRACE)));
                         }
                         // (already closing: a timer armed before the GOAWAY)
                         Expiry::Idle | Expiry::Head => {}
@@ -231,38 +200,17 @@ pub(super) async fn serve<T, H: Host>(
                     return;
                 }
             }
-            _ = sleep_or_never(closing.deadline()) => match closing {
-                Closing::Draining { .. } if state.in_flight() > 0 => {
-                    closing = Closing::Draining { drop_at: None };
+            _ = sleep_or_never(closing.deadline()) => match state.closing() {
+                // (a GOAWAY for idleness, and a request came after all: it finishes)
+                c @ Closing::Draining { .. } if state.in_flight() > 0 => {
+                    state.set_closing(c.announce(None));
                 }
                 _ => return,
             },
             // (each polled again only while its guard holds, never after it completed)
-            _ = shut.as_mut(), if !closing.goaway_sent() => {
-                conn.as_mut().graceful_shutdown();
-                closing = Closing::Draining { drop_at: None };
-            }
-            _ = retired.as_mut(), if closing == Closing::Open => {
-                closing = Closing::RetirePending;
-            }
+            _ = shut.as_mut(), if !state.closing().shutting_down() => state.drain(Drain::Shutdown),
+            _ = retired.as_mut(), if state.closing().is_open() => state.drain(Drain::Retired),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn closing_states() {
-        let at = Instant::now();
-        assert!(!Closing::Open.goaway_sent());
-        assert!(!Closing::RetirePending.goaway_sent());
-        assert!(Closing::Draining { drop_at: None }.goaway_sent());
-        assert!(Closing::Cutting { at }.goaway_sent());
-        assert_eq!(Closing::Cutting { at }.deadline(), Some(at));
-        assert_eq!(Closing::Draining { drop_at: None }.deadline(), None);
-        assert_eq!(Closing::Open.deadline(), None);
     }
 }
 

@@ -8,16 +8,19 @@
 //! `send_timeout`: a client that stops reading loses the stream, not the worker's memory),
 //! trailers with `send_trailers`.
 
+use std::pin::pin;
 use std::rc::Rc;
-use std::sync::atomic::Ordering::Relaxed;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 
-use super::{Handle, Host};
+use super::lazy_timer::LazyTimer;
+use super::{handshake_outcome, sleep_or_never, Handle, Host};
 use qweb_http::request_body::RequestBody;
-use qweb_session::ConnState;
+use qweb_session::closing::{Closing, Drain, GRACE};
+use qweb_session::{ConnState, Expiry, Timeouts};
 
 /// The ALPN protocol id of HTTP/3.
 pub(crate) const ALPN_H3: &[u8] = b"h3";
@@ -51,27 +54,14 @@ pub(crate) async fn serve<H: Host, S: Handle>(
     let connecting = match incoming.accept() {
         Ok(c) => c,
         Err(e) => {
-            m.handshakes_failed.fetch_add(1, Relaxed);
-            tracing::debug!(%peer, "QUIC connection refused: {e}");
+            handshake_outcome::<(), _>(m, peer, "QUIC handshake", Ok(Err(e)));
             return;
         }
     };
     drop(turn);
-    let conn = match tokio::time::timeout(limits.tls_handshake_timeout, connecting).await {
-        Ok(Ok(c)) => {
-            m.handshakes_ok.fetch_add(1, Relaxed);
-            c
-        }
-        Ok(Err(e)) => {
-            m.handshakes_failed.fetch_add(1, Relaxed);
-            tracing::debug!(%peer, "QUIC handshake failed: {e}");
-            return;
-        }
-        Err(_) => {
-            m.handshakes_failed.fetch_add(1, Relaxed);
-            tracing::debug!(%peer, "QUIC handshake timed out");
-            return;
-        }
+    let done = tokio::time::timeout(limits.tls_handshake_timeout, connecting).await;
+    let Some(conn) = handshake_outcome(m, peer, "QUIC handshake", done) else {
+        return;
     };
     drop(handshaking);
     let _open =
@@ -101,16 +91,13 @@ pub(crate) async fn serve<H: Host, S: Handle>(
     requests(h3, worker, svc, &state).await;
     // The last responses may still be in flight (sent, not yet acknowledged: closing now
     // would drop them). The client closes once it has them, or it gets `CLOSE_GRACE`.
-    let _ = tokio::time::timeout(CLOSE_GRACE, conn.closed()).await;
+    let _ = tokio::time::timeout(GRACE, conn.closed()).await;
     conn.close(0u32.into(), b"");
 }
 
-/// How long a connection that stops serving (GOAWAY, all its requests answered) waits for the
-/// client to close it before closing it itself.
-const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Accepts the connection's requests until it ends; on shutdown or retirement sends GOAWAY
-/// and lets the requests in flight finish.
+/// Accepts the connection's requests until it ends; a drain (shutdown, retirement, no request
+/// for `keepalive_timeout`) sends GOAWAY and lets the requests in flight finish: the
+/// session's [`Closing`], as HTTP/1 and HTTP/2 keep it.
 async fn requests<H: Host, S: Handle>(
     mut h3: H3Conn,
     worker: &H,
@@ -120,15 +107,39 @@ async fn requests<H: Host, S: Handle>(
     let limits = worker.limits();
     let mut shutdown = worker.shutdown();
     let mut retire = worker.retired();
+    let mut shut = pin!(shutdown.wait_for(|s| *s));
+    let mut retired = pin!(retire.wait_for(|r| *r));
     let mut tasks = JoinSet::new();
-    let mut going_away = false;
-    let mut goaway_sent = false;
-    // `keepalive_timeout` with no request in flight ends the connection (GOAWAY), whatever
-    // else the client sends: QUIC's own idle timeout restarts on every packet, so a client
-    // sending only PINGs would otherwise hold the connection forever
-    let idle = tokio::time::sleep(limits.keepalive_timeout);
-    tokio::pin!(idle);
+    // `keepalive_timeout` with no request in flight drains the connection, whatever else the
+    // client sends: QUIC's own idle timeout restarts on every packet, so a client sending only
+    // PINGs would otherwise hold it forever. (Each write has its own `send_timeout`, below.)
+    let timeouts = Timeouts {
+        per_response: false,
+        ..Timeouts::multiplexed(limits)
+    };
+    let mut timer = LazyTimer::new();
     loop {
+        if let Closing::Draining {
+            announced: false, ..
+        } = state.closing()
+        {
+            // GOAWAY: no new requests; those in flight finish (then `accept` says None)
+            if let Err(e) = h3.shutdown(0).await {
+                tracing::debug!(peer = %state.peer, "HTTP/3 GOAWAY failed: {e}");
+                break;
+            }
+            // (h3 ends `accept` only when the client closes: once nothing is in flight, the
+            // connection gets `GRACE` more, then closes)
+            let drop_at = tasks.is_empty().then(|| Instant::now() + GRACE);
+            state.set_closing(state.closing().announce(drop_at));
+        }
+        let closing = state.closing();
+        timer.arm(
+            state
+                .deadline(timeouts)
+                .filter(|_| !closing.announced())
+                .map(|d| d.0),
+        );
         tokio::select! {
             r = h3.accept() => match r {
                 Ok(Some(resolver)) => {
@@ -136,11 +147,15 @@ async fn requests<H: Host, S: Handle>(
                     let head_timeout = limits.header_read_timeout;
                     let send_timeout = limits.send_timeout;
                     let peer = state.peer;
+                    let refused = worker.refused_log();
                     tasks.spawn_local(async move {
                         let resolved = tokio::time::timeout(head_timeout, resolver.resolve_request()).await;
                         match resolved {
-                            Ok(Ok((req, stream))) => exchange(svc, req, stream, send_timeout).await,
-                            Ok(Err(e)) => tracing::debug!(%peer, "HTTP/3 request refused: {e}"),
+                            Ok(Ok((req, stream))) => exchange(svc, req, stream, send_timeout, (peer, refused)).await,
+                            Ok(Err(e)) => {
+                                tracing::debug!(%peer, "HTTP/3 request refused: {e}");
+                                log_refused(refused, peer, http::StatusCode::BAD_REQUEST);
+                            }
                             Err(_) => tracing::debug!(%peer, "HTTP/3 request head timed out"),
                         }
                     });
@@ -154,56 +169,76 @@ async fn requests<H: Host, S: Handle>(
                 }
             },
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {
-                if tasks.is_empty() {
-                    let wait = if goaway_sent { CLOSE_GRACE } else { limits.keepalive_timeout };
-                    idle.as_mut().reset(tokio::time::Instant::now() + wait);
+                if tasks.is_empty() && closing.announced() {
+                    state.set_closing(closing.announce(Some(Instant::now() + GRACE)));
                 }
             }
-            _ = idle.as_mut(), if tasks.is_empty() => {
-                if goaway_sent {
-                    // GOAWAY is out, nothing is in flight, and the client did not close
-                    break;
+            _ = timer.fired(), if tasks.is_empty() => {
+                if let Some((d, Expiry::Idle)) = state.deadline(timeouts) {
+                    if d <= Instant::now() {
+                        tracing::debug!(peer = %state.peer, "closing: {}", Expiry::Idle.as_str());
+                        state.drain(Drain::Idle);
+                    }
                 }
-                tracing::debug!(peer = %state.peer, "closing: idle keep-alive timeout");
-                going_away = true;
             }
-            _ = shutdown.wait_for(|s| *s), if !going_away => going_away = true,
-            _ = retire.wait_for(|r| *r), if !going_away => going_away = true,
-        }
-        if going_away && !goaway_sent {
-            goaway_sent = true;
-            // GOAWAY: no new requests; those in flight finish (then `accept` says None)
-            if let Err(e) = h3.shutdown(0).await {
-                tracing::debug!(peer = %state.peer, "HTTP/3 GOAWAY failed: {e}");
-                break;
-            }
-            // (h3 ends `accept` only when the client closes: once nothing is in flight,
-            // the connection gets `CLOSE_GRACE` more, then closes)
-            idle.as_mut()
-                .reset(tokio::time::Instant::now() + CLOSE_GRACE);
+            // GOAWAY is out, nothing is in flight, and the client did not close
+            _ = sleep_or_never(closing.deadline()), if tasks.is_empty() => break,
+            // (each polled again only while its guard holds, never after it completed)
+            _ = shut.as_mut(), if !state.closing().shutting_down() => state.drain(Drain::Shutdown),
+            _ = retired.as_mut(), if state.closing().is_open() => state.drain(Drain::Retired),
         }
     }
     while tasks.join_next().await.is_some() {}
 }
 
+/// The access-log line of a refused request, when the log is on (as HTTP/1 writes it).
+fn log_refused(
+    format: Option<crate::config::AccessFormat>,
+    peer: std::net::SocketAddr,
+    status: http::StatusCode,
+) {
+    if let Some(format) = format {
+        qweb_observe::access_log::refused(format, peer, status.as_u16());
+    }
+}
+
 /// Answers one request on its stream: the handler's response head, then its body and
-/// trailers, each write under `send_timeout`.
+/// trailers, each write under `send_timeout`. A `Content-Length` that is not one number
+/// (RFC 9110 §8.6, read as strictly as HTTP/1's) is refused with 400.
 async fn exchange<S: Handle>(
     svc: Rc<S>,
     req: http::Request<()>,
     stream: H3Stream,
     send_timeout: std::time::Duration,
+    (peer, refused): (std::net::SocketAddr, Option<crate::config::AccessFormat>),
 ) {
     let (mut send, recv) = stream.split();
-    let length = req
-        .headers()
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
+    let mut lengths = req.headers().get_all(http::header::CONTENT_LENGTH).iter();
+    let length = match (lengths.next(), lengths.next()) {
+        (None, _) => Ok(None),
+        (Some(v), None) => qweb_http::h1::parse::content_length(v.as_bytes())
+            .map(Some)
+            .ok_or(()),
+        (Some(_), Some(_)) => Err(()),
+    };
+    let Ok(length) = length else {
+        tracing::debug!(%peer, "HTTP/3 request refused: invalid Content-Length");
+        log_refused(refused, peer, http::StatusCode::BAD_REQUEST);
+        let resp = qweb_http::response::status(http::StatusCode::BAD_REQUEST);
+        let (parts, body) = resp.into_parts();
+        let head = http::Response::from_parts(parts, ());
+        if timed(send_timeout, send.send_response(head)).await.is_ok() {
+            if let Ok(data) = body.collect().await.map(|b| b.to_bytes()) {
+                let _ = timed(send_timeout, send.send_data(data)).await;
+            }
+            let _ = timed(send_timeout, send.finish()).await;
+        }
+        return;
+    };
     let req = req.map(|()| RequestBody::h3(recv, length));
     let resp = svc.call(req).await;
     let (mut parts, body) = resp.into_parts();
-    strip_connection_fields(&mut parts.headers);
+    qweb_http::fields::strip_connection_specific(&mut parts.headers);
     let head = http::Response::from_parts(parts, ());
     match tokio::time::timeout(send_timeout, send.send_response(head)).await {
         Ok(Ok(())) => {}
@@ -219,25 +254,6 @@ async fn exchange<S: Handle>(
     if let Err(why) = send_body(&mut send, body, send_timeout).await {
         tracing::debug!("HTTP/3 response body ended early: {why}");
         send.stop_stream(h3::error::Code::H3_INTERNAL_ERROR);
-    }
-}
-
-/// Removes the connection-specific header fields that HTTP/3 forbids (RFC 9114 §4.2: a
-/// message with one is malformed, and a client such as aioquic then closes the whole
-/// connection with H3_MESSAGE_ERROR), as hyper does for HTTP/2 responses: the pipeline adds
-/// `Connection: close` where an HTTP/1 connection must not read on (a request body cut at
-/// `max_body_size`), which means nothing on a QUIC stream.
-fn strip_connection_fields(h: &mut http::HeaderMap) {
-    use http::header;
-    for name in [
-        header::CONNECTION,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        header::TE,
-        header::HeaderName::from_static("keep-alive"),
-        header::HeaderName::from_static("proxy-connection"),
-    ] {
-        h.remove(name);
     }
 }
 
@@ -285,13 +301,16 @@ struct Handshaking<'a>(&'a qweb_observe::metrics::WorkerMetrics);
 
 impl<'a> Handshaking<'a> {
     fn new(m: &'a qweb_observe::metrics::WorkerMetrics) -> Self {
-        m.quic_handshaking.fetch_add(1, Relaxed);
+        m.quic_handshaking
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Handshaking(m)
     }
 }
 
 impl Drop for Handshaking<'_> {
     fn drop(&mut self) {
-        self.0.quic_handshaking.fetch_sub(1, Relaxed);
+        self.0
+            .quic_handshaking
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }

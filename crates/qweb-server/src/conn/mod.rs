@@ -368,9 +368,8 @@ async fn handshake<H: Host>(
             crate::conn::plain_on_tls::answer(stream).await;
             return None;
         }
-        Err(_) => {
-            worker.metrics().handshakes_failed.fetch_add(1, Relaxed);
-            tracing::debug!(%peer, "TLS handshake timed out");
+        Err(e) => {
+            handshake_outcome::<(), Infallible>(worker.metrics(), peer, "TLS handshake", Err(e));
             return None;
         }
     }
@@ -386,23 +385,35 @@ async fn handshake<H: Host>(
     // a shutdown: it may finish within its own timeout, bounded by the drain deadline.
     let accept = qweb_tls::handshake::accept(stream, tls.config.clone(), driver);
     let hs = tokio::time::timeout_at(deadline, accept).await;
-    let m = worker.metrics();
-    match hs {
-        Ok(Ok(stream)) => {
+    let stream = handshake_outcome(worker.metrics(), peer, "TLS handshake", hs)?;
+    if let Some(s) = &tls.sessions {
+        s.record(stream.connection());
+    }
+    Some(stream)
+}
+
+/// Counts a handshake's end (TLS over TCP, QUIC) in the worker's metrics and logs a failure
+/// or a timeout (`what` names it): the one place both transports count theirs. `Some`: it
+/// completed.
+pub(crate) fn handshake_outcome<T, E: std::fmt::Display>(
+    m: &qweb_observe::metrics::WorkerMetrics,
+    peer: SocketAddr,
+    what: &str,
+    r: Result<Result<T, E>, tokio::time::error::Elapsed>,
+) -> Option<T> {
+    match r {
+        Ok(Ok(done)) => {
             m.handshakes_ok.fetch_add(1, Relaxed);
-            if let Some(s) = &tls.sessions {
-                s.record(stream.connection());
-            }
-            Some(stream)
+            Some(done)
         }
         Ok(Err(e)) => {
             m.handshakes_failed.fetch_add(1, Relaxed);
-            tracing::debug!(%peer, "TLS handshake failed: {e}");
+            tracing::debug!(%peer, "{what} failed: {e}");
             None
         }
         Err(_) => {
             m.handshakes_failed.fetch_add(1, Relaxed);
-            tracing::debug!(%peer, "TLS handshake timed out");
+            tracing::debug!(%peer, "{what} timed out");
             None
         }
     }

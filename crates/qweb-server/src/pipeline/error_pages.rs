@@ -68,6 +68,14 @@ pub(crate) fn apply(
         parts.headers.remove(h);
     }
     let (orig, _) = resp.into_parts();
+    // (the refusal's typed markers go with its page: see `EndsConnection`)
+    if orig
+        .extensions
+        .get::<qweb_http::response::EndsConnection>()
+        .is_some()
+    {
+        parts.extensions.insert(qweb_http::response::EndsConnection);
+    }
     for name in orig.headers.keys() {
         if !parts.headers.contains_key(name)
             && *name != header::CONTENT_LENGTH

@@ -115,12 +115,6 @@ impl Service {
         if let Some(alt) = &self.alt_svc {
             resp.headers_mut().insert(header::ALT_SVC, alt.clone());
         }
-        // A reload retired this connection's configuration: the client's next request goes
-        // on a new connection (an idle one is not cut, so no request races a close).
-        if version <= Version::HTTP_11 && *self.worker.retire.borrow() {
-            resp.headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
         let record = AccessRecord {
             start,
             method,
@@ -156,12 +150,7 @@ impl Service {
 
     /// The answer to a request the request rules refused (`route`: the one its path would
     /// take, for a 405's `Allow`).
-    fn refused(
-        &self,
-        refusal: &request_rules::Refusal,
-        route: Option<&Route>,
-        version: Version,
-    ) -> Response<Body> {
+    fn refused(&self, refusal: &request_rules::Refusal, route: Option<&Route>) -> Response<Body> {
         tracing::debug!(peer = %self.conn.peer, "refused request: {}", refusal.reason);
         let mut r = response::status(refusal.status);
         if refusal.status == StatusCode::METHOD_NOT_ALLOWED {
@@ -172,9 +161,8 @@ impl Service {
             r.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static(allow));
         }
-        if refusal.close && version <= Version::HTTP_11 {
-            r.headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        if refusal.close {
+            r.extensions_mut().insert(response::EndsConnection);
         }
         r
     }
@@ -241,10 +229,7 @@ impl Service {
         let ahead = ReadAhead::of(&self.conn);
         if let Some(status) = head_too_large(&req, self.worker.limits.max_request_header_size) {
             let mut r = response::status(status);
-            if req.version() <= Version::HTTP_11 {
-                r.headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            }
+            r.extensions_mut().insert(response::EndsConnection);
             return r;
         }
         let checked = request_rules::check(&req);
@@ -258,7 +243,7 @@ impl Service {
             Ok(a) => a,
             Err(refusal) => {
                 let route = path.as_ref().ok().and_then(|p| Self::find_route(routes, p));
-                return self.refused(&refusal, route, req.version());
+                return self.refused(&refusal, route);
             }
         };
         if let Some(answer) = self.acme_answer(&req) {

@@ -9,6 +9,7 @@ mod h1_wire;
 mod hostile;
 mod hostile_conn;
 mod hostile_paths;
+mod hostile_trailers;
 mod http3;
 mod http3_pipeline;
 mod http_details;
