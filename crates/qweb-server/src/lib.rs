@@ -44,7 +44,7 @@ pub use runtime::{control, fd_limit, notify, upgrade};
 mod layers {
     use std::path::Path;
 
-    use qweb_testkit::modgraph::{imports, rust_files, top_module};
+    use qweb_testkit::modgraph::{rust_files, top_imports, top_module};
 
     /// Bottom first; modules on one line are peers and may not import each other.
     const LAYERS: &[&[&str]] = &[
@@ -72,7 +72,7 @@ mod layers {
                 continue;
             };
             let src = std::fs::read_to_string(&path).expect("readable source");
-            for name in imports(&src) {
+            for name in top_imports(rel, &src) {
                 if name == "{" {
                     bad.push(format!(
                         "{}: `crate::{{...}}`: name each layer",

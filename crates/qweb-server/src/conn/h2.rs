@@ -320,3 +320,157 @@ mod write_tests {
         server.abort();
     }
 }
+
+/// The HTTP/2 loop over in-memory I/O (`conn/test_kit.rs`) with the `h2` crate's client and
+/// the clock paused: idle GOAWAY, shutdown and retirement drains, and the send deadline.
+#[cfg(test)]
+mod loop_tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use tokio::time::Instant;
+
+    use super::super::test_kit::{local, parts, TestHost};
+    use crate::config::Limits;
+
+    fn limits() -> Limits {
+        Limits {
+            keepalive_timeout: Duration::from_secs(30),
+            send_timeout: Duration::from_secs(20),
+            ..Limits::default()
+        }
+    }
+
+    /// The driver on a new connection, an HTTP/2 client on its other end; the driver's task
+    /// and the client's connection task.
+    async fn connect(
+        limits: Limits,
+        pipe: usize,
+        before: impl FnOnce(&TestHost),
+    ) -> (
+        std::rc::Rc<TestHost>,
+        h2::client::SendRequest<Bytes>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let (p, client) = parts(limits, pipe);
+        before(&p.host);
+        let host = p.host.clone();
+        let served = tokio::task::spawn_local(async move {
+            let service = super::super::hyper_service(p.svc);
+            super::serve(p.io, p.state, &*p.host, service).await;
+        });
+        let (send, conn) = h2::client::Builder::new()
+            .handshake::<_, Bytes>(client)
+            .await
+            .expect("the HTTP/2 handshake");
+        tokio::task::spawn_local(async move {
+            let _ = conn.await;
+        });
+        (host, send, served)
+    }
+
+    async fn get(send: &mut h2::client::SendRequest<Bytes>, path: &str) -> (u16, Vec<u8>) {
+        let req = http::Request::builder()
+            .uri(format!("https://t{path}"))
+            .body(())
+            .unwrap();
+        let mut send = send.clone().ready().await.expect("a stream");
+        let (resp, _) = send.send_request(req, true).expect("sent");
+        let resp = resp.await.expect("a response");
+        let status = resp.status().as_u16();
+        let mut body = resp.into_body();
+        let mut got = Vec::new();
+        while let Some(d) = body.data().await {
+            let d = d.expect("data");
+            let _ = body.flow_control().release_capacity(d.len());
+            got.extend_from_slice(&d);
+        }
+        (status, got)
+    }
+
+    async fn ends_within(served: tokio::task::JoinHandle<()>, secs: u64) -> u64 {
+        let t0 = Instant::now();
+        tokio::time::timeout(Duration::from_secs(secs), served)
+            .await
+            .expect("the driver ended")
+            .expect("without a panic");
+        t0.elapsed().as_secs()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_gets_goaway_after_the_keepalive_timeout() {
+        local(async {
+            let (_host, mut send, served) = connect(limits(), 64 << 10, |_| {}).await;
+            assert_eq!(get(&mut send, "/").await, (200, b"hello".to_vec()));
+            // (the client keeps its handle: dropping it would close the connection itself)
+            let t = ends_within(served, 600).await;
+            assert!((30..=31).contains(&t), "ended after {t} s");
+            drop(send);
+        })
+        .await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shutdown_lets_the_stream_in_flight_finish() {
+        local(async {
+            let (host, send, served) = connect(limits(), 64 << 10, |_| {}).await;
+            let slow = tokio::task::spawn_local({
+                let mut send = send.clone();
+                async move { get(&mut send, "/slow").await }
+            });
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            host.shutdown.send_replace(true);
+            assert_eq!(slow.await.unwrap(), (200, b"slow".to_vec()));
+            // no new stream after the GOAWAY
+            let late = send.clone().ready().await;
+            assert!(
+                late.is_err() || {
+                    let req = http::Request::builder().uri("https://t/").body(()).unwrap();
+                    match late.unwrap().send_request(req, true) {
+                        Ok((resp, _)) => resp.await.is_err(),
+                        Err(_) => true,
+                    }
+                }
+            );
+            drop(send);
+            assert!(ends_within(served, 10).await <= 5);
+        })
+        .await;
+    }
+
+    /// A retirement that finds the connection before its first request waits for it: the
+    /// request is served, then GOAWAY (hyper would drop a connection still in its handshake).
+    #[tokio::test(start_paused = true)]
+    async fn a_retirement_before_the_first_request_still_serves_it() {
+        local(async {
+            let (_host, mut send, served) = connect(limits(), 64 << 10, |h| {
+                h.retire.send_replace(true);
+            })
+            .await;
+            assert_eq!(get(&mut send, "/").await, (200, b"hello".to_vec()));
+            drop(send);
+            assert!(ends_within(served, 10).await <= 2);
+        })
+        .await;
+    }
+
+    /// A client that opens a large response and never takes a byte: the stream is reset and
+    /// the connection cut after `send_timeout` (and its grace), not kept to the keep-alive.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_takes_nothing_is_cut_after_the_send_timeout() {
+        local(async {
+            let (_host, send, served) = connect(limits(), 64 << 10, |_| {}).await;
+            let req = http::Request::builder()
+                .uri("https://t/bigstream")
+                .body(())
+                .unwrap();
+            let mut ready = send.ready().await.expect("a stream");
+            let (resp, _) = ready.send_request(req, true).expect("sent");
+            let resp = resp.await.expect("the head");
+            let _body = resp.into_body(); // never read: no window given back
+            let t = ends_within(served, 600).await;
+            assert!((20..=22).contains(&t), "ended after {t} s");
+        })
+        .await;
+    }
+}

@@ -14,6 +14,8 @@ pub(crate) mod h3;
 pub(crate) mod idle;
 pub(crate) mod lazy_timer;
 pub(crate) mod plain_on_tls;
+#[cfg(test)]
+mod test_kit;
 pub(crate) mod write_burst;
 
 use std::convert::Infallible;
@@ -467,16 +469,20 @@ async fn drive<T, H: Host, S: Handle>(
         h1::serve(io, state, worker, svc, late).await;
         return;
     }
-    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+    // Boxed: what an HTTP/2 connection holds while it lives does not size the task of every
+    // connection (see `crate::conn::idle`).
+    Box::pin(h2::serve(io, state, worker, hyper_service(svc))).await;
+}
+
+/// The connection's [`Handle`] as hyper's HTTP/2 connection takes a service.
+fn hyper_service<S: Handle>(svc: Rc<S>) -> impl HyperService {
+    service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         let svc = svc.clone();
         Box::pin(async move {
             let req = req.map(qweb_http::request_body::RequestBody::Hyper);
             Ok::<_, Infallible>(svc.call(req).await)
         }) as ServiceFuture
-    });
-    // Boxed: what an HTTP/2 connection holds while it lives does not size the task of every
-    // connection (see `crate::conn::idle`).
-    Box::pin(h2::serve(io, state, worker, service)).await;
+    })
 }
 
 /// What hyper's HTTP/2 connections are given: the connection's [`Handle`] behind hyper's

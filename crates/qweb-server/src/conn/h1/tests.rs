@@ -1,171 +1,16 @@
-//! The HTTP/1 driver over in-memory I/O (tokio's `DuplexStream`), with the clock paused:
+//! The HTTP/1 driver over in-memory I/O (see `conn/test_kit.rs`), with the clock paused:
 //! pipelining, keep-alive decisions, 100-continue, early responses, body framing, drains
 //! and every deadline, without a socket (as tokio-rustls' `test_stream.rs` and Pingora's
-//! HTTP/1 server tests do). The service is a small one of this file; the driver, the codec
-//! and the session are the real ones.
+//! HTTP/1 server tests do).
 
-use std::cell::RefCell;
-use std::future::Future;
-use std::io;
-use std::pin::Pin;
 use std::rc::Rc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Response, StatusCode};
-use http_body::Frame;
-use http_body_util::BodyExt;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
-use tokio::sync::watch;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::time::Instant;
 
-use super::super::idle::ReadReady;
-use super::super::{Handle, Host, Tracked};
-use crate::config::{AccessFormat, Limits};
-use qweb_http::body::{full, Body};
-use qweb_http::request_body::RequestBody;
-use qweb_observe::log_limit::PerPeer;
-use qweb_observe::metrics::{RouteMetrics, WorkerMetrics};
-use qweb_session::logged::{AccessRecord, Logged};
-use qweb_session::tunnel::Tunnels;
-use qweb_session::ConnState;
-
-/// The server's end of the connection: a duplex stream, always "readable" (a parked
-/// connection's wait for readiness then goes straight to its read, which waits).
-struct Mock(DuplexStream);
-
-impl AsyncRead for Mock {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Mock {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
-
-impl ReadReady for Mock {
-    fn poll_read_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-    fn unsent(&self) -> usize {
-        0
-    }
-    fn socket_fd(&self) -> std::os::fd::RawFd {
-        -1
-    }
-}
-
-/// The worker, as the driver sees it.
-struct TestHost {
-    limits: Limits,
-    metrics: WorkerMetrics,
-    peer_log: PerPeer,
-    shutdown: watch::Sender<bool>,
-    retire: watch::Sender<bool>,
-    tunnels: Rc<Tunnels>,
-}
-
-impl Host for TestHost {
-    fn limits(&self) -> &Limits {
-        &self.limits
-    }
-    fn metrics(&self) -> &WorkerMetrics {
-        &self.metrics
-    }
-    fn peer_log(&self) -> &PerPeer {
-        &self.peer_log
-    }
-    fn shutdown(&self) -> watch::Receiver<bool> {
-        self.shutdown.subscribe()
-    }
-    fn retired(&self) -> watch::Receiver<bool> {
-        self.retire.subscribe()
-    }
-    fn refused_log(&self) -> Option<AccessFormat> {
-        None
-    }
-    fn tunnels(&self) -> &Rc<Tunnels> {
-        &self.tunnels
-    }
-}
-
-/// Answers by path: `/echo` reads the body and answers its length; `/early` answers without
-/// reading it; `/stream` streams three chunks of unknown length; `/ends` is a refusal that
-/// ends the connection; `/slow` answers after 5 s; `/big` is 1 MiB; anything else `hello`.
-struct Svc {
-    state: Rc<ConnState>,
-    seen: RefCell<Vec<String>>,
-}
-
-impl Handle for Svc {
-    async fn call(self: Rc<Self>, req: Request<RequestBody>) -> Response<Logged> {
-        {
-            let guard = self.state.request_started_guard();
-            let (parts, body) = req.into_parts();
-            let path = parts.uri.path().to_owned();
-            self.seen.borrow_mut().push(path.clone());
-            let mut r: Response<Body> = match path.as_str() {
-                "/echo" => {
-                    let n = match body.collect().await {
-                        Ok(b) => b.to_bytes().len().to_string(),
-                        Err(e) => format!("body error: {e}"),
-                    };
-                    Response::new(full(n))
-                }
-                "/stream" => {
-                    let chunks = ["one ", "two ", "three"]
-                        .map(|c| Ok::<_, qweb_http::body::BoxError>(Frame::data(Bytes::from(c))));
-                    Response::new(qweb_http::body::boxed(http_body_util::StreamBody::new(
-                        futures_util::stream::iter(chunks),
-                    )))
-                }
-                "/ends" => {
-                    let mut r = qweb_http::response::status(StatusCode::BAD_REQUEST);
-                    r.extensions_mut()
-                        .insert(qweb_http::response::EndsConnection);
-                    r
-                }
-                "/slow" => {
-                    tokio::time::sleep(Duration::from_secs(5)).await;
-                    Response::new(full("slow"))
-                }
-                "/big" => Response::new(full(vec![b'x'; 1 << 20])),
-                _ => Response::new(full("hello")),
-            };
-            r.headers_mut()
-                .insert("x-path", path.parse().expect("a path is a field value"));
-            let record = AccessRecord {
-                start: std::time::Instant::now(),
-                method: parts.method,
-                path,
-                status: r.status().as_u16(),
-                log: false,
-                route: Rc::new(RouteMetrics::unregistered()),
-                format: AccessFormat::default(),
-                fields: None,
-            };
-            r.map(|b| Logged::new(b, record, guard, None))
-        }
-    }
-}
+use super::super::test_kit::{local, parts, Svc, TestHost};
+use crate::config::Limits;
 
 /// A connection being served, and the client's end of it.
 struct Conn {
@@ -201,24 +46,10 @@ impl Resp {
 /// Starts the driver on a new in-memory connection (`pipe`: bytes each direction holds),
 /// in the current `LocalSet`.
 fn connect(limits: Limits, pipe: usize) -> Conn {
-    let (client, server) = tokio::io::duplex(pipe);
-    let host = Rc::new(TestHost {
-        limits,
-        metrics: WorkerMetrics::default(),
-        peer_log: PerPeer::new(Duration::from_secs(1)),
-        shutdown: watch::channel(false).0,
-        retire: watch::channel(false).0,
-        tunnels: Rc::new(Tunnels::default()),
-    });
-    let state = Rc::new(ConnState::new(([127, 0, 0, 1], 4000).into()));
-    let svc = Rc::new(Svc {
-        state: state.clone(),
-        seen: RefCell::default(),
-    });
-    let io = Box::new(Tracked::new(Mock(server), &state, 256 << 10));
-    let (h, s) = (host.clone(), svc.clone());
+    let (p, client) = parts(limits, pipe);
+    let (host, svc) = (p.host.clone(), p.svc.clone());
     let served = tokio::task::spawn_local(async move {
-        super::serve(io, state, &*h, s, false).await;
+        super::serve(p.io, p.state, &*p.host, p.svc, false).await;
     });
     Conn {
         client,
@@ -326,11 +157,6 @@ impl Conn {
             .await
             .is_ok()
     }
-}
-
-/// Runs `f` in a `LocalSet` (the driver is `!Send`, as on a worker).
-async fn local<F: Future>(f: F) -> F::Output {
-    tokio::task::LocalSet::new().run_until(f).await
 }
 
 fn get(path: &str) -> String {
