@@ -1,4 +1,6 @@
-//! HTTP primitives, the bottom layer: response bodies, generated responses, request-path normalisation, request rules, and HTTP/1.1 on the wire (`h1`). Imports nothing above it but `config`.
+//! HTTP primitives, the bottom layer: response bodies, generated responses, request-path
+//! normalisation, request rules, connection-specific and trailer fields (`fields`), and
+//! HTTP/1.1 on the wire without I/O (`h1`). Depends on no other qweb crate.
 
 pub mod body;
 pub mod fields;

@@ -1,8 +1,9 @@
 //! What the watchdog of one connection knows: which phase the connection is in, when each
-//! phase must end, and how far each response being sent has come.
+//! phase must end, how far each response being sent has come, and how the connection is
+//! ending ([`closing`]): one lifecycle for the HTTP/1, HTTP/2 and HTTP/3 drivers.
 //!
 //! Shared (through `Rc`) by the connection's I/O wrapper, its service and its response bodies,
-//! all on the worker's thread. Imports only `http` and `observe` below it.
+//! all on the worker's thread. Imports only `qweb-config`, `qweb-http` and `qweb-observe`.
 
 pub mod closing;
 pub mod logged;

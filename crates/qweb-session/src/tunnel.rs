@@ -1,6 +1,8 @@
 //! Where a client connection keeps the tunnel its last HTTP/1.1 response started (a proxied
-//! `101 Switching Protocols`, or a `CONNECT` answered 2xx), until the connection driver has
-//! taken hyper apart and can hand the raw transport over.
+//! `101 Switching Protocols`, or a `CONNECT` answered 2xx), until the HTTP/1 driver has
+//! written that response and can hand the raw transport (and the bytes it read after the
+//! request) over; and the registry of a generation's running tunnels, with the [`Ending`]
+//! that tells them to go away. HTTP/2 extended-CONNECT WebSockets register here too.
 //!
 //! The connection driver knows nothing of what is at the other end: it calls
 //! [`Tunnel::run`] with the client's transport; the proxy implements it.

@@ -1,7 +1,8 @@
 //! Connection drivers: one client connection's TLS handshake (with a deadline), then HTTP/1.1
-//! or HTTP/2 by ALPN, with the idle keep-alive, request-head and send timeouts, the HTTP/2
-//! flood budget, idle parking and graceful shutdown. The state the watchdog reads lives in
-//! [`crate::session`].
+//! (`h1/`) or HTTP/2 (`h2.rs`) by ALPN, or a QUIC connection's HTTP/3 (`h3.rs`), with the idle
+//! keep-alive, request-head and send timeouts, the HTTP/2 flood budget, idle parking and
+//! graceful shutdown. The state the watchdog reads, and the one `Closing` lifecycle the three
+//! drivers share, live in the `qweb-session` crate.
 //!
 //! A driver knows no routes: like hyper-util's `serve_connection(io, service)`, [`serve`]
 //! takes the worker as a [`Host`] (limits, counters, shutdown) and a [`Handle`] made for the
