@@ -118,6 +118,21 @@ fn curl(name: &str, root: &Path) -> (u16, String) {
     (code.trim().parse().unwrap_or(0), body.to_owned())
 }
 
+/// [`curl`] to `name` at the address `ip` (IPv4 or IPv6), not the one `/etc/hosts` gives.
+fn curl_at(name: &str, ip: &str, root: &Path) -> (u16, String) {
+    let o = Command::new("curl")
+        .args(["-s", "--max-time", "10", "-w", "\n%{http_code}", "--cacert"])
+        .arg(root)
+        .arg("--resolve")
+        .arg(format!("{name}:443:{ip}"))
+        .arg(format!("https://{name}/"))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let (body, code) = out.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
 /// The leaf certificate qweb serves for `name` (verified against `root`).
 fn served_leaf(name: &str, root: &Path) -> Option<Vec<u8>> {
     let cfg = Arc::new(ClientTls::trusting(root).no_resumption().build());
@@ -265,10 +280,10 @@ fn config(dir: &Path, root: &Path, www: &Path) -> PathBuf {
             r#"workers = 2
 state_dir = "{state}"
 [[listener]]
-address = "127.0.0.1:443"
+address = "[::]:443"
 tls = {{}}
 [[listener]]
-address = "127.0.0.1:80"
+address = "[::]:80"
 redirect = {{ to = "https://{{host}}{{uri}}", status = 301 }}
 [[site]]
 server_names = ["a.qweb.test"]
@@ -336,6 +351,16 @@ fn in_namespace() {
         );
     }
     eprintln!("issued all three within {:?}", started.elapsed());
+    // The listeners are the README's `[::]:443` and `[::]:80` (issue 41, item 2): the CA
+    // validated over IPv4 (the names resolve to 127.0.0.1 here), and IPv6 clients are served
+    // on the same sockets.
+    for ip in ["127.0.0.1", "[::1]"] {
+        assert_eq!(
+            curl_at("a.qweb.test", ip, &root),
+            (200, "acme ok\n".into()),
+            "a.qweb.test at {ip}"
+        );
+    }
 
     // c's key exists only on the key server: not in qweb's memory, not in its state folder;
     // a's key (qweb's own) is found by the same scan, so the scan can see a key
@@ -458,7 +483,8 @@ fn in_namespace() {
 
     // a second node sharing a state folder: while another node's order lock is there it
     // does not order (the CA is down: it could not), and it serves the certificate that
-    // node saves once it is there
+    // node saves once it is there (on port 8443: the first node's dual-stack `[::]:443`
+    // holds 443 on every local address, as a `0.0.0.0:443` would)
     let node1 = std::fs::read_dir(&acme_dir)
         .unwrap()
         .next()
@@ -472,7 +498,7 @@ fn in_namespace() {
         dir,
         "node2.toml",
         &format!(
-            "workers = 1\nstate_dir = \"{}\"\n[[listener]]\naddress = \"127.0.0.2:443\"\ntls = {{}}\n\
+            "workers = 1\nstate_dir = \"{}\"\n[[listener]]\naddress = \"127.0.0.2:8443\"\ntls = {{}}\n\
              [[site]]\nserver_names = [\"a.qweb.test\"]\n\
              acme = {{ directory = \"{DIRECTORY}\", ca_root = \"{}\" }}\n\
              route = [{{ prefix = \"/\", root = \"{}\" }}]\n",
@@ -490,11 +516,11 @@ fn in_namespace() {
                 "--max-time",
                 "5",
                 "--resolve",
-                "a.qweb.test:443:127.0.0.2",
+                "a.qweb.test:8443:127.0.0.2",
             ])
             .arg("--cacert")
             .arg(&root)
-            .arg("https://a.qweb.test/")
+            .arg("https://a.qweb.test:8443/")
             .output()
             .unwrap();
         String::from_utf8_lossy(&o.stdout).into_owned()
