@@ -10,6 +10,7 @@
 //! | the accept-any certificate verifier | [`tls::AcceptAnyCert`] |
 //! | a strict `/metrics` scrape with lookup by name and labels | [`metrics`] |
 //! | `openssl s_client` runs that say whether the session resumed | [`openssl::SClient`] |
+//! | an HTTP/2 client: handshake over any transport, a GET read to its end | [`h2client`] |
 //! | hand-built HTTP/2 frames for hostile clients | [`h2frames`] |
 //! | upstreams: hyper ([`upstream`]), raw recording ([`recorder`]), WebSocket echo ([`ws`]) | |
 //! | headless Chromium: the DOM after the page's scripts ran | [`browser::Chromium`] |
@@ -25,6 +26,7 @@
 
 pub mod browser;
 pub mod corpus;
+pub mod h2client;
 pub mod h2frames;
 pub mod h3;
 pub mod metrics;

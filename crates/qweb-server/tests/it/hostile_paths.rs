@@ -387,28 +387,15 @@ async fn path_parameters_do_not_take_a_path_out_of_its_route() {
     assert_eq!(get(plain, "/app;jsessionid=1/x").await.status, 200);
     assert_eq!(up.take().len(), 1, "the proxy route works");
     // HTTP/2
-    let cfg = common::tls_client_config(&ts.cert(), Proto::H2);
-    let c = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-    let tcp = TcpStream::connect(tls).await.unwrap();
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let (client, conn) = h2::client::handshake(c.connect(name, tcp).await.unwrap())
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let client = common::h2client::handshake(ts.tls(Proto::H2).await).await;
     for (path, want) in parameters
         .iter()
         .map(|p| (p, 200))
         .chain(case.iter().map(|p| (p, 400)))
     {
-        let mut client = client.clone().ready().await.unwrap();
-        let req = http::Request::builder()
-            .uri(format!("https://localhost:{}{path}", tls.port()))
-            .body(())
-            .unwrap();
-        let (resp, _) = client.send_request(req, true).unwrap();
-        let resp = tokio::time::timeout(TIMEOUT, resp).await.unwrap().unwrap();
-        if resp.status() != want {
-            failures.push(format!("h2 {path}: {} (want {want})", resp.status()));
+        let (status, _, _) = common::h2client::get(&client, path, &[]).await;
+        if status != want {
+            failures.push(format!("h2 {path}: {status} (want {want})"));
         }
     }
     // HTTP/3

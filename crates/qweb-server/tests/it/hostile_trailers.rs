@@ -5,13 +5,12 @@
 
 use qweb_testkit as common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::h3::{aioquic, aioquic_available, H3Request};
 use common::Proto;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -113,28 +112,8 @@ async fn forbidden_trailer_fields_never_reach_the_client() {
         .collect();
     bad.extend(judge("h1", &got));
     // HTTP/2
-    let cfg = common::tls_client_config(&ts.cert(), Proto::H2);
-    let c = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-    let tcp = TcpStream::connect(tls).await.unwrap();
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let (client, conn) = h2::client::handshake(c.connect(name, tcp).await.unwrap())
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let mut client = client.ready().await.unwrap();
-    let req = http::Request::builder()
-        .uri(format!("https://localhost:{}/t", tls.port()))
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-    let (resp, _) = client.send_request(req, true).unwrap();
-    let resp = tokio::time::timeout(TIMEOUT, resp).await.unwrap().unwrap();
-    let mut body = resp.into_body();
-    while let Some(d) = body.data().await {
-        let d = d.unwrap();
-        let _ = body.flow_control().release_capacity(d.len());
-    }
-    let trailers = body.trailers().await.unwrap().unwrap_or_default();
+    let client = common::h2client::handshake(ts.tls(Proto::H2).await).await;
+    let (_, _, trailers) = common::h2client::get(&client, "/t", &[("te", "trailers")]).await;
     let got: Vec<(String, String)> = trailers
         .iter()
         .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or("").to_owned()))
