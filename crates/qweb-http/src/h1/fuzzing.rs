@@ -11,7 +11,7 @@ use http::{Method, Version};
 
 use super::decode::{BodyError, Decoded, Decoder};
 use super::parse::{
-    content_length, head_end, parse, skip_empty_lines, Framing, HeadError, HeadLimits,
+    content_length, head_end, parse, skip_empty_lines, Framing, Head, HeadError, HeadLimits,
 };
 
 /// The first line-feed-terminated blank line of `buf`: the end of a head, computed the naive way.
@@ -129,102 +129,107 @@ pub fn head(data: &[u8]) {
                 len - end,
                 "parse takes the head, and only the head"
             );
-            let fields = raw_fields(&raw);
-            let count: usize = fields.values().map(Vec::len).sum();
-            assert!(count <= limits.max_fields);
-            assert_eq!(h.parts.headers.len(), count, "every field is kept");
-            for (name, values) in &fields {
-                let got: Vec<&[u8]> = h
-                    .parts
-                    .headers
-                    .get_all(HeaderName::from_bytes(name).expect("a field name"))
-                    .iter()
-                    .map(|v| v.as_bytes())
-                    .collect();
-                assert_eq!(
-                    got,
-                    values.iter().map(Vec::as_slice).collect::<Vec<_>>(),
-                    "{name:?}"
-                );
-            }
-            let line = raw.split(|&b| b == b'\n').next().unwrap_or_default();
-            assert!(
-                line.starts_with(h.parts.method.as_str().as_bytes()),
-                "the method is the line's first token"
-            );
-            assert!(
-                matches!(h.parts.version, Version::HTTP_10 | Version::HTTP_11),
-                "only HTTP/1.x is accepted"
-            );
-
-            let get = |n: &str| fields.get(n.as_bytes());
-            let te = get("transfer-encoding").is_some();
-            let cl = get("content-length");
-            assert_eq!(
-                h.framing == Framing::Chunked,
-                te,
-                "chunked iff Transfer-Encoding"
-            );
-            if te {
-                assert_eq!(
-                    h.parts.version,
-                    Version::HTTP_11,
-                    "Transfer-Encoding only in HTTP/1.1"
-                );
-                if cl.is_some() {
-                    assert!(
-                        !h.keep_alive,
-                        "Transfer-Encoding with Content-Length never kept alive"
-                    );
-                }
-            } else {
-                let n = match cl {
-                    None => 0,
-                    Some(values) => {
-                        let n = content_length(&values[0])
-                            .expect("an accepted Content-Length is digits");
-                        assert!(
-                            values.iter().all(|v| content_length(v) == Some(n)),
-                            "one length"
-                        );
-                        n
-                    }
-                };
-                let want = if n == 0 {
-                    Framing::Empty
-                } else {
-                    Framing::Length(n)
-                };
-                assert_eq!(h.framing, want);
-            }
-            let tokens = |n: &str| -> Vec<Vec<u8>> {
-                get(n)
-                    .into_iter()
-                    .flatten()
-                    .flat_map(|v| v.split(|&b| b == b','))
-                    .map(|t| t.trim_ascii().to_ascii_lowercase())
-                    .collect()
-            };
-            let connection = tokens("connection");
-            let close = connection.iter().any(|t| t == b"close");
-            let keep = connection.iter().any(|t| t == b"keep-alive");
-            let want_keep =
-                !close && (h.parts.version == Version::HTTP_11 || keep) && !(te && cl.is_some());
-            assert_eq!(h.keep_alive, want_keep, "keep-alive");
-            let expect = get("expect")
-                .is_some_and(|v| v.iter().any(|v| v.eq_ignore_ascii_case(b"100-continue")));
-            assert_eq!(
-                h.expect_continue,
-                expect && h.parts.version == Version::HTTP_11 && h.framing != Framing::Empty,
-                "expect_continue"
-            );
-            assert_eq!(h.te_trailers, tokens("te").iter().any(|t| t == b"trailers"));
-            assert_eq!(
-                h.upgrade,
-                h.parts.method == Method::CONNECT || h.parts.headers.contains_key(header::UPGRADE)
-            );
+            check_accepted(&h, &raw, limits);
         }
     }
+}
+
+/// What [`head`] checks of a head `parse` accepted: its fields, request line, framing,
+/// keep-alive, `Expect` and `Upgrade` agree with the raw head `raw`.
+fn check_accepted(h: &Head, raw: &[u8], limits: HeadLimits) {
+    let fields = raw_fields(raw);
+    let count: usize = fields.values().map(Vec::len).sum();
+    assert!(count <= limits.max_fields);
+    assert_eq!(h.parts.headers.len(), count, "every field is kept");
+    for (name, values) in &fields {
+        let got: Vec<&[u8]> = h
+            .parts
+            .headers
+            .get_all(HeaderName::from_bytes(name).expect("a field name"))
+            .iter()
+            .map(|v| v.as_bytes())
+            .collect();
+        assert_eq!(
+            got,
+            values.iter().map(Vec::as_slice).collect::<Vec<_>>(),
+            "{name:?}"
+        );
+    }
+    let line = raw.split(|&b| b == b'\n').next().unwrap_or_default();
+    assert!(
+        line.starts_with(h.parts.method.as_str().as_bytes()),
+        "the method is the line's first token"
+    );
+    assert!(
+        matches!(h.parts.version, Version::HTTP_10 | Version::HTTP_11),
+        "only HTTP/1.x is accepted"
+    );
+
+    let get = |n: &str| fields.get(n.as_bytes());
+    let te = get("transfer-encoding").is_some();
+    let cl = get("content-length");
+    assert_eq!(
+        h.framing == Framing::Chunked,
+        te,
+        "chunked iff Transfer-Encoding"
+    );
+    if te {
+        assert_eq!(
+            h.parts.version,
+            Version::HTTP_11,
+            "Transfer-Encoding only in HTTP/1.1"
+        );
+        if cl.is_some() {
+            assert!(
+                !h.keep_alive,
+                "Transfer-Encoding with Content-Length never kept alive"
+            );
+        }
+    } else {
+        let n = match cl {
+            None => 0,
+            Some(values) => {
+                let n = content_length(&values[0]).expect("an accepted Content-Length is digits");
+                assert!(
+                    values.iter().all(|v| content_length(v) == Some(n)),
+                    "one length"
+                );
+                n
+            }
+        };
+        let want = if n == 0 {
+            Framing::Empty
+        } else {
+            Framing::Length(n)
+        };
+        assert_eq!(h.framing, want);
+    }
+    let tokens = |n: &str| -> Vec<Vec<u8>> {
+        get(n)
+            .into_iter()
+            .flatten()
+            .flat_map(|v| v.split(|&b| b == b','))
+            .map(|t| t.trim_ascii().to_ascii_lowercase())
+            .collect()
+    };
+    let connection = tokens("connection");
+    let close = connection.iter().any(|t| t == b"close");
+    let keep = connection.iter().any(|t| t == b"keep-alive");
+    let want_keep =
+        !close && (h.parts.version == Version::HTTP_11 || keep) && !(te && cl.is_some());
+    assert_eq!(h.keep_alive, want_keep, "keep-alive");
+    let expect =
+        get("expect").is_some_and(|v| v.iter().any(|v| v.eq_ignore_ascii_case(b"100-continue")));
+    assert_eq!(
+        h.expect_continue,
+        expect && h.parts.version == Version::HTTP_11 && h.framing != Framing::Empty,
+        "expect_continue"
+    );
+    assert_eq!(h.te_trailers, tokens("te").iter().any(|t| t == b"trailers"));
+    assert_eq!(
+        h.upgrade,
+        h.parts.method == Method::CONNECT || h.parts.headers.contains_key(header::UPGRADE)
+    );
 }
 
 /// What decoding one body gave: its data, its trailers, and how it ended (the bytes left
