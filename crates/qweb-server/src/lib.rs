@@ -34,8 +34,8 @@ pub mod fuzzing {
     pub use qweb_http::h1::fuzzing::{body, head};
 }
 pub use qweb_observe::process_counters;
+pub use runtime::process::{control, fd_limit, notify, upgrade};
 pub use runtime::server::{Phase, ReloadError, RunningServer, Server, ServerError, StartInfo};
-pub use runtime::{control, fd_limit, notify, upgrade};
 
 /// rustc cannot enforce layering inside one crate: this test reads the sources and fails when
 /// a module imports (`crate::x`, outside comments) from its own layer's peers or any layer

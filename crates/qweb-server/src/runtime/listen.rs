@@ -50,7 +50,7 @@ fn bind_one(addr: SocketAddr, ipv6_only: bool) -> io::Result<TcpListener> {
 /// binary upgrade: its TCP and UDP sockets are ours).
 /// A dual-stack `[::]` (`ipv6_only` false) is probed dual-stack: IPv4 users of its port count.
 pub(crate) fn in_use(addr: SocketAddr, ipv6_only: bool, udp: bool) -> io::Result<bool> {
-    if addr.port() == 0 || crate::runtime::upgrade::has_inherited(addr) {
+    if addr.port() == 0 || crate::runtime::process::upgrade::has_inherited(addr) {
         return Ok(false);
     }
     let socket = if udp {
@@ -76,7 +76,7 @@ pub(crate) fn bind_reuseport(
     count: usize,
 ) -> io::Result<Vec<TcpListener>> {
     // a binary upgrade handed us the old process's sockets: their accept queues carry on
-    let mut out = crate::runtime::upgrade::take_inherited(addr, count);
+    let mut out = crate::runtime::process::upgrade::take_inherited(addr, count);
     if let Some(first) = out.first() {
         let bound = first.local_addr()?;
         while out.len() < count {

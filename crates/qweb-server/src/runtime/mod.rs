@@ -1,21 +1,16 @@
-//! The runtime, the top layer: the server and its workers, listeners, engines, TLS sessions and OCSP, the admin listener, reload, binary upgrade, signals and the service manager.
+//! The runtime, the top layer: the server and its workers (`server`, `worker`), listeners
+//! (`listen`), the admin listener and its pages (`admin`, `status_page`), and, by concern, the
+//! process (`process/`: signals, pid file, service manager, fd limits, binary upgrade), TLS
+//! state (`tls/`: sessions, OCSP, key server clients, ACME) and QUIC (`quic/`: endpoints,
+//! handshakes, the sockets' hand-over).
 
-pub(crate) mod acme;
 pub(crate) mod admin;
-pub mod control;
 pub(crate) mod error;
-pub(crate) mod fd;
-pub mod fd_limit;
-pub(crate) mod keyserver;
 pub(crate) mod listen;
-pub mod notify;
-pub(crate) mod ocsp_fetch;
-pub(crate) mod quic;
-pub(crate) mod quic_handshake;
-pub mod quic_steer;
+pub mod process;
+pub mod quic;
 pub(crate) mod server;
 pub(crate) mod status_page;
-pub(crate) mod tls_session;
-pub mod upgrade;
+pub(crate) mod tls;
 pub(crate) mod welcome;
 pub(crate) mod worker;

@@ -105,14 +105,14 @@ pub struct RunningServer {
     sockets: HashMap<SocketAddr, Vec<std::net::TcpListener>>,
     engines: HashMap<String, BuiltEngine>,
     /// Keeps the running configuration's ticket-key and OCSP refreshers going.
-    refreshers: crate::runtime::tls_session::RefresherStop,
+    refreshers: crate::runtime::tls::session::RefresherStop,
     /// The TLS listeners' resumption state by configured address (fixed ports only), for
     /// a reload to keep.
-    sessions: HashMap<SocketAddr, Arc<crate::runtime::tls_session::ListenerSession>>,
+    sessions: HashMap<SocketAddr, Arc<crate::runtime::tls::session::ListenerSession>>,
     config: Config,
     metrics: Arc<Metrics>,
     /// TLS session resumption and OCSP per TLS listener, on `/metrics` (replaced on reload).
-    tls_sessions_collector: Arc<crate::runtime::tls_session::TlsSessionsCollector>,
+    tls_sessions_collector: Arc<crate::runtime::tls::session::TlsSessionsCollector>,
     phase: Phase,
 }
 
@@ -122,7 +122,7 @@ struct Built {
     listeners: Vec<ListenerSetup>,
     compression: Option<Arc<crate::pipeline::compress::Shared>>,
     /// Stops this configuration's ticket-key, OCSP and ACME threads when dropped.
-    refreshers: crate::runtime::tls_session::RefresherStop,
+    refreshers: crate::runtime::tls::session::RefresherStop,
     /// The ACME certificates and challenge answers (sites with `acme`).
     acme: Option<Arc<qweb_tls::Managed>>,
 }
@@ -132,7 +132,7 @@ struct ListenerSetup {
     tls: Option<Arc<rustls::ServerConfig>>,
     async_engine: Option<(Arc<dyn Engine>, Duration)>,
     /// TLS session resumption and OCSP state (TLS listeners).
-    session: Option<Arc<crate::runtime::tls_session::ListenerSession>>,
+    session: Option<Arc<crate::runtime::tls::session::ListenerSession>>,
 }
 
 impl Server {
@@ -159,7 +159,7 @@ impl Server {
         let worker_metrics: Vec<Arc<WorkerMetrics>> =
             (0..n).map(|_| Arc::new(WorkerMetrics::default())).collect();
         let tls_sessions_collector =
-            Arc::new(crate::runtime::tls_session::TlsSessionsCollector::default());
+            Arc::new(crate::runtime::tls::session::TlsSessionsCollector::default());
         let file_cache = Arc::new(crate::files::cache::Stats::default());
         let metrics = Arc::new(Metrics::new(
             worker_metrics.clone(),
@@ -248,7 +248,7 @@ impl Server {
 fn tls_sessions(
     listeners: &[BoundListener],
     built: &Built,
-) -> Vec<crate::runtime::tls_session::LabelledSession> {
+) -> Vec<crate::runtime::tls::session::LabelledSession> {
     listeners
         .iter()
         .zip(&built.listeners)
@@ -278,7 +278,7 @@ fn install_welcome(config: &Config) -> Result<Option<PathBuf>, ServerError> {
 fn kept_sessions(
     config: &Config,
     built: &Built,
-) -> HashMap<SocketAddr, Arc<crate::runtime::tls_session::ListenerSession>> {
+) -> HashMap<SocketAddr, Arc<crate::runtime::tls::session::ListenerSession>> {
     config
         .listeners
         .iter()
@@ -294,7 +294,7 @@ fn kept_sessions(
 fn build(
     config: &Config,
     previous: &HashMap<String, BuiltEngine>,
-    sessions: &HashMap<SocketAddr, Arc<crate::runtime::tls_session::ListenerSession>>,
+    sessions: &HashMap<SocketAddr, Arc<crate::runtime::tls::session::ListenerSession>>,
     compression_metrics: &Arc<qweb_compress::CompressMetrics>,
     info: &mut StartInfo,
 ) -> Result<Built, ServerError> {
@@ -304,10 +304,10 @@ fn build(
         .map(|(n, b)| (n.as_str(), b.engine.clone()))
         .collect();
     let mut refreshers = Vec::new();
-    let acme = crate::runtime::acme::prepare(config, &by_name).map(|(managed, jobs)| {
+    let acme = crate::runtime::tls::acme::prepare(config, &by_name).map(|(managed, jobs)| {
         refreshers.extend(
             jobs.into_iter()
-                .map(|j| crate::runtime::tls_session::Refresher::Acme(Box::new(j))),
+                .map(|j| crate::runtime::tls::session::Refresher::Acme(Box::new(j))),
         );
         managed
     });
@@ -320,9 +320,9 @@ fn build(
             listener_setup(config, l, &by_name, info, &mut refreshers, previous, acme)
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let (stop, stopped) = crate::runtime::tls_session::RefresherStop::new();
+    let (stop, stopped) = crate::runtime::tls::session::RefresherStop::new();
     // detached: each ends within a second of `stop` being dropped
-    drop(crate::runtime::tls_session::spawn(refreshers, &stopped)?);
+    drop(crate::runtime::tls::session::spawn(refreshers, &stopped)?);
     let compression = crate::pipeline::compress::shared(
         config,
         |name| by_name.get(name).cloned(),
@@ -344,8 +344,8 @@ fn listener_setup(
     l: &ListenerConfig,
     engines: &HashMap<&str, Arc<dyn Engine>>,
     info: &mut StartInfo,
-    refreshers: &mut Vec<crate::runtime::tls_session::Refresher>,
-    previous: Option<&crate::runtime::tls_session::ListenerSession>,
+    refreshers: &mut Vec<crate::runtime::tls::session::Refresher>,
+    previous: Option<&crate::runtime::tls::session::ListenerSession>,
     acme: Option<&Arc<qweb_tls::Managed>>,
 ) -> Result<ListenerSetup, ServerError> {
     let provider = qweb_tls::provider();
@@ -386,7 +386,7 @@ fn listener_setup(
                         .iter()
                         .map(|c| load(&c.cert, c.key.as_deref()))
                         .collect::<Result<Vec<_>, _>>()?;
-                    crate::runtime::tls_session::staple(list, &mut certs, refreshers);
+                    crate::runtime::tls::session::staple(list, &mut certs, refreshers);
                     certs
                 }
             };
@@ -405,7 +405,7 @@ fn listener_setup(
                 sc.alpn_protocols.push(qweb_tls::ALPN_ACME.to_vec());
             }
             let (s, refresher) =
-                crate::runtime::tls_session::setup(l, config, &certs, &mut sc, previous)?;
+                crate::runtime::tls::session::setup(l, config, &certs, &mut sc, previous)?;
             session = Some(Arc::new(s));
             refreshers.extend(refresher);
             Some(Arc::new(sc))
@@ -438,7 +438,7 @@ fn generation_for_worker(
             // each worker takes the next socket of a new listener
             socket: sockets.get_mut(&i).and_then(|s| s.pop()),
             // (a binary upgrade's: taken at start, before unadopted ones are closed)
-            udp: crate::runtime::quic_steer::take_inherited(l.bound, worker),
+            udp: crate::runtime::quic::steer::take_inherited(l.bound, worker),
             tls: setup.tls.clone(),
             async_engine: setup.async_engine.clone(),
             sessions: setup.session.as_ref().map(|s| s.stats.clone()),
@@ -635,14 +635,14 @@ impl RunningServer {
     }
 
     /// Binary upgrade, step 1: starts `exe args` with this server's listening sockets
-    /// inherited (see [`crate::runtime::upgrade`]) and waits up to `within` for it to serve. Returns
+    /// inherited (see [`crate::runtime::process::upgrade`]) and waits up to `within` for it to serve. Returns
     /// its pid; then call [`RunningServer::hand_over`]. On error this server serves on.
     pub fn upgrade(
         &self,
         exe: &Path,
         args: &[std::ffi::OsString],
         within: Duration,
-    ) -> Result<u32, crate::runtime::upgrade::UpgradeError> {
+    ) -> Result<u32, crate::runtime::process::upgrade::UpgradeError> {
         let mut sockets = Vec::new();
         for (addr, list) in &self.sockets {
             let fds = list
@@ -651,8 +651,8 @@ impl RunningServer {
                 .collect::<Result<Vec<_>, _>>()?;
             sockets.push((*addr, fds));
         }
-        let quic = crate::runtime::quic_steer::prepare_handoff()?;
-        crate::runtime::upgrade::start_new_binary(exe, args, &sockets, quic, within)
+        let quic = crate::runtime::quic::steer::prepare_handoff()?;
+        crate::runtime::process::upgrade::start_new_binary(exe, args, &sockets, quic, within)
     }
 
     /// Binary upgrade, step 2: stops accepting (the new process accepts on the same
@@ -664,7 +664,7 @@ impl RunningServer {
         };
         self.sockets.clear();
         // the new process reads the UDP sockets now, and forwards this one's datagrams
-        crate::runtime::quic_steer::stop_reading();
+        crate::runtime::quic::steer::stop_reading();
         for tx in &self.generations {
             let _ = tx.send(Command::HandOver);
         }

@@ -81,7 +81,7 @@ pub(crate) struct GenListener {
     /// `quic_retry_threshold` of the listener.
     pub quic_retry_threshold: u32,
     /// HTTP/3: this worker's UDP socket and the channel to the process that handed it over
-    /// (a binary upgrade; see `crate::runtime::quic_steer`).
+    /// (a binary upgrade; see `crate::runtime::quic::steer`).
     pub udp: Option<(std::net::UdpSocket, std::os::fd::OwnedFd)>,
 }
 
@@ -602,7 +602,7 @@ async fn accept_loop(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let errors = qweb_observe::log_limit::Every::new(Duration::from_secs(1));
-    let mut reserve = crate::runtime::fd_limit::FdReserve::new();
+    let mut reserve = crate::runtime::process::fd_limit::FdReserve::new();
     loop {
         let ctx = current.borrow().gen.clone();
         // At the limit, stop accepting: new connections wait in the backlog.
@@ -647,10 +647,10 @@ async fn accept_loop(
                 // Out of fds: the pending connection is taken with the reserve's fd and
                 // answered at once (503 on a plain listener; closed on a TLS one, which could
                 // not answer before a handshake), not left in the backlog.
-                let shed = crate::runtime::fd_limit::out_of_fds(&e) && {
+                let shed = crate::runtime::process::fd_limit::out_of_fds(&e) && {
                     let answer = match listener.tls {
                         Some(_) => &[][..],
-                        None => crate::runtime::fd_limit::OUT_OF_FDS_503,
+                        None => crate::runtime::process::fd_limit::OUT_OF_FDS_503,
                     };
                     reserve.shed(std::os::fd::AsFd::as_fd(&socket), answer)
                 };

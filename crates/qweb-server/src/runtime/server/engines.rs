@@ -1,7 +1,7 @@
 //! The offload engines a configuration names, built (or kept across a reload).
 
 use super::*;
-use crate::runtime::keyserver::keyserver_client_tls;
+use crate::runtime::tls::keyserver::keyserver_client_tls;
 
 pub(super) fn build_engines(
     config: &Config,

@@ -125,7 +125,7 @@ fn adopt(addr: SocketAddr, entry: &str) -> Option<(usize, UdpSocket, OwnedFd)> {
     let worker = it.next()?.parse::<usize>().ok()?;
     let udp = it.next()?.parse::<RawFd>().ok()?;
     let chan = it.next()?.parse::<RawFd>().ok()?;
-    if !crate::runtime::fd::is_open(udp) || !crate::runtime::fd::is_open(chan) {
+    if !crate::runtime::process::fd::is_open(udp) || !crate::runtime::process::fd::is_open(chan) {
         return None;
     }
     #[allow(unsafe_code)]
@@ -140,7 +140,7 @@ fn adopt(addr: SocketAddr, entry: &str) -> Option<(usize, UdpSocket, OwnedFd)> {
         return None;
     }
     for fd in [udp.as_raw_fd(), chan.as_raw_fd()] {
-        crate::runtime::fd::close_on_exec(fd);
+        crate::runtime::process::fd::close_on_exec(fd);
     }
     Some((worker, udp, chan))
 }

@@ -7,6 +7,9 @@
 //! kernel spreads datagrams over the workers' sockets by 4-tuple hash (see
 //! docs/ARCHITECTURE.md, "HTTP/3", for what that means to a client that changes address).
 
+pub(crate) mod handshake;
+pub mod steer;
+
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::rc::Rc;
@@ -14,8 +17,8 @@ use std::sync::Arc;
 
 use socket2::{Protocol, Type};
 
-use crate::runtime::quic_handshake::OffloadingConfig;
-use crate::runtime::quic_steer::{MarkedCids, SteeredSocket};
+use crate::runtime::quic::handshake::OffloadingConfig;
+use crate::runtime::quic::steer::{MarkedCids, SteeredSocket};
 use qweb_observe::metrics::WorkerMetrics;
 
 /// Streams of other kinds than requests a client may have open at once: HTTP/3 needs three
@@ -98,7 +101,7 @@ pub(crate) fn server_config(
 
 /// Worker `worker`'s QUIC endpoint on `addr` (the listener's bound address, UDP): on the UDP
 /// socket and channel a binary upgrade handed over (`inherited`), else on a new socket. Its
-/// connection IDs carry this process's mark (see `crate::runtime::quic_steer`).
+/// connection IDs carry this process's mark (see `crate::runtime::quic::steer`).
 pub(crate) fn endpoint(
     addr: SocketAddr,
     ipv6_only: bool,
@@ -117,7 +120,7 @@ pub(crate) fn endpoint(
     };
     let socket = SteeredSocket::new(addr, worker, socket, peer, &WorkerRuntime)?;
     let mut endpoint = quinn::EndpointConfig::default();
-    let mark = crate::runtime::quic_steer::mark();
+    let mark = crate::runtime::quic::steer::mark();
     endpoint.cid_generator(move || Box::new(MarkedCids::new(mark)));
     Ok(quinn::Endpoint::new_with_abstract_socket(
         endpoint,

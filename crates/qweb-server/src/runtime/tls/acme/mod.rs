@@ -71,7 +71,7 @@ fn keyless(
             _ => None,
         })
         .ok_or_else(|| format!("no keyserver engine `{engine}`"))?;
-    let client = crate::runtime::keyserver::keyserver_client(k).map_err(|e| e.to_string())?;
+    let client = crate::runtime::tls::keyserver::keyserver_client(k).map_err(|e| e.to_string())?;
     let engine_ref = engines
         .get(engine)
         .cloned()
@@ -158,7 +158,7 @@ fn staple(holder: Arc<qweb_tls::ocsp::OcspStaple>) -> Option<watch::Sender<bool>
     let (tx, rx) = watch::channel(false);
     let spawned = std::thread::Builder::new()
         .name("qweb-acme-ocsp".into())
-        .spawn(move || crate::runtime::ocsp_fetch::run(holder, rx));
+        .spawn(move || crate::runtime::tls::ocsp_fetch::run(holder, rx));
     match spawned {
         Ok(_) => {
             tracing::info!(%url, "stapling OCSP responses to an ACME certificate");

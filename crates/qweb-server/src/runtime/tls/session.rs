@@ -47,7 +47,7 @@ pub(crate) enum Refresher {
     /// OCSP responses fetched from the certificate's responder.
     OcspFetch(Arc<qweb_tls::ocsp::OcspStaple>),
     /// A site's certificate ordered and renewed from an ACME CA.
-    Acme(Box<crate::runtime::acme::Job>),
+    Acme(Box<crate::runtime::tls::acme::Job>),
 }
 
 enum Refresh {
@@ -152,7 +152,7 @@ pub(crate) fn setup(
                         _ => None,
                     })
                     .ok_or_else(|| bad(format!("no keyserver engine `{engine}`")))?;
-                let client = crate::runtime::keyserver::keyserver_client(k)?;
+                let client = crate::runtime::tls::keyserver::keyserver_client(k)?;
                 // local keys until the fleet's arrive (or the fleet keys the configuration
                 // this one replaces had)
                 let t = match kept_ticketer {
@@ -239,10 +239,10 @@ pub(crate) fn spawn(
                 .spawn(move || watch_file(path, rx, |p| load_ocsp(p, &holder))),
             Refresher::OcspFetch(holder) => std::thread::Builder::new()
                 .name("qweb-ocsp-fetch".into())
-                .spawn(move || crate::runtime::ocsp_fetch::run(holder, rx)),
+                .spawn(move || crate::runtime::tls::ocsp_fetch::run(holder, rx)),
             Refresher::Acme(job) => std::thread::Builder::new()
                 .name("qweb-acme".into())
-                .spawn(move || crate::runtime::acme::run(*job, rx)),
+                .spawn(move || crate::runtime::tls::acme::run(*job, rx)),
             Refresher::Keyserver(engine, client, ticketer, fetch) => {
                 qweb_keyserver::tickets::spawn_refresher(engine, client, ticketer, fetch, rx)
             }

@@ -52,7 +52,7 @@ pub enum UpgradeError {
     },
     /// HTTP/3's UDP sockets cannot be handed over.
     #[error(transparent)]
-    Quic(#[from] crate::runtime::quic_steer::HandoffError),
+    Quic(#[from] crate::runtime::quic::steer::HandoffError),
     /// Preparing the sockets failed.
     #[error("cannot hand over the listening sockets: {0}")]
     Io(#[from] io::Error),
@@ -133,7 +133,7 @@ pub(crate) fn take_inherited(addr: SocketAddr, count: usize) -> Vec<TcpListener>
 /// configuration removed, HTTP/3's UDP sockets of workers it does not have), and says how
 /// many.
 pub fn close_unadopted() -> usize {
-    let udp = crate::runtime::quic_steer::close_unadopted();
+    let udp = crate::runtime::quic::steer::close_unadopted();
     let mut map = inherited().lock().unwrap_or_else(PoisonError::into_inner);
     let n = udp + map.values().map(Vec::len).sum::<usize>();
     for addr in map.keys() {
@@ -144,12 +144,12 @@ pub fn close_unadopted() -> usize {
 }
 
 /// HTTP/3 datagrams this process forwarded to the other process of an upgrade, and received
-/// from it (see `runtime/quic_steer.rs`).
+/// from it (see `runtime/quic/steer.rs`).
 pub fn quic_forwarding() -> (u64, u64) {
     use std::sync::atomic::Ordering::Relaxed;
     (
-        crate::runtime::quic_steer::FORWARDED.load(Relaxed),
-        crate::runtime::quic_steer::RECEIVED.load(Relaxed),
+        crate::runtime::quic::steer::FORWARDED.load(Relaxed),
+        crate::runtime::quic::steer::RECEIVED.load(Relaxed),
     )
 }
 
@@ -182,7 +182,7 @@ pub fn start_new_binary(
     exe: &Path,
     args: &[OsString],
     sockets: &[(SocketAddr, Vec<OwnedFd>)],
-    quic: crate::runtime::quic_steer::Handoff,
+    quic: crate::runtime::quic::steer::Handoff,
     within: Duration,
 ) -> Result<u32, UpgradeError> {
     let mut spec = String::new();
