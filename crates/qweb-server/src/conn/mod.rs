@@ -12,6 +12,8 @@ pub(crate) mod h1;
 pub(crate) mod h2;
 pub(crate) mod h2_flood;
 pub(crate) mod h3;
+#[cfg(test)]
+mod h3_tests;
 pub(crate) mod idle;
 pub(crate) mod lazy_timer;
 pub(crate) mod plain_on_tls;

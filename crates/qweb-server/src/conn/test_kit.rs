@@ -176,6 +176,28 @@ impl Handle for Svc {
     }
 }
 
+impl Svc {
+    /// The service of the connection `state`.
+    pub(super) fn new(state: Rc<ConnState>) -> Self {
+        Svc {
+            state,
+            seen: RefCell::default(),
+        }
+    }
+}
+
+/// A worker as the drivers see it, with `limits`.
+pub(super) fn host(limits: Limits) -> Rc<TestHost> {
+    Rc::new(TestHost {
+        limits,
+        metrics: WorkerMetrics::default(),
+        peer_log: PerPeer::new(Duration::from_secs(1)),
+        shutdown: watch::channel(false).0,
+        retire: watch::channel(false).0,
+        tunnels: Rc::new(Tunnels::default()),
+    })
+}
+
 /// A connection's parts: the worker, the connection's state, its service and the driver's
 /// end of the transport (`pipe`: bytes each direction holds); the client's end comes back.
 pub(super) struct Parts {
@@ -188,19 +210,9 @@ pub(super) struct Parts {
 /// New parts and the client's end of the transport.
 pub(super) fn parts(limits: Limits, pipe: usize) -> (Parts, DuplexStream) {
     let (client, server) = tokio::io::duplex(pipe);
-    let host = Rc::new(TestHost {
-        limits,
-        metrics: WorkerMetrics::default(),
-        peer_log: PerPeer::new(Duration::from_secs(1)),
-        shutdown: watch::channel(false).0,
-        retire: watch::channel(false).0,
-        tunnels: Rc::new(Tunnels::default()),
-    });
+    let host = host(limits);
     let state = Rc::new(ConnState::new(([127, 0, 0, 1], 4000).into()));
-    let svc = Rc::new(Svc {
-        state: state.clone(),
-        seen: RefCell::default(),
-    });
+    let svc = Rc::new(Svc::new(state.clone()));
     let io = Box::new(Tracked::new(Mock(server), &state, 256 << 10));
     (
         Parts {
