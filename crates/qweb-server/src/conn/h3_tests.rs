@@ -171,7 +171,7 @@ async fn connect(
     let (h, ep) = (host.clone(), server_ep.clone());
     let served = tokio::task::spawn_local(async move {
         let incoming = ep.accept().await.expect("a connection");
-        super::h3::serve(incoming, &*h, |state| Svc::new(state)).await;
+        super::h3::serve(incoming, &*h, Svc::new).await;
     });
     let conn = client_ep
         .connect(addr, "localhost")
