@@ -46,7 +46,7 @@ pub fn strip_connection_specific(h: &mut HeaderMap) {
 }
 
 /// Removes hop-by-hop fields on the proxy's way in either direction: every field named in
-/// `Connection` (except the [`PROTECTED`] ones), the [`CONNECTION_SPECIFIC`] ones, `Trailer`
+/// `Connection` (except the protected ones: framing, `Host`, credentials, cookies and the forwarding fields), the [`CONNECTION_SPECIFIC`] ones, `Trailer`
 /// and the proxy credentials.
 pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     if h.contains_key(header::CONNECTION) {
@@ -71,7 +71,8 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
 /// Fields that must not be sent, nor acted on, as trailers (RFC 9110 §6.5.1): message
 /// framing, routing, request modifiers (controls, conditionals, content negotiation),
 /// authentication and cookies, response control data, and what describes the content.
-/// Prefixes (`content-`, `if-`, `accept`, `x-forwarded-`) are matched below.
+/// Prefixes (`content-`, `if-`, `accept`, `x-forwarded-`) are matched by
+/// [`allowed_in_trailers`].
 const NOT_TRAILERS: [&str; 33] = [
     // framing and the connection
     "transfer-encoding",
@@ -114,7 +115,8 @@ const NOT_TRAILERS: [&str; 33] = [
 ];
 
 /// May `name` travel as a trailer? `grpc-status`, `grpc-message`, `server-timing` and
-/// `x-...` fields may; see [`NOT_TRAILERS`] for what may not.
+/// `x-...` fields may; framing, routing, request modifiers, authentication and cookies,
+/// response control and `Content-*` fields may not (RFC 9110 §6.5.1).
 pub fn allowed_in_trailers(name: &HeaderName) -> bool {
     let n = name.as_str();
     !(NOT_TRAILERS.contains(&n)

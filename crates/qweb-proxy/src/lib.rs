@@ -8,16 +8,16 @@
 //!
 //! One exchange runs in named phases (as Pingora's proxy does):
 //!
-//! 1. [`upstream_request`]: the client's request rewritten for the upstream (path, `Host`,
+//! 1. `upstream_request`: the client's request rewritten for the upstream (path, `Host`,
 //!    hop-by-hop and forwarding headers, body framing);
-//! 2. [`Proxy::forward`]: pick an upstream (the route's `balance`), [`Proxy::connection`] (an idle pooled
-//!    connection or a new one), [`Proxy::exchange`] (send, wait for the response head under
+//! 2. `Proxy::forward`: pick an upstream (the route's `balance`), `Proxy::connection` (an idle pooled
+//!    connection or a new one), `Proxy::exchange` (send, wait for the response head under
 //!    the phase timeouts);
-//! 3. each failure says whether another try is allowed ([`Retry`]): a request that was not
+//! 3. each failure says whether another try is allowed (`Retry`): a request that was not
 //!    sent may go to a fresh connection or the next upstream; one that was sent never goes
 //!    twice;
-//! 4. [`Proxy::respond`]: the response head checked and rewritten; its body
-//!    ([`response_body::UpstreamBody`]) returns the connection to the pool when the exchange ended
+//! 4. `Proxy::respond`: the response head checked and rewritten; its body
+//!    (`response_body::UpstreamBody`) returns the connection to the pool when the exchange ended
 //!    cleanly.
 //!
 //! Statuses: 502 when no upstream can be reached or one answers wrongly, 504 on upstream
@@ -309,8 +309,10 @@ impl Proxy {
                 Failure::new(StatusCode::BAD_GATEWAY, Retry::NextUpstream)
             })?;
         let name = up.name.clone();
+        let late = self.pool.late(idx);
         tokio::task::spawn_local(async move {
             if let Err(e) = conn.await {
+                late.ended(&e, &name);
                 tracing::debug!(upstream = %name, "upstream connection ended: {e}");
             }
         });

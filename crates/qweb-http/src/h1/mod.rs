@@ -1,7 +1,7 @@
 //! HTTP/1.1 on the wire, without I/O (RFC 9112): request heads parsed in one pass over the
 //! connection's read buffer ([`parse`]), request bodies decoded from it ([`decode`]),
 //! response heads and body framing encoded ([`encode`]), and a response body framed into a
-//! queue of vectored writes ([`write`]). The connection driver (`conn/h1/` in qweb-server)
+//! queue of vectored writes ([`mod@write`]). The connection driver (`conn/h1/` in qweb-server)
 //! owns the socket and the buffers; this layer only reads and writes bytes, so each rule is
 //! written once and tested without a socket.
 //!

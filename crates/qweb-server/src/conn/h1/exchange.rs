@@ -1,6 +1,6 @@
 //! One request on an HTTP/1 connection: the service's answer, the request body read from the
 //! socket as the service asks for it (100-continue owed until then), the response head and
-//! body framed by [`qweb_http::h1::write`] and written, and what the exchange leaves the
+//! body framed by [`mod@qweb_http::h1::write`] and written, and what the exchange leaves the
 //! connection ([`Done`]: kept alive, switched to a tunnel, or closed with the body unread).
 
 use std::future::Future;

@@ -1,6 +1,6 @@
 //! The HTTP/1.1 connection driver: qweb's own, on the wire layer of [`qweb_http::h1`]. This
 //! file is the connection's loop (heads, deadlines, parking, the end); one request's exchange
-//! is `exchange.rs`; the response framing is [`qweb_http::h1::write`]; `tests.rs` drives it
+//! is `exchange.rs`; the response framing is [`mod@qweb_http::h1::write`]; `tests.rs` drives it
 //! over in-memory I/O.
 //!
 //! One read buffer per connection, allocated when the next request's bytes arrive and freed
