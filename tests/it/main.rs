@@ -12,5 +12,6 @@ mod module_cycles;
 mod ops_pidfile;
 mod reload;
 mod reload_sessions;
+mod sizes;
 mod ticket_keys;
 mod upgrade;
