@@ -25,6 +25,7 @@ mod proxy_balance;
 mod proxy_body;
 mod proxy_grpc;
 mod proxy_h2;
+mod proxy_late_bytes;
 mod proxy_upgrade;
 mod recipes;
 mod reload_tunnels;
