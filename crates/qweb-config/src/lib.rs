@@ -36,7 +36,7 @@ pub use acme::{
 pub use compression::CompressionConfig;
 pub use error::ConfigError;
 pub use file_cache::FileCacheConfig;
-pub use limits::Limits;
+pub use limits::{AdminLimits, Limits};
 pub use listener::{
     CertificateConfig, ListenerConfig, TlsConfig, DEFAULT_ALT_SVC_MAX_AGE,
     DEFAULT_QUIC_RETRY_THRESHOLD,
@@ -84,6 +84,9 @@ pub struct Config {
     pub offload: OffloadConfig,
     /// The admin listener (`/metrics`), off unless configured.
     pub admin: Option<SocketAddr>,
+    /// Bounds of the admin listener's connections (`[admin]` `max_connections`,
+    /// `connections_per_client`, `header_timeout`, `idle_timeout`).
+    pub admin_limits: AdminLimits,
     /// The open-file cache of static routes (`[file_cache]`).
     pub file_cache: FileCacheConfig,
     /// Response compression (`[compression]`).
@@ -164,6 +167,7 @@ impl Config {
             listeners: listener::default_listeners(),
             offload: OffloadConfig::default(),
             admin: None,
+            admin_limits: AdminLimits::default(),
             compression: CompressionConfig::default(),
             file_cache: FileCacheConfig::default(),
             sites: SitesConfig::default(),
@@ -272,6 +276,7 @@ impl Validator<'_> {
         let compression = self.compression(raw.compression.as_ref(), &offload)?;
         let sites = self.sites(&raw, &mut listeners, &offload)?;
         let file_cache = self.file_cache(&raw.file_cache)?;
+        let admin_limits = self.admin_limits(raw.admin.as_ref())?;
         Ok(Config {
             source: self.file.map(absolute),
             files: self.sources.paths().iter().map(|p| absolute(p)).collect(),
@@ -291,6 +296,7 @@ impl Validator<'_> {
             routes,
             offload,
             admin: raw.admin.as_ref().map(|a| *a.address.get_ref()),
+            admin_limits,
             compression,
             file_cache,
             sites,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::raw::RawLimits;
+use super::raw::{RawAdmin, RawLimits};
 use super::{ConfigError, Validator};
 
 /// Limits that protect the server from clients.
@@ -110,6 +110,79 @@ impl Validator<'_> {
             ("limits.keepalive_timeout", limits.keepalive_timeout),
             ("limits.tls_handshake_timeout", limits.tls_handshake_timeout),
             ("limits.send_timeout", limits.send_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(self.err(self.span_of_key(key), key, "must be greater than 0"));
+            }
+        }
+        Ok(limits)
+    }
+}
+
+/// `[admin]`: what bounds the admin listener's connections, so that clients holding slots
+/// cannot blind monitoring (issue 41).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminLimits {
+    /// Admin connections served at once. When all are taken, a new connection evicts the
+    /// connection that has waited longest for a request head (idle, or sending its head
+    /// slowly); when every one is answering a request, the new one is closed at once.
+    pub max_connections: usize,
+    /// Admin connections one client address may hold; a new one beyond is closed at once.
+    pub connections_per_client: usize,
+    /// Time a client has to send a complete request head: from the connection's accept for
+    /// its first request, from the head's first byte for the next ones.
+    pub header_timeout: Duration,
+    /// Time a kept-alive admin connection may wait for its next request.
+    pub idle_timeout: Duration,
+}
+
+impl Default for AdminLimits {
+    fn default() -> Self {
+        AdminLimits {
+            max_connections: 64,
+            connections_per_client: 8,
+            header_timeout: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Validator<'_> {
+    /// Validates the bounds of `[admin]`; a key left out takes its default.
+    pub(super) fn admin_limits(&self, a: Option<&RawAdmin>) -> Result<AdminLimits, ConfigError> {
+        let defaults = AdminLimits::default();
+        let Some(a) = a else {
+            return Ok(defaults);
+        };
+        let limits = AdminLimits {
+            max_connections: a.max_connections.unwrap_or(defaults.max_connections),
+            connections_per_client: a
+                .connections_per_client
+                .unwrap_or(defaults.connections_per_client),
+            header_timeout: a
+                .header_timeout
+                .map(|d| d.0)
+                .unwrap_or(defaults.header_timeout),
+            idle_timeout: a.idle_timeout.map(|d| d.0).unwrap_or(defaults.idle_timeout),
+        };
+        if !(1..=65536).contains(&limits.max_connections) {
+            let key = "admin.max_connections";
+            return Err(self.err(self.span_of_key(key), key, "must be between 1 and 65536"));
+        }
+        if !(1..=limits.max_connections).contains(&limits.connections_per_client) {
+            let key = "admin.connections_per_client";
+            return Err(self.err(
+                self.span_of_key(key),
+                key,
+                format!(
+                    "must be between 1 and max_connections ({})",
+                    limits.max_connections
+                ),
+            ));
+        }
+        for (key, d) in [
+            ("admin.header_timeout", limits.header_timeout),
+            ("admin.idle_timeout", limits.idle_timeout),
         ] {
             if d.is_zero() {
                 return Err(self.err(self.span_of_key(key), key, "must be greater than 0"));

@@ -65,6 +65,10 @@ pub(crate) struct RawEngine {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawAdmin {
     pub address: Spanned<SocketAddr>,
+    pub max_connections: Option<usize>,
+    pub connections_per_client: Option<usize>,
+    pub header_timeout: Option<Dur>,
+    pub idle_timeout: Option<Dur>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -229,3 +229,42 @@ fn held_fds_default_and_bound() {
     assert!(e.contains("key `file_cache.held_fds`"), "{e}");
     assert!(e.contains("at most 65536"), "{e}");
 }
+
+#[test]
+fn admin_limits_defaults_keys_and_bounds() {
+    let c = parse("[admin]\naddress = \"127.0.0.1:9901\"\n").unwrap();
+    assert_eq!(c.admin_limits, AdminLimits::default());
+    assert_eq!(c.admin_limits.max_connections, 64);
+    assert_eq!(c.admin_limits.connections_per_client, 8);
+    assert_eq!(c.admin_limits.header_timeout, Duration::from_secs(2));
+    assert_eq!(c.admin_limits.idle_timeout, Duration::from_secs(5));
+    assert_eq!(parse("").unwrap().admin_limits, AdminLimits::default());
+    let c = parse(
+        "[admin]\naddress = \"127.0.0.1:9901\"\nmax_connections = 16\n\
+         connections_per_client = 2\nheader_timeout = \"500ms\"\nidle_timeout = \"3s\"\n",
+    )
+    .unwrap();
+    assert_eq!(
+        c.admin_limits,
+        AdminLimits {
+            max_connections: 16,
+            connections_per_client: 2,
+            header_timeout: Duration::from_millis(500),
+            idle_timeout: Duration::from_secs(3),
+        }
+    );
+    let e = err("[admin]\naddress = \"127.0.0.1:9901\"\nmax_connections = 0\n");
+    assert!(e.contains(":3:1: key `admin.max_connections`"), "{e}");
+    let e = err(
+        "[admin]\naddress = \"127.0.0.1:9901\"\nmax_connections = 4\nconnections_per_client = 5\n",
+    );
+    assert!(
+        e.contains(":4:1: key `admin.connections_per_client`"),
+        "{e}"
+    );
+    assert!(e.contains("max_connections (4)"), "{e}");
+    let e = err("[admin]\naddress = \"127.0.0.1:9901\"\nheader_timeout = 0\n");
+    assert!(e.contains("key `admin.header_timeout`"), "{e}");
+    let e = err("[admin]\naddress = \"127.0.0.1:9901\"\nidle_timeout = \"0s\"\n");
+    assert!(e.contains("key `admin.idle_timeout`"), "{e}");
+}
