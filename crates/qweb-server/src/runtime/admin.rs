@@ -93,16 +93,6 @@ fn no_store(mut r: Response<Body>) -> Response<Body> {
     r
 }
 
-/// Runs the admin listener on the calling thread until shutdown, with the default
-/// [`AdminLimits`].
-pub(crate) fn run(
-    socket: std::net::TcpListener,
-    registry: Arc<Metrics>,
-    shutdown: watch::Receiver<bool>,
-) {
-    run_with(socket, registry, shutdown, AdminLimits::default())
-}
-
 /// Runs the admin listener on the calling thread until shutdown, within `limits`.
 pub(crate) fn run_with(
     socket: std::net::TcpListener,

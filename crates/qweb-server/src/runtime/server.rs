@@ -217,9 +217,10 @@ impl Server {
             // Its own thread: metrics stay readable when workers are busy or blocked
             // (sync offload).
             let (rx, metrics) = (rx.clone(), metrics.clone());
+            let limits = config.admin_limits.clone();
             let handle = std::thread::Builder::new()
                 .name("qweb-admin".into())
-                .spawn(move || crate::runtime::admin::run(socket, metrics, rx))
+                .spawn(move || crate::runtime::admin::run_with(socket, metrics, rx, limits))
                 .map_err(ServerError::Thread)?;
             admin_thread = Some(handle);
         }

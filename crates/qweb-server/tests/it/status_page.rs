@@ -292,7 +292,8 @@ async fn slow_clients_cannot_hold_the_status_page() {
     let admin = t.admin.unwrap();
     let started = Instant::now();
     let mut slow = Vec::new();
-    for _ in 0..64 {
+    // one address holds at most `connections_per_client` (8) admin connections
+    for _ in 0..8 {
         let mut s = tokio::net::TcpStream::connect(admin).await.unwrap();
         s.write_all(b"GET /status HTTP/1.1\r\nHost: a\r\n")
             .await
@@ -300,7 +301,7 @@ async fn slow_clients_cannot_hold_the_status_page() {
         slow.push(s);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    // the 65th is closed without an answer
+    // a 9th from the same address is closed without an answer
     let mut extra = tokio::net::TcpStream::connect(admin).await.unwrap();
     let _ = extra
         .write_all(b"GET /status.json HTTP/1.1\r\nHost: a\r\n\r\n")
@@ -312,7 +313,7 @@ async fn slow_clients_cannot_hold_the_status_page() {
         "{got:?} {:?}",
         String::from_utf8_lossy(&buf)
     );
-    // each slow one is closed at the lifetime (10 s, plus its 1 s grace)
+    // each slow one is closed at the head timeout (`[admin] header_timeout`, 2 s)
     for mut s in slow {
         let mut buf = Vec::new();
         let r = tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut buf)).await;
@@ -320,7 +321,7 @@ async fn slow_clients_cannot_hold_the_status_page() {
     }
     let held = started.elapsed();
     assert!(
-        held >= Duration::from_secs(9) && held < Duration::from_secs(16),
+        held >= Duration::from_millis(1500) && held < Duration::from_secs(6),
         "{held:?}"
     );
     assert_eq!(status(admin).await["generation"], 1);
