@@ -9,6 +9,7 @@
 //! file as written is `raw`. This module holds [`Config`], its entry points and defaults, and
 //! `Validator` with its shared helpers.
 
+mod access;
 mod acme;
 mod certificates;
 mod compression;
@@ -30,6 +31,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use access::AccessRules;
 pub use acme::{
     AcmeChallenge, AcmeConfig, DEFAULT_ACME_DIRECTORY, DEFAULT_ACME_RETRY, MAX_ACME_RETRY,
 };

@@ -632,7 +632,7 @@ impl Validator<'_> {
 }
 
 /// `10.0.0.0/8`, `::1/128`, or a bare address (one host).
-fn parse_cidr(s: &str) -> Result<ipnet::IpNet, String> {
+pub(super) fn parse_cidr(s: &str) -> Result<ipnet::IpNet, String> {
     if let Ok(n) = s.parse::<ipnet::IpNet>() {
         return Ok(n.trunc());
     }

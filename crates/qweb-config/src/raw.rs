@@ -193,6 +193,8 @@ pub(crate) struct RawRoute {
     pub pass_raw_path: Option<bool>,
     pub underscores_in_headers: Option<bool>,
     pub trusted_proxies: Option<Vec<Spanned<String>>>,
+    pub allow: Option<Vec<Spanned<String>>>,
+    pub deny: Option<Vec<Spanned<String>>>,
     pub max_response_header_size: Option<Spanned<Size>>,
     pub headers: Option<Spanned<RawHeaderEdits>>,
     pub request_headers: Option<Spanned<RawHeaderEdits>>,
@@ -227,6 +229,8 @@ pub(crate) struct RawSite {
     #[serde(default)]
     pub certificates: Vec<RawCertificate>,
     pub acme: Option<Spanned<super::acme::RawAcme>>,
+    pub allow: Option<Vec<Spanned<String>>>,
+    pub deny: Option<Vec<Spanned<String>>>,
     #[serde(default, rename = "route")]
     pub routes: Vec<Spanned<RawRoute>>,
     pub headers: Option<Spanned<RawHeaderEdits>>,

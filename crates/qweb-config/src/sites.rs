@@ -98,6 +98,8 @@ pub struct RouteRules {
     pub charset: Option<String>,
     /// Static routes: list directories without an index file.
     pub autoindex: bool,
+    /// `allow`/`deny`: the client addresses served (after the site's).
+    pub access: super::AccessRules,
 }
 
 /// A redirect (a route's or a whole listener's).
@@ -165,6 +167,8 @@ pub struct SiteConfig {
     pub error_pages: ErrorPages,
     /// `charset` added to text responses without one (`None`: nothing added).
     pub charset: Option<String>,
+    /// `allow`/`deny` for every route of the site (checked before the route's own).
+    pub access: super::AccessRules,
 }
 
 /// Does the file have a site with certificates or `acme` (then a TLS listener may name
@@ -332,7 +336,9 @@ impl Validator<'_> {
                 Some(c) => Some(self.charset(&format!("{key}.charset"), c)?),
                 None => None,
             };
+            let access = self.access(&key, sr.allow.as_ref(), sr.deny.as_ref())?;
             out.sites.push(SiteConfig {
+                access,
                 charset,
                 error_pages,
                 rewrite,
@@ -599,6 +605,7 @@ impl Validator<'_> {
         if let Some(c) = &rr.charset {
             out.charset = Some(self.charset(&format!("{key}.charset"), c)?);
         }
+        out.access = self.access(&key, rr.allow.as_ref(), rr.deny.as_ref())?;
         if let Some(t) = &rr.try_files {
             if !matches!(action, super::RouteAction::Static(_)) {
                 return Err(self.err(

@@ -190,6 +190,53 @@ impl Service {
         }
     }
 
+    /// A static route's answer: the file (or `try_files`' first that is not a 404), or the
+    /// directory's listing where `autoindex` is on and there is no index. `at`: the mount, the
+    /// path beneath it and the whole normalised path.
+    fn serve_static(
+        files: &crate::files::StaticFiles,
+        route: &Route,
+        req: &Request<()>,
+        (mount, sub, path): (&str, &str, &str),
+        ahead: &ReadAhead,
+        identify: bool,
+    ) -> Response<Body> {
+        let r = if route.rules.try_files.is_empty() {
+            files.serve(
+                req.method(),
+                req.headers(),
+                mount,
+                sub,
+                req.uri().query(),
+                ahead,
+                identify,
+            )
+        } else {
+            crate::pipeline::rewrite::try_files(
+                files,
+                &route.rules.try_files,
+                req,
+                mount,
+                sub,
+                ahead,
+                identify,
+            )
+        };
+        match r.status() {
+            StatusCode::FORBIDDEN if route.rules.autoindex => files
+                .listing(req.method(), sub, path, req.uri().query())
+                .unwrap_or(r),
+            _ => r,
+        }
+    }
+
+    /// Do the site's and then the route's `allow`/`deny` admit the client (deny wins)?
+    fn admitted(&self, site: Option<&crate::pipeline::sites::Site>, route: Option<&Route>) -> bool {
+        let ip = self.conn.peer.ip();
+        site.is_none_or(|s| s.access.permits(ip))
+            && route.is_none_or(|r| r.rules.access.permits(ip))
+    }
+
     /// A `pass_raw_path` route forwards the target as sent: refused (400) unless the path as
     /// an upstream that decodes `%2F` and `%5C` understands it is routed to this same route
     /// (`/files/..%2fsecret` is `/secret` there, a path outside the route).
@@ -278,6 +325,15 @@ impl Service {
         };
         matched.set(route.map(|r| r.metrics.clone()));
         let pages = self.worker.sites.error_pages(site);
+        // access rules: after routing, so that they see the route the path takes as an
+        // upstream reads it
+        if !self.admitted(site_ref, route) {
+            tracing::debug!(peer = %self.conn.peer, path = %path, "refused by allow/deny");
+            let r = response::status(StatusCode::FORBIDDEN);
+            let mut r = crate::pipeline::error_pages::apply(pages, routes, req.method(), r, &ahead);
+            crate::pipeline::headers_rules::respond(site_ref, route, &mut r);
+            return r;
+        }
         let Some(route) = route else {
             let r = response::status(StatusCode::NOT_FOUND);
             let mut r = crate::pipeline::error_pages::apply(pages, routes, req.method(), r, &ahead);
@@ -294,33 +350,7 @@ impl Service {
                 crate::files::redirect_to_dir(&path, req.uri().query())
             }
             Handler::Static(files) => {
-                let r = if route.rules.try_files.is_empty() {
-                    files.serve(
-                        req.method(),
-                        req.headers(),
-                        mount,
-                        sub,
-                        req.uri().query(),
-                        &ahead,
-                        identify,
-                    )
-                } else {
-                    crate::pipeline::rewrite::try_files(
-                        files,
-                        &route.rules.try_files,
-                        &req,
-                        mount,
-                        sub,
-                        &ahead,
-                        identify,
-                    )
-                };
-                match r.status() {
-                    StatusCode::FORBIDDEN if route.rules.autoindex => files
-                        .listing(req.method(), sub, &path, req.uri().query())
-                        .unwrap_or(r),
-                    _ => r,
-                }
+                Self::serve_static(files, route, &req, (mount, sub, &path), &ahead, identify)
             }
             Handler::Proxy(proxy) => {
                 if proxy.pass_raw_path() {

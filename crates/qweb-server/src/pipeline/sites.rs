@@ -24,6 +24,8 @@ pub(crate) struct Site {
     pub headers: HeaderEdits,
     /// Edits of forwarded requests (before the route's).
     pub request_headers: HeaderEdits,
+    /// `allow`/`deny` (before the route's).
+    pub access: crate::config::AccessRules,
 }
 
 /// Which site answers: `None` is the top-level routes.
@@ -76,6 +78,7 @@ impl Sites {
                 routes,
                 headers: s.headers.clone(),
                 request_headers: s.request_headers.clone(),
+                access: s.access.clone(),
                 certs: s.certificates.iter().map(|c| c.cert.clone()).collect(),
             });
         }

@@ -3,6 +3,7 @@
 //! process (its fd limit, its open fds, its global log subscriber) keep binaries of their own:
 //! `exhaustion`, `fd_reserve`, `hostile_fd`, `hostile_proxy`, `proxy_tls`.
 
+mod access_rules;
 mod admin_listener;
 mod compression;
 mod file_cache;
