@@ -324,6 +324,9 @@ pub struct Builder {
     /// Maximum amount of bytes to "buffer" for writing per stream.
     max_send_buffer_size: usize,
 
+    /// qweb: the largest DATA frame payload to write (`None`: the peer's max frame size).
+    max_send_data_frame_size: Option<u32>,
+
     /// Maximum number of locally reset streams to keep at a time.
     reset_stream_max: Option<usize>,
 
@@ -660,6 +663,7 @@ impl Builder {
     pub fn new() -> Builder {
         Builder {
             max_send_buffer_size: proto::DEFAULT_MAX_SEND_BUFFER_SIZE,
+            max_send_data_frame_size: None, // qweb: no DATA cap of its own
             reset_stream_duration: Duration::from_secs(proto::DEFAULT_RESET_STREAM_SECS),
             reset_stream_max: None,
             pending_accept_reset_stream_max: proto::DEFAULT_REMOTE_RESET_STREAM_MAX,
@@ -1067,6 +1071,18 @@ impl Builder {
         self
     }
 
+    /// qweb: sets the largest DATA frame payload this side writes, below the peer's
+    /// SETTINGS_MAX_FRAME_SIZE; `None` leaves it to the peer's setting alone.
+    ///
+    /// The client's default is `None`. A server's is 16 375 bytes, so that a frame and its
+    /// 9-byte head fill one TLS record's 16 KiB of plaintext; over TLS a client may want the
+    /// same (`Some(16_375)`). Any peer accepts smaller frames (RFC 9113 section 4.2 sets
+    /// only the upper bound).
+    pub fn max_send_data_frame_size(&mut self, max: Option<u32>) -> &mut Self {
+        self.max_send_data_frame_size = max;
+        self
+    }
+
     /// Sets the maximum send buffer size per stream.
     ///
     /// Once a stream has buffered up to (or over) the maximum, the stream's
@@ -1366,6 +1382,8 @@ where
                 next_stream_id: builder.stream_id,
                 initial_max_send_streams: builder.initial_max_send_streams,
                 max_send_buffer_size: builder.max_send_buffer_size,
+                // qweb: the DATA cap
+                max_send_data_frame_len: builder.max_send_data_frame_size.map(|max| max as usize),
                 reset_stream_duration: builder.reset_stream_duration,
                 reset_stream_max: builder.reset_stream_max,
                 remote_reset_stream_max: builder.pending_accept_reset_stream_max,

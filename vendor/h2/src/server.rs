@@ -253,6 +253,9 @@ pub struct Builder {
     /// Maximum amount of bytes to "buffer" for writing per stream.
     max_send_buffer_size: usize,
 
+    /// qweb: the largest DATA frame payload to write (`None`: the peer's max frame size).
+    max_send_data_frame_size: Option<u32>,
+
     /// Maximum number of locally reset streams due to protocol error across
     /// the lifetime of the connection.
     ///
@@ -661,6 +664,8 @@ impl Builder {
             settings: Settings::default(),
             initial_target_connection_window_size: None,
             max_send_buffer_size: proto::DEFAULT_MAX_SEND_BUFFER_SIZE,
+            // qweb: a server's DATA frames fit one TLS record
+            max_send_data_frame_size: Some(proto::TLS_RECORD_DATA_FRAME),
             local_max_error_reset_streams: Some(proto::DEFAULT_LOCAL_RESET_COUNT_MAX),
             data_frame_budget: proto::DataFrameBudget::Auto,
         }
@@ -974,6 +979,19 @@ impl Builder {
     /// ```
     pub fn max_pending_accept_reset_streams(&mut self, max: usize) -> &mut Self {
         self.pending_accept_reset_stream_max = max;
+        self
+    }
+
+    /// qweb: sets the largest DATA frame payload this side writes, below the peer's
+    /// SETTINGS_MAX_FRAME_SIZE; `None` leaves it to the peer's setting alone.
+    ///
+    /// The server's default is 16 375 bytes: a frame and its 9-byte head then fill one TLS
+    /// record's 16 KiB of plaintext, where a frame of the default 16 384 bytes takes a full
+    /// record and one of 9 bytes (twice the records to seal and to open). Any peer accepts
+    /// smaller frames (RFC 9113 section 4.2 sets only the upper bound). A client's default is
+    /// `None`.
+    pub fn max_send_data_frame_size(&mut self, max: Option<u32>) -> &mut Self {
+        self.max_send_data_frame_size = max;
         self
     }
 
@@ -1533,6 +1551,11 @@ where
                             // Server does not need to locally initiate any streams
                             initial_max_send_streams: 0,
                             max_send_buffer_size: self.builder.max_send_buffer_size,
+                            // qweb: the DATA cap
+                            max_send_data_frame_len: self
+                                .builder
+                                .max_send_data_frame_size
+                                .map(|max| max as usize),
                             reset_stream_duration: self.builder.reset_stream_duration,
                             reset_stream_max: self.builder.reset_stream_max,
                             remote_reset_stream_max: self.builder.pending_accept_reset_stream_max,

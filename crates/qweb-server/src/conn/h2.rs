@@ -230,6 +230,34 @@ mod write_tests {
     struct CountFlushes {
         inner: DuplexStream,
         flushes: Arc<AtomicUsize>,
+        /// Every byte written, for the frame sizes.
+        written: Arc<std::sync::Mutex<Vec<u8>>>,
+    }
+
+    impl CountFlushes {
+        fn new(inner: DuplexStream) -> Self {
+            CountFlushes {
+                inner,
+                flushes: Arc::default(),
+                written: Arc::default(),
+            }
+        }
+    }
+
+    /// The payload lengths of the DATA frames in `bytes` (a client's preface skipped).
+    fn data_frame_lengths(bytes: &[u8]) -> Vec<usize> {
+        let mut rest = bytes
+            .strip_prefix(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .unwrap_or(bytes);
+        let mut lengths = Vec::new();
+        while rest.len() >= 9 {
+            let len = usize::from(rest[0]) << 16 | usize::from(rest[1]) << 8 | usize::from(rest[2]);
+            if rest[3] == 0 {
+                lengths.push(len);
+            }
+            rest = &rest[(9 + len).min(rest.len())..];
+        }
+        lengths
     }
 
     impl AsyncRead for CountFlushes {
@@ -248,7 +276,12 @@ mod write_tests {
             cx: &mut Context<'_>,
             buf: &[u8],
         ) -> Poll<std::io::Result<usize>> {
-            Pin::new(&mut self.inner).poll_write(cx, buf)
+            let this = &mut *self;
+            let written = Pin::new(&mut this.inner).poll_write(cx, buf);
+            if let Poll::Ready(Ok(n)) = written {
+                this.written.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+            written
         }
         fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
             self.flushes.fetch_add(1, Relaxed);
@@ -269,11 +302,8 @@ mod write_tests {
     #[tokio::test]
     async fn data_frames_are_not_flushed_one_by_one() {
         let (client_io, server_io) = tokio::io::duplex(1 << 20);
-        let flushes = Arc::new(AtomicUsize::new(0));
-        let server_io = CountFlushes {
-            inner: server_io,
-            flushes: flushes.clone(),
-        };
+        let server_io = CountFlushes::new(server_io);
+        let (flushes, written) = (server_io.flushes.clone(), server_io.written.clone());
         let body: Bytes = (0..100 * 1024).map(|i| (i % 251) as u8).collect();
         let sent = body.clone();
         let (at_send, at_send_rx) = tokio::sync::oneshot::channel();
@@ -315,9 +345,68 @@ mod write_tests {
         let n = flushes.load(Relaxed) - before;
         assert!(got == body, "bytes differ");
         assert!(n <= 2, "{n} flushes for a HEADERS frame and 7 DATA frames");
+        // the server's DATA frames fill one TLS record each with their heads
+        let lengths = data_frame_lengths(&written.lock().unwrap());
+        assert_eq!(lengths.iter().max(), Some(&16_375), "{lengths:?}");
         drop(client);
         driver.abort();
         server.abort();
+    }
+
+    /// The largest DATA frame a client writes with `max_send_data_frame_size` set as given
+    /// (100 KiB of request body to a server granting 1 MiB of window).
+    async fn client_data_frames(max: Option<Option<u32>>) -> Vec<usize> {
+        let (client_io, server_io) = tokio::io::duplex(1 << 20);
+        let client_io = CountFlushes::new(client_io);
+        let written = client_io.written.clone();
+        let server = tokio::spawn(async move {
+            let mut conn = h2::server::Builder::new()
+                .initial_window_size(1 << 20)
+                .initial_connection_window_size(1 << 20)
+                .handshake::<_, Bytes>(server_io)
+                .await
+                .unwrap();
+            let (req, mut respond) = conn.accept().await.unwrap().unwrap();
+            let driver = tokio::spawn(async move { while conn.accept().await.is_some() {} });
+            let mut body = req.into_body();
+            let mut got = 0;
+            while let Some(chunk) = body.data().await {
+                let chunk = chunk.unwrap();
+                let _ = body.flow_control().release_capacity(chunk.len());
+                got += chunk.len();
+            }
+            let _ = respond.send_response(http::Response::new(()), true);
+            driver.abort();
+            got
+        });
+        let mut builder = h2::client::Builder::new();
+        if let Some(max) = max {
+            builder.max_send_data_frame_size(max);
+        }
+        let (mut client, conn) = builder.handshake::<_, Bytes>(client_io).await.unwrap();
+        let driver = tokio::spawn(conn);
+        let req = http::Request::post("http://upstream/").body(()).unwrap();
+        let (_resp, mut send) = client.send_request(req, false).unwrap();
+        let body: Bytes = vec![7u8; 100 * 1024].into();
+        send.reserve_capacity(body.len());
+        send.send_data(body, true).unwrap();
+        assert_eq!(server.await.unwrap(), 100 * 1024);
+        driver.abort();
+        let lengths = data_frame_lengths(&written.lock().unwrap());
+        drop(client);
+        lengths
+    }
+
+    /// The DATA frame cap is the server's default only: the proxy's own HTTP/2 client (hyper
+    /// over h2's client) writes frames as large as the upstream allows, unless asked.
+    #[tokio::test]
+    async fn the_data_frame_cap_is_a_server_default_a_client_does_not_inherit() {
+        let lengths = client_data_frames(None).await;
+        assert_eq!(lengths.iter().max(), Some(&16_384), "{lengths:?}");
+        let lengths = client_data_frames(Some(Some(16_375))).await;
+        assert_eq!(lengths.iter().max(), Some(&16_375), "{lengths:?}");
+        let lengths = client_data_frames(Some(None)).await;
+        assert_eq!(lengths.iter().max(), Some(&16_384), "{lengths:?}");
     }
 }
 

@@ -81,6 +81,8 @@ pub(crate) struct Config {
     pub next_stream_id: StreamId,
     pub initial_max_send_streams: usize,
     pub max_send_buffer_size: usize,
+    // qweb: the builder's max_send_data_frame_size
+    pub max_send_data_frame_len: Option<usize>,
     pub reset_stream_duration: Duration,
     pub reset_stream_max: Option<usize>,
     pub remote_reset_stream_max: usize,
@@ -140,6 +142,7 @@ where
             streams::Config {
                 initial_max_send_streams: config.initial_max_send_streams,
                 local_max_buffer_size: config.max_send_buffer_size,
+                max_send_data_frame_len: config.max_send_data_frame_len, // qweb: the DATA cap
                 local_next_stream_id: config.next_stream_id,
                 local_push_enabled: config.settings.is_push_enabled().unwrap_or(true),
                 extended_connect_protocol_enabled: config

@@ -45,3 +45,6 @@ pub const DEFAULT_RESET_STREAM_MAX: usize = 8192;
 // reasonable guess of the average here.
 pub const DEFAULT_RESET_STREAM_SECS: u64 = 5;
 pub const DEFAULT_MAX_SEND_BUFFER_SIZE: usize = 1024 * 400;
+/// qweb: a server's largest DATA frame payload by default: one TLS record's 16 KiB of
+/// plaintext (RFC 8446 section 5.1) less the frame's 9-byte head.
+pub const TLS_RECORD_DATA_FRAME: u32 = 16 * 1024 - 9;

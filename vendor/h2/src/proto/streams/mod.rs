@@ -48,6 +48,9 @@ pub struct Config {
     /// Max amount of DATA bytes to buffer per stream.
     pub local_max_buffer_size: usize,
 
+    /// qweb: the largest DATA frame payload to write (`None`: the peer's max frame size).
+    pub max_send_data_frame_len: Option<usize>,
+
     /// The stream ID to start the next local stream with
     pub local_next_stream_id: StreamId,
 

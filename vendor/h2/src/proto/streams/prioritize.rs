@@ -13,9 +13,6 @@ use std::{
     task::Waker,
 };
 
-/// qweb: the largest plaintext of one TLS record (RFC 8446 section 5.1).
-const TLS_RECORD_PLAINTEXT: usize = 16 * 1024;
-
 /// # Warning
 ///
 /// Queued streams are ordered by stream ID, as we need to ensure that
@@ -59,6 +56,10 @@ pub(super) struct Prioritize {
 
     /// The maximum amount of bytes a stream should buffer.
     max_buffer_size: usize,
+
+    /// qweb: the largest DATA frame payload this side writes, below the peer's
+    /// SETTINGS_MAX_FRAME_SIZE (`None`: the peer's setting alone).
+    max_send_data_frame_len: Option<usize>,
 }
 
 #[derive(Debug, Eq, PartialEq)]
@@ -104,6 +105,7 @@ impl Prioritize {
             last_opened_id: StreamId::ZERO,
             in_flight_data_frame: InFlightData::Nothing,
             max_buffer_size: config.local_max_buffer_size,
+            max_send_data_frame_len: config.max_send_data_frame_len, // qweb: the DATA cap
         }
     }
 
@@ -522,12 +524,12 @@ impl Prioritize {
         // Reclaim any frame that has previously been written
         self.reclaim_frame(buffer, store, dst);
 
-        // The max frame length. qweb: at most a TLS record's plaintext (16 KiB) with the
-        // frame's 9-byte head, so that each DATA frame is written as one whole record
-        // instead of a full record and one of 9 bytes (twice the records to seal and open).
-        let max_frame_len = dst
-            .max_send_frame_size()
-            .min(TLS_RECORD_PLAINTEXT - frame::HEADER_LEN);
+        // The max frame length. qweb: and at most the builder's max_send_data_frame_size
+        // (the server's default: a TLS record's plaintext with the frame's 9-byte head).
+        let max_frame_len = match self.max_send_data_frame_len {
+            Some(max) => dst.max_send_frame_size().min(max),
+            None => dst.max_send_frame_size(),
+        };
 
         tracing::trace!("buffer_pending");
 
