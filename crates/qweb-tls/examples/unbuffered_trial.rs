@@ -8,7 +8,8 @@
 //! unbuffered_trial records                  record and write sizes, checked by the client
 //! unbuffered_trial cpu MODE SIZE N          N sends of SIZE (big: 1 MiB as 16 KiB writes;
 //!                                           small: one 1 KiB response), MODE buffered or
-//!                                           unbuffered (run under callgrind: N=1 and N=9)
+//!                                           unbuffered (under callgrind: the inclusive
+//!                                           cost of `sends`, divided by N)
 //! unbuffered_trial time ROUNDS              the same sends timed, the two modes interleaved
 //! ```
 
