@@ -486,7 +486,12 @@ fn mem(scfg: &Arc<rustls::ServerConfig>, ccfg: &Arc<rustls::ClientConfig>) {
     );
     // buffered: TlsStream with the patch; buffered-stock: without release_idle_buffers;
     // unbuffered: the caller frees its empty buffers when idle; unbuffered-keep: it does not
-    for mode in ["buffered", "buffered-stock", "unbuffered", "unbuffered-keep"] {
+    for mode in [
+        "buffered",
+        "buffered-stock",
+        "unbuffered",
+        "unbuffered-keep",
+    ] {
         let before = LIVE.load(Relaxed);
         let conns: Vec<_> = (0..100).map(|_| connect(mode, scfg, ccfg).0).collect();
         let held = LIVE.load(Relaxed) - before;
@@ -598,7 +603,10 @@ fn main() {
             let (mut s, ..) = connect(mode, &scfg, &ccfg);
             let mut sink = Sink::default();
             sends(&mut s, &body, size, n, &mut sink);
-            println!("{mode} {size} x{n}: {} bytes in {} writes", sink.bytes, sink.writes);
+            println!(
+                "{mode} {size} x{n}: {} bytes in {} writes",
+                sink.bytes, sink.writes
+            );
         }
         Some("time") => {
             let rounds: usize = args[1].parse().unwrap();
