@@ -194,6 +194,9 @@ pub struct ConnState {
     /// The task that serves the connection (it made this state): an HTTP/2 WebSocket,
     /// which runs in a task of its own, is registered as this task's tunnel.
     pub task: Option<tokio::task::Id>,
+    /// A reader that waits while requests are in flight, woken when the last one ends (see
+    /// [`ConnState::wake_reader_when_idle`]).
+    idle_reader: Cell<Option<std::task::Waker>>,
 }
 
 impl ConnState {
@@ -216,7 +219,22 @@ impl ConnState {
             sni: std::cell::OnceCell::new(),
             tunnel: Default::default(),
             task: tokio::task::try_id(),
+            idle_reader: Cell::new(None),
         }
+    }
+
+    /// Wakes `waker` when the last request in flight ends. For a multiplexed driver's reader,
+    /// which keeps its transport's read buffer while requests are in flight (each turn of an
+    /// HTTP/2 connection reads once more: freeing the buffer at each would allocate and zero
+    /// it again several times a request) and must read once more after the last one, so
+    /// that an idle connection frees it.
+    pub fn wake_reader_when_idle(&self, waker: &std::task::Waker) {
+        let held = self.idle_reader.take();
+        let next = match held {
+            Some(w) if w.will_wake(waker) => w,
+            _ => waker.clone(),
+        };
+        self.idle_reader.set(Some(next));
     }
 
     /// The phase the connection is in.
@@ -260,6 +278,9 @@ impl ConnState {
         self.in_flight.set(self.in_flight.get().saturating_sub(1));
         if self.in_flight.get() == 0 {
             self.phase.set(Phase::AwaitRequest);
+            if let Some(w) = self.idle_reader.take() {
+                w.wake();
+            }
         }
         self.last_activity.set(Instant::now());
         self.changed.notify_one();
@@ -403,5 +424,46 @@ impl RequestGuard {
 impl Drop for RequestGuard {
     fn drop(&mut self) {
         self.conn.request_done(&self.sending);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Wake, Waker};
+
+    use super::*;
+
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The reader that waits while requests are in flight is woken by the last one's end,
+    /// not before, and once.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_idle_reader_is_woken_when_the_last_request_ends() {
+        let state = Rc::new(ConnState::new("127.0.0.1:1".parse().unwrap()));
+        let woken = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(woken.clone());
+        let first = state.request_started_guard();
+        let second = state.request_started_guard();
+        state.wake_reader_when_idle(&waker);
+        state.wake_reader_when_idle(&waker);
+        drop(first);
+        assert_eq!(
+            woken.0.load(Ordering::Relaxed),
+            0,
+            "one request is still in flight"
+        );
+        drop(second);
+        assert_eq!(woken.0.load(Ordering::Relaxed), 1);
+        let third = state.request_started_guard();
+        drop(third);
+        assert_eq!(woken.0.load(Ordering::Relaxed), 1, "nobody waits now");
     }
 }

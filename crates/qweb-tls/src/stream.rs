@@ -87,8 +87,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
 
     /// With `on`, a read (`poll_read`) that finds nothing to read keeps rustls' read buffer
     /// for the next one; `poll_read_ready`, which a connection waiting idle uses, still frees
-    /// it. Off by default: an HTTP/2 connection waits in `poll_read` and frees it there. The
-    /// HTTP/1 driver turns it on, since it waits idle in `poll_read_ready`: otherwise each
+    /// it. Off by default. An HTTP/2 connection waits in `poll_read`: its driver turns it on
+    /// while requests are in flight and off for the read after the last one. The HTTP/1
+    /// driver turns it on, since it waits idle in `poll_read_ready`: otherwise each
     /// request allocated and zeroed the buffer again (4 KiB, with glibc's `rep stosb`). A
     /// connection whose request arrives slowly keeps it until the request is in (beside the
     /// driver's own read buffer, which it holds then too), at most until the head timeout.

@@ -182,7 +182,7 @@ fn flood_error() -> io::Error {
     )
 }
 
-impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Tracked<T> {
+impl<T: AsyncRead + AsyncWrite + ReadReady + Unpin> AsyncRead for Tracked<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -197,7 +197,18 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Tracked<T> {
         }
         let before = buf.filled().len();
         let this = &mut *self;
+        // HTTP/2 reads in every turn of its connection (several a request): while requests
+        // are in flight, a read that finds nothing keeps the transport's read buffer (TLS:
+        // rustls' 4 KiB, allocated and zeroed again at each read otherwise); the read after
+        // the last request ends frees it, so an idle connection holds none.
+        let busy = this.flood.is_some() && this.state.in_flight() > 0;
+        if this.flood.is_some() {
+            this.inner.keep_read_buffer(busy);
+        }
         let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if busy && r.is_pending() {
+            this.state.wake_reader_when_idle(cx.waker());
+        }
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             this.state.on_read();
             if let Some((m, _)) = this.flood.as_deref_mut() {
