@@ -1,22 +1,28 @@
 //! Soak: the real `qweb serve` child process under normal load, then the same normal load
 //! alongside a mix of hostile clients (non-reading HTTP/1.1 clients, zero-window HTTP/2
-//! clients, control-frame floods, ClientHello-and-vanish, mid-response aborts), then a
-//! cool-down. Checks that normal clients keep their latency and see no errors, and that the
-//! server's file descriptors and memory come back afterwards.
+//! clients, control-frame floods, ClientHello-and-vanish, mid-response aborts, slowloris,
+//! rapid reset, PING floods, smuggling attempts, QUIC garbage datagrams and half-open QUIC
+//! handshakes), then a cool-down. Checks that normal clients keep their latency and see no
+//! errors, and that the server's file descriptors and memory come back afterwards.
 //!
 //! Minutes long, so not run in CI:
 //!
 //! ```text
-//! QWEB_SOAK_SECS=60 cargo test --release --test soak -- --ignored --nocapture
+//! QWEB_SOAK_SECS=60 cargo test --release --test soak -- --ignored --nocapture soak_hostile
+//! QWEB_SOAK_SECS=15 cargo test --release --test soak -- --ignored --nocapture soak_each_class
 //! ```
 //!
 //! `QWEB_SOAK_SECS` (default 60) is the length of the baseline and of the hostile phase;
 //! `QWEB_SOAK_RATE` (default 250) is each normal client's request rate per second (8
 //! clients): the normal load is paced so that it does not saturate the machine on its own.
-//! `QWEB_SOAK_HOSTILE` picks hostile classes (`nonread,zerowindow,flood,vanish,abort_h1,
-//! abort_h2`; `abort` is both aborters), `QWEB_SOAK_HOSTILE_NICE` (default 19) their thread's
-//! nice value, and `QWEB_SOAK_LIMITS` adds `[limits]` lines to qweb's config (e.g.
-//! `write_burst = "16KiB"`), to find which attack costs the normal clients what.
+//! `QWEB_SOAK_HOSTILE` picks hostile classes (see `soak/hostile.rs`' `HOSTILE_CLASSES`;
+//! `abort` is both aborters, `quic` both QUIC classes), `QWEB_SOAK_HOSTILE_NICE` (default 19)
+//! their thread's nice value, `QWEB_SOAK_QUIC_RATE` (5000) and `QWEB_SOAK_HALFOPEN_RATE` (20)
+//! the QUIC classes' datagrams and handshakes a second, and `QWEB_SOAK_LIMITS` adds
+//! `[limits]` lines to qweb's config (e.g. `write_burst = "16KiB"`), to find which attack costs
+//! the normal clients what. `soak_each_class` runs each chosen class alone, each after a quiet
+//! phase of its own, `QWEB_SOAK_ROUNDS` times (default 1), then all of them together, and
+//! prints the normal clients' p99 and the server's CPU time a second for each.
 #![allow(unsafe_code)] // libc calls on test processes and files; each block has its SAFETY note
 
 use std::net::SocketAddr;
@@ -25,12 +31,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use qweb_testkit::h2frames::{frame, get, hello, read_frames};
 use qweb_testkit::process::{rss_kib, serve_command, Qweb, BANNER_END};
-use qweb_testkit::tls::{connect, localhost, proto_builder, tls_client_config as tls_config};
+use qweb_testkit::tls::{connect, proto_builder, tls_client_config as tls_config};
 use qweb_testkit::tls::{Proto, TlsStream};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+
+#[path = "soak/hostile.rs"]
+mod hostile;
+#[path = "soak/quic.rs"]
+mod quic;
+
+use hostile::{hostile_classes, hostile_nice, start_hostile, Hostile};
 
 const BIN: &str = env!("CARGO_BIN_EXE_qweb");
 const SEND_TIMEOUT: Duration = Duration::from_secs(5);
@@ -81,7 +91,8 @@ impl Server {
                 "workers = 2\nstate_dir = \"{}\"\nshutdown_timeout = \"5s\"\n\
                  [log]\naccess = false\n\
                  [limits]\nsend_timeout = \"5s\"\n{}\n\
-                 [[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\nself_signed = true\n\
+                 [[listener]]\naddress = \"127.0.0.1:0\"\nhttp3 = true\n\
+                 [listener.tls]\nself_signed = true\n\
                  [[listener]]\naddress = \"127.0.0.1:0\"\n\
                  [[route]]\nprefix = \"/\"\nroot = \"{}\"\n",
                 state.display(),
@@ -161,6 +172,8 @@ struct Normal {
     errors: u64,
     first_errors: Vec<String>,
     elapsed: Duration,
+    /// The server's CPU time (user + system) over the phase, milliseconds a second.
+    cpu_ms_s: f64,
 }
 
 impl Normal {
@@ -233,327 +246,31 @@ async fn normal_load(clients: &[reqwest::Client], url: &str, len: Duration, rate
     all
 }
 
-// ---- hostile clients ----
-
-#[derive(Default)]
-struct Hostile {
-    h1_stalled: AtomicU64,
-    h1_cut: AtomicU64,
-    h1_not_cut: AtomicU64,
-    h2_zero_window_conns: AtomicU64,
-    h2_zero_window_closed: AtomicU64,
-    h2_zero_window_open: AtomicU64,
-    floods: AtomicU64,
-    floods_calmed: AtomicU64,
-    floods_other: AtomicU64,
-    vanished: AtomicU64,
-    aborts: AtomicU64,
-    abort_errors: AtomicU64,
-    connect_errors: AtomicU64,
+/// The CPU time (user + system) process `pid` has used, in milliseconds.
+fn cpu_ms(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // after the command's `(...)`: state is field 3, utime 14, stime 15
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    // SAFETY: sysconf(3) reads a constant; no memory is passed.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+    ticks as f64 * 1000.0 / hz as f64
 }
 
-impl Hostile {
-    fn report(&self) -> String {
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        format!(
-            "non-reading h1 connections: {} (cut by the server: {}, not cut: {}); \
-             zero-window h2 connections: {} (closed by the server: {}, still open after 15 s: {}); \
-             control-frame floods: {} (GOAWAY ENHANCE_YOUR_CALM: {}, other ending: {}); \
-             ClientHello/TCP-and-vanish: {}; mid-response aborts: {} (failed before the abort: {}); \
-             connect/handshake errors: {}",
-            g(&self.h1_stalled),
-            g(&self.h1_cut),
-            g(&self.h1_not_cut),
-            g(&self.h2_zero_window_conns),
-            g(&self.h2_zero_window_closed),
-            g(&self.h2_zero_window_open),
-            g(&self.floods),
-            g(&self.floods_calmed),
-            g(&self.floods_other),
-            g(&self.vanished),
-            g(&self.aborts),
-            g(&self.abort_errors),
-            g(&self.connect_errors),
-        )
-    }
+/// [`normal_load`], with the server's CPU time over it.
+async fn measured(s: &Server, clients: &[reqwest::Client], url: &str, len: Duration) -> Normal {
+    let rate = env_u64("QWEB_SOAK_RATE", 250);
+    let before = cpu_ms(s.pid());
+    let mut n = normal_load(clients, url, len, rate).await;
+    n.cpu_ms_s = (cpu_ms(s.pid()) - before) / n.elapsed.as_secs_f64();
+    n
 }
 
-trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
-
-/// Asks for the 10 MB file and never reads; after the send timeout (plus a margin) drains
-/// what the kernel buffered and checks that the server closed the connection.
-async fn non_reading_h1(addr: SocketAddr, tls: Option<Arc<rustls::ClientConfig>>, h: &Hostile) {
-    loop {
-        let sock = TcpSocket::new_v4().unwrap();
-        // a small receive buffer: the 10 MB must not fit in the socket buffers
-        let _ = sock.set_recv_buffer_size(64 << 10);
-        let tcp = match sock.connect(addr).await {
-            Ok(t) => t,
-            Err(_) => {
-                h.connect_errors.fetch_add(1, Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let mut s: Box<dyn Io> = match &tls {
-            None => Box::new(tcp),
-            Some(cfg) => {
-                match tokio_rustls::TlsConnector::from(cfg.clone())
-                    .connect(localhost(), tcp)
-                    .await
-                {
-                    Ok(t) => Box::new(t),
-                    Err(_) => {
-                        h.connect_errors.fetch_add(1, Ordering::Relaxed);
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                }
-            }
-        };
-        if s.write_all(b"GET /big HTTP/1.1\r\nHost: localhost\r\n\r\n")
-            .await
-            .is_err()
-        {
-            h.connect_errors.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        h.h1_stalled.fetch_add(1, Ordering::Relaxed);
-        tokio::time::sleep(SEND_TIMEOUT + Duration::from_secs(2)).await;
-        let mut n = 0u64;
-        let mut buf = vec![0u8; 1 << 16];
-        let ended = tokio::time::timeout(Duration::from_secs(5), async {
-            loop {
-                match s.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(k) => n += k as u64,
-                }
-            }
-        })
-        .await;
-        if ended.is_ok() && n < BIG {
-            h.h1_cut.fetch_add(1, Ordering::Relaxed);
-        } else {
-            h.h1_not_cut.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// 64 streams for the 10 MB file with an initial window of 0; waits for the server to reset
-/// them and close the connection, then reconnects.
-async fn zero_window_h2(addr: SocketAddr, cfg: Arc<rustls::ClientConfig>, h: &Hostile) {
-    loop {
-        let Ok(mut tls) = tls_connect(addr, &cfg).await else {
-            h.connect_errors.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        let mut out = hello(&[(0x4, 0)]);
-        for i in 0..64u32 {
-            out.extend(get(1 + 2 * i, "/big"));
-        }
-        if tls.write_all(&out).await.is_err() {
-            h.connect_errors.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
-        h.h2_zero_window_conns.fetch_add(1, Ordering::Relaxed);
-        let seen = read_frames(&mut tls, SEND_TIMEOUT * 3).await;
-        if seen.eof {
-            h.h2_zero_window_closed.fetch_add(1, Ordering::Relaxed);
-        } else {
-            h.h2_zero_window_open.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// Bursts of 3000 PINGs, SETTINGS or WINDOW_UPDATEs (in turn) on a fresh connection; expects
-/// GOAWAY ENHANCE_YOUR_CALM.
-async fn control_flood(addr: SocketAddr, cfg: Arc<rustls::ClientConfig>, h: &Hostile) {
-    let kinds = [
-        frame(0x6, 0, 0, &[7; 8]),
-        frame(0x4, 0, 0, &[]),
-        frame(0x8, 0, 0, &1u32.to_be_bytes()),
-    ];
-    for round in 0.. {
-        let Ok(tls) = tls_connect(addr, &cfg).await else {
-            h.connect_errors.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        let mut burst = hello(&[]);
-        for _ in 0..3000 {
-            burst.extend_from_slice(&kinds[round % kinds.len()]);
-        }
-        let (mut rd, mut wr) = tokio::io::split(tls);
-        let reader =
-            tokio::spawn(async move { read_frames(&mut rd, Duration::from_secs(10)).await });
-        let _ = wr.write_all(&burst).await;
-        let seen = reader.await.unwrap();
-        h.floods.fetch_add(1, Ordering::Relaxed);
-        if seen.goaway == Some(0xb) && seen.eof {
-            h.floods_calmed.fetch_add(1, Ordering::Relaxed);
-        } else {
-            h.floods_other.fetch_add(1, Ordering::Relaxed);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// A real ClientHello then close; a TCP connect with a few bytes then close; a bare TCP
-/// connect and close: in turn, 50 a second.
-async fn vanish(https: SocketAddr, http: SocketAddr, cfg: Arc<rustls::ClientConfig>, h: &Hostile) {
-    for round in 0u64.. {
-        let target = if round % 3 == 2 { http } else { https };
-        if let Ok(mut s) = TcpStream::connect(target).await {
-            match round % 3 {
-                0 => {
-                    let mut conn = rustls::ClientConnection::new(cfg.clone(), localhost())
-                        .expect("client connection");
-                    let mut ch = Vec::new();
-                    while conn.wants_write() {
-                        conn.write_tls(&mut ch).unwrap();
-                    }
-                    let _ = s.write_all(&ch).await;
-                }
-                1 => {
-                    let _ = s.write_all(b"\x16\x03\x01\x00").await;
-                }
-                _ => {
-                    let _ = s.write_all(b"GET /sm").await;
-                }
-            }
-            drop(s);
-            h.vanished.fetch_add(1, Ordering::Relaxed);
-        } else {
-            h.connect_errors.fetch_add(1, Ordering::Relaxed);
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Starts downloading the 10 MB file, reads about 1 MB, drops the response (HTTP/1.1: the
-/// connection is closed; HTTP/2: the stream is reset).
-async fn abort_mid_response(url: String, c: reqwest::Client, h: &Hostile) {
-    loop {
-        let ok = async {
-            let mut r = c.get(&url).send().await.ok()?;
-            let mut n = 0;
-            while n < 1 << 20 {
-                n += r.chunk().await.ok()??.len();
-            }
-            Some(())
-        }
-        .await;
-        h.aborts.fetch_add(1, Ordering::Relaxed);
-        if ok.is_none() {
-            h.abort_errors.fetch_add(1, Ordering::Relaxed);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// The hostile classes `QWEB_SOAK_HOSTILE` (a comma-separated list) may name; all by default.
-/// (`abort` is `abort_h1` and `abort_h2`).
-const HOSTILE_CLASSES: [&str; 6] = [
-    "nonread",
-    "zerowindow",
-    "flood",
-    "vanish",
-    "abort_h1",
-    "abort_h2",
-];
-
-/// Which hostile classes run: `QWEB_SOAK_HOSTILE=nonread,flood` runs only those two (to see
-/// which one costs the normal clients what); unset or `all`: every class.
-fn hostile_classes() -> Vec<&'static str> {
-    match std::env::var("QWEB_SOAK_HOSTILE") {
-        Ok(v) if v != "all" => {
-            let want: Vec<&str> = v
-                .split(',')
-                .map(str::trim)
-                .flat_map(|c| match c {
-                    "abort" => vec!["abort_h1", "abort_h2"],
-                    c => vec![c],
-                })
-                .collect();
-            for w in &want {
-                assert!(
-                    HOSTILE_CLASSES.contains(w),
-                    "QWEB_SOAK_HOSTILE: unknown class {w:?}; known: {HOSTILE_CLASSES:?}"
-                );
-            }
-            HOSTILE_CLASSES
-                .into_iter()
-                .filter(|c| want.contains(c))
-                .collect()
-        }
-        _ => HOSTILE_CLASSES.to_vec(),
-    }
-}
-
-/// Nice value of the hostile clients' thread (`QWEB_SOAK_HOSTILE_NICE`, default 19). The
-/// attackers share the server's two cores here; in the field their CPU is theirs. At the lowest
-/// priority their own TLS and framing work does not delay the normal clients' threads, so the
-/// normal clients' latency measures what qweb's handling of the attack costs them. `0` runs
-/// them at the normal clients' priority.
-fn hostile_nice() -> i32 {
-    std::env::var("QWEB_SOAK_HOSTILE_NICE")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(19)
-}
-
-/// Starts every hostile client of the chosen classes on a runtime of its own (one thread, at
-/// [`hostile_nice`], so that the hostile clients' work does not queue up in front of the normal
-/// clients' tasks); they run until the runtime is shut down.
-fn start_hostile(s: &Server, h: &Arc<Hostile>, classes: &[&str]) -> tokio::runtime::Runtime {
-    let nice = hostile_nice();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .on_thread_start(move || {
-            // SAFETY: setpriority(2) on the calling thread (who = 0: on Linux the nice value
-            // is per thread); no memory is passed.
-            let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
-            assert_eq!(rc, 0, "setpriority({nice}) for the hostile thread failed");
-        })
-        .enable_all()
-        .build()
-        .unwrap();
-    let on = |c: &str| classes.contains(&c);
-    let h1 = Arc::new(tls_config(&s.cert, Proto::H1));
-    let h2 = Arc::new(tls_config(&s.cert, Proto::H2));
-    // 8 non-reading HTTP/1.1 clients: 4 plain, 4 over TLS
-    for i in (0..8).filter(|_| on("nonread")) {
-        let (h, addr) = (h.clone(), if i % 2 == 0 { s.http } else { s.https });
-        let tls = (i % 2 == 1).then(|| h1.clone());
-        rt.spawn(async move { non_reading_h1(addr, tls, &h).await });
-    }
-    // 4 zero-window HTTP/2 connections of 64 streams each
-    for _ in (0..4).filter(|_| on("zerowindow")) {
-        let (h, cfg, addr) = (h.clone(), h2.clone(), s.https);
-        rt.spawn(async move { zero_window_h2(addr, cfg, &h).await });
-    }
-    // 2 flooders
-    for _ in (0..2).filter(|_| on("flood")) {
-        let (h, cfg, addr) = (h.clone(), h2.clone(), s.https);
-        rt.spawn(async move { control_flood(addr, cfg, &h).await });
-    }
-    // 1 ClientHello-and-vanish loop
-    if on("vanish") {
-        let (h, cfg, https, http) = (h.clone(), h1.clone(), s.https, s.http);
-        rt.spawn(async move { vanish(https, http, cfg, &h).await });
-    }
-    // 2 mid-response aborters: one HTTP/1.1, one HTTP/2
-    let aborters = [(Proto::H1, "abort_h1"), (Proto::H2, "abort_h2")];
-    for (proto, _) in aborters.into_iter().filter(|(_, c)| on(c)) {
-        let h = h.clone();
-        let c = client(&s.cert, proto);
-        let url = format!("https://localhost:{}/big", s.https.port());
-        rt.spawn(async move { abort_mid_response(url, c, &h).await });
-    }
-    rt
-}
+// ---- hostile clients: soak/hostile.rs, soak/quic.rs ----
 
 // ---- the soak ----
 
@@ -570,21 +287,22 @@ fn ms(d: Duration) -> String {
 
 fn table(rows: &[Row]) -> String {
     let mut t = String::from(
-        "| phase | normal req/s | p50 | p99 | errors | server RSS | server fds |\n\
-         |---|---|---|---|---|---|---|\n",
+        "| phase | normal req/s | p50 | p99 | errors | server CPU | server RSS | server fds |\n\
+         |---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
-        let (rate, p50, p99, errors) = match &r.normal {
+        let (rate, p50, p99, errors, cpu) = match &r.normal {
             Some(n) => (
                 format!("{:.0}", n.rate()),
                 ms(n.pct(50.0)),
                 ms(n.pct(99.0)),
                 n.errors.to_string(),
+                format!("{:.0} ms/s", n.cpu_ms_s),
             ),
-            None => ("-".into(), "-".into(), "-".into(), "-".into()),
+            None => ("-".into(), "-".into(), "-".into(), "-".into(), "-".into()),
         };
         t.push_str(&format!(
-            "| {} | {rate} | {p50} | {p99} | {errors} | {:.1} MiB | {} |\n",
+            "| {} | {rate} | {p50} | {p99} | {errors} | {cpu} | {:.1} MiB | {} |\n",
             r.phase,
             r.rss_kib as f64 / 1024.0,
             r.fds
@@ -594,7 +312,7 @@ fn table(rows: &[Row]) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "minutes long: QWEB_SOAK_SECS=60 cargo test --release --test soak -- --ignored --nocapture"]
+#[ignore = "minutes long: QWEB_SOAK_SECS=60 cargo test --release --test soak -- --ignored --nocapture soak_hostile"]
 async fn soak_hostile_clients_alongside_normal_load() {
     let secs = env_u64("QWEB_SOAK_SECS", 60);
     let rate = env_u64("QWEB_SOAK_RATE", 250);
@@ -625,7 +343,7 @@ async fn soak_hostile_clients_alongside_normal_load() {
     }];
 
     // A: baseline
-    let a = normal_load(&clients, &url, phase_len, rate).await;
+    let a = measured(&s, &clients, &url, phase_len).await;
     rows.push(Row {
         phase: "A: normal load only",
         normal: Some(a),
@@ -660,7 +378,7 @@ async fn soak_hostile_clients_alongside_normal_load() {
         });
         (stop, t)
     };
-    let b = normal_load(&clients, &url, phase_len, rate).await;
+    let b = measured(&s, &clients, &url, phase_len).await;
     let (rss_b, fds_b) = (s.rss_kib(), s.fds());
     // drops every hostile task and with it its sockets
     hostile_rt.shutdown_background();
@@ -680,7 +398,7 @@ async fn soak_hostile_clients_alongside_normal_load() {
     });
 
     // C: cool-down, normal load only
-    let c = normal_load(&clients, &url, cool_down, rate).await;
+    let c = measured(&s, &clients, &url, cool_down).await;
     rows.push(Row {
         phase: "C: cool-down (normal load only)",
         normal: Some(c),
@@ -770,4 +488,96 @@ async fn soak_hostile_clients_alongside_normal_load() {
         "floods that did not end with ENHANCE_YOUR_CALM: {}",
         hostile.report()
     );
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Each hostile class alone, then all together: for each, a quiet phase (normal load only),
+/// then the class's phase, then 5 s for what it left to end (not measured). Prints the normal
+/// clients' p99 in both, their ratio and the server's CPU time a second; with
+/// `QWEB_SOAK_ROUNDS` > 1 the medians over the rounds. Asserts only, at the end, that the
+/// normal clients saw no errors: this is a measurement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "minutes long: QWEB_SOAK_SECS=15 cargo test --release --test soak -- --ignored --nocapture soak_each_class"]
+async fn soak_each_class() {
+    let secs = env_u64("QWEB_SOAK_SECS", 15);
+    let rounds = env_u64("QWEB_SOAK_ROUNDS", 1);
+    let len = Duration::from_secs(secs);
+    let classes = hostile_classes();
+    let mut s = Server::start();
+    eprintln!(
+        "soak_each_class: qweb pid {}; {secs} s per phase, {rounds} round(s), classes \
+         {classes:?} at nice {}",
+        s.pid(),
+        hostile_nice()
+    );
+    let clients: Vec<reqwest::Client> = (0..NORMAL_CLIENTS)
+        .map(|i| client(&s.cert, if i % 2 == 0 { Proto::H1 } else { Proto::H2 }))
+        .collect();
+    let url = format!("https://localhost:{}/small", s.https.port());
+    let warm = measured(&s, &clients, &url, Duration::from_secs(2)).await;
+    assert_eq!(warm.errors, 0, "warm-up errors: {:?}", warm.first_errors);
+    let mut sets: Vec<(String, Vec<&str>)> =
+        classes.iter().map(|c| (c.to_string(), vec![*c])).collect();
+    if classes.len() > 1 {
+        sets.push(("all".into(), classes.clone()));
+    }
+    // per set: quiet p99 (ms), hostile p99, quiet CPU, hostile CPU (ms/s)
+    let mut got: Vec<[Vec<f64>; 4]> = sets.iter().map(|_| Default::default()).collect();
+    let mut errors = Vec::new();
+    for round in 0..rounds {
+        for (i, (name, set)) in sets.iter().enumerate() {
+            let q = measured(&s, &clients, &url, len).await;
+            let hostile = Arc::new(Hostile::default());
+            let rt = start_hostile(&s, &hostile, set);
+            let b = measured(&s, &clients, &url, len).await;
+            rt.shutdown_background();
+            for (phase, n) in [("quiet", &q), (name.as_str(), &b)] {
+                if n.errors > 0 {
+                    eprintln!("{phase}: {} normal errors: {:?}", n.errors, n.first_errors);
+                    errors.push(format!(
+                        "{phase}: {} errors, {:?}",
+                        n.errors, n.first_errors
+                    ));
+                }
+            }
+            let p99 = |n: &Normal| n.pct(99.0).as_secs_f64() * 1000.0;
+            eprintln!(
+                "round {round} {name}: p99 {:.2} -> {:.2} ms ({:.1}x), server CPU {:.0} -> \
+                 {:.0} ms/s; {}",
+                p99(&q),
+                p99(&b),
+                p99(&b) / p99(&q),
+                q.cpu_ms_s,
+                b.cpu_ms_s,
+                hostile.report()
+            );
+            for (v, x) in got[i]
+                .iter_mut()
+                .zip([p99(&q), p99(&b), q.cpu_ms_s, b.cpu_ms_s])
+            {
+                v.push(x);
+            }
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+    }
+    let mut t = String::from(
+        "| hostile classes | p99 quiet | p99 with them | ratio | server CPU quiet | with them | \
+         added |\n|---|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for ((name, _), g) in sets.iter().zip(got.iter_mut()) {
+        let [q, b, qc, bc] = g;
+        let (q, b, qc, bc) = (median(q), median(b), median(qc), median(bc));
+        t.push_str(&format!(
+            "| `{name}` | {q:.2} ms | {b:.2} ms | {:.1}x | {qc:.0} ms/s | {bc:.0} ms/s | {:.0} ms/s |\n",
+            b / q,
+            bc - qc
+        ));
+    }
+    eprintln!("\nmedians over {rounds} round(s), {secs} s phases:\n{t}");
+    assert!(s.alive(), "qweb exited during the soak");
+    assert!(errors.is_empty(), "normal clients saw errors: {errors:?}");
 }

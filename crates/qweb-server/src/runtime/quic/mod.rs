@@ -7,6 +7,7 @@
 //! kernel spreads datagrams over the workers' sockets by 4-tuple hash (see
 //! docs/ARCHITECTURE.md, "HTTP/3", for what that means to a client that changes address).
 
+pub(crate) mod filter;
 pub(crate) mod handshake;
 pub mod steer;
 

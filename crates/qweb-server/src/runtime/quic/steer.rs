@@ -51,6 +51,8 @@ use quinn_proto::{ConnectionId, ConnectionIdGenerator, RandomConnectionIdGenerat
 use socket2::{Domain, Socket, Type};
 use tokio::io::unix::AsyncFd;
 
+use crate::runtime::quic::filter::{Filter, Verdict};
+
 /// The length of the connection IDs qweb issues (quinn's default).
 pub(crate) const CID_LEN: usize = 8;
 
@@ -358,6 +360,7 @@ pub(crate) struct SteeredSocket {
     shared: Arc<Steering>,
     mark: u8,
     peer: Mutex<Option<Peer>>,
+    filter: Mutex<Filter>,
 }
 
 impl fmt::Debug for SteeredSocket {
@@ -399,7 +402,29 @@ impl SteeredSocket {
             shared,
             mark: mark(),
             peer: Mutex::new(None),
+            filter: Mutex::new(Filter::new(std::time::Instant::now())),
         }))
+    }
+
+    /// Drops the datagrams of `meta[..n]` that [`Filter`] refuses, as [`Self::forward`]
+    /// drops those it forwards.
+    fn filter(&self, bufs: &mut [IoSliceMut<'_>], meta: &mut [RecvMeta]) {
+        let now = std::time::Instant::now();
+        let mut filter = self.filter.lock().unwrap_or_else(PoisonError::into_inner);
+        for (m, buf) in meta.iter_mut().zip(bufs.iter_mut()) {
+            let stride = m.stride.max(1);
+            let data = &mut buf[..m.len];
+            let (mut kept, mut at) = (0, 0);
+            while at < data.len() {
+                let end = (at + stride).min(data.len());
+                if filter.keep(&data[at..end], now) == Verdict::Keep {
+                    data.copy_within(at..end, kept);
+                    kept += end - at;
+                }
+                at = end;
+            }
+            m.len = kept;
+        }
     }
 
     /// Forwards the datagrams of `meta[..n]` addressed to the peer's connections; a buffer
@@ -488,22 +513,22 @@ impl AsyncUdpSocket for SteeredSocket {
             // handed over: only the channel brings datagrams now
             return Poll::Pending;
         }
-        loop {
-            let n = match self.inner.poll_recv(cx, bufs, meta) {
-                Poll::Ready(Ok(n)) => n,
-                other => return other,
-            };
-            let Some(p) = peer.as_mut() else {
-                return Poll::Ready(Ok(n));
-            };
+        let n = match self.inner.poll_recv(cx, bufs, meta) {
+            Poll::Ready(Ok(n)) => n,
+            other => return other,
+        };
+        if let Some(p) = peer.as_mut() {
             if !self.forward(p, &mut bufs[..n], &mut meta[..n]) {
                 *peer = None;
                 self.shared.has_peer.store(false, Relaxed);
             }
-            if meta[..n].iter().any(|m| m.len > 0) {
-                return Poll::Ready(Ok(n));
-            }
         }
+        drop(peer);
+        self.filter(&mut bufs[..n], &mut meta[..n]);
+        // a batch left empty still goes back to quinn (as datagrams of length 0, which it
+        // skips): its work limiter counts it, so a flood of dropped datagrams ends the
+        // endpoint's turn like any other (issue 41, item 5)
+        Poll::Ready(Ok(n))
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
