@@ -27,7 +27,11 @@ impl AccessRules {
     }
 
     /// May `ip` be served? An IPv4-mapped IPv6 address is judged as the IPv4 one.
+    #[inline]
     pub fn permits(&self, ip: IpAddr) -> bool {
+        if self.deny.is_empty() && self.allow.is_empty() {
+            return true;
+        }
         let ip = ip.to_canonical();
         !self.deny.iter().any(|n| n.contains(&ip))
             && (self.allow.is_empty() || self.allow.iter().any(|n| n.contains(&ip)))

@@ -243,6 +243,7 @@ impl ConnState {
     }
 
     /// Requests in flight.
+    #[inline]
     pub fn in_flight(&self) -> u32 {
         self.in_flight.get()
     }
@@ -288,6 +289,7 @@ impl ConnState {
 
     /// Bytes were read from the client (with no request in flight: a head is arriving, and
     /// its deadline runs).
+    #[inline]
     pub fn on_read(&self) {
         let now = Instant::now();
         self.last_activity.set(now);
@@ -299,6 +301,7 @@ impl ConnState {
     }
 
     /// A write to the client was refused (`blocked`) or made progress.
+    #[inline]
     pub fn on_write(&self, blocked: bool) {
         if blocked {
             if self.write_blocked_since.get().is_none() {
@@ -408,11 +411,13 @@ impl RequestGuard {
 
     /// The response body is about to be asked for its next chunk: whatever happens next is up
     /// to the body's source, not the client.
+    #[inline]
     pub fn body_polled(&self) {
         self.sending.waiting_since.set(None);
     }
 
     /// The response (head or a chunk) was handed over and now waits for the client to take it.
+    #[inline]
     pub fn waiting_for_client(&self) {
         if self.sending.waiting_since.get().is_none() {
             self.sending.waiting_since.set(Some(Instant::now()));

@@ -96,6 +96,7 @@ pub struct Logged {
 impl Logged {
     /// `inner`, logged as `record` when it ends or is dropped; `guard` keeps the request
     /// counted in its connection's phase; `tunnel`: the response opened one.
+    #[inline]
     pub fn new(
         inner: Body,
         record: AccessRecord,
@@ -119,6 +120,7 @@ impl HttpBody for Logged {
     type Data = Bytes;
     type Error = BoxError;
 
+    #[inline]
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -140,10 +142,12 @@ impl HttpBody for Logged {
         r
     }
 
+    #[inline]
     fn is_end_stream(&self) -> bool {
         self.inner.is_end_stream()
     }
 
+    #[inline]
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }

@@ -21,6 +21,13 @@ use crate::stream::{SyncIo, TlsStream};
 pub trait Transport: AsyncRead + AsyncWrite + Unpin {
     /// Ready when the peer has closed its end (EOF or error); pending while it is alive.
     fn poll_peer_gone(&self, cx: &mut Context<'_>) -> Poll<()>;
+
+    /// Ready when a read may find bytes, the end of stream or an error; pending (with `cx`
+    /// woken when that changes) while the transport knows it has nothing. The default says
+    /// "maybe" and lets the read find out.
+    fn poll_readable(&self, _cx: &mut Context<'_>) -> Poll<()> {
+        Poll::Ready(())
+    }
 }
 
 impl Transport for TcpStream {
@@ -32,6 +39,12 @@ impl Transport for TcpStream {
             // more data, or nothing yet: the peer is alive
             Poll::Ready(Ok(_)) | Poll::Pending => Poll::Pending,
         }
+    }
+
+    /// tokio's read readiness: no system call while the socket is known to be empty (the
+    /// last read found nothing and epoll has not said otherwise since).
+    fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<()> {
+        self.poll_read_ready(cx).map(|_| ())
     }
 }
 

@@ -6,6 +6,7 @@ use std::io::{self, Read, Write};
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
+use crate::handshake::Transport;
 use rustls::ServerConnection;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -69,9 +70,15 @@ pub struct TlsStream<IO = TcpStream> {
     /// A read that finds nothing keeps rustls' read buffer (see
     /// [`TlsStream::set_keep_read_buffer`]).
     keep_read_buffer: bool,
+    /// The last read of the socket found nothing and freed rustls' read buffer: the next one
+    /// waits for the socket to be readable first ([`Transport::poll_readable`]), so that a
+    /// connection woken for another reason (its own response written, a stream's task done)
+    /// does not allocate and zero the buffer (4 KiB) only to find nothing again and free it.
+    /// (A kept buffer costs a read nothing: tokio's read checks readiness itself.)
+    drained_and_freed: bool,
 }
 
-impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
+impl<IO: Transport> TlsStream<IO> {
     pub(crate) fn new(io: IO, mut conn: ServerConnection) -> Self {
         conn.set_buffer_limit(Some(SEND_BUFFER_LIMIT));
         TlsStream {
@@ -82,6 +89,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
             flush_after_yield: false,
             flush_yielded: false,
             keep_read_buffer: false,
+            drained_and_freed: false,
         }
     }
 
@@ -160,6 +168,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
     /// Reads TLS records from the socket into rustls and processes them. `Ready(Ok(false))`
     /// at end of stream. With `release`, nothing to read frees rustls' read buffer.
     fn poll_read_tls(&mut self, cx: &mut Context<'_>, release: bool) -> Poll<io::Result<bool>> {
+        if self.drained_and_freed {
+            ready!(self.io.poll_readable(cx));
+            self.drained_and_freed = false;
+        }
         let mut sync = SyncIo {
             io: &mut self.io,
             cx,
@@ -175,7 +187,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
                 // no empty read buffer meanwhile (rustls sized it to 4 KiB for this read; the
                 // next read allocates it again). Bytes of a record not yet complete are kept.
                 if release {
-                    self.conn.release_idle_buffers();
+                    // (0: it holds bytes of a record, and the next read needs no new one)
+                    self.drained_and_freed = self.conn.release_idle_buffers() > 0;
                 }
                 return Poll::Pending;
             }
@@ -190,7 +203,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> TlsStream<IO> {
     }
 }
 
-impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
+impl<IO: Transport> AsyncRead for TlsStream<IO> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -240,7 +253,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for TlsStream<IO> {
 /// buffer is full. An HTTP/2 response of 100 KiB (seven DATA frames) is then one or two
 /// `writev`s instead of one per frame. Where rustls' buffer limit cuts a write, it cuts after
 /// a whole record, or takes nothing until the held records are out (vendor/rustls/QWEB.md).
-impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for TlsStream<IO> {
+impl<IO: Transport> AsyncWrite for TlsStream<IO> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -848,5 +861,114 @@ mod tests {
             ),
             "{e:?}"
         );
+    }
+
+    /// A TCP socket that counts the reads it is asked for.
+    struct CountingReads {
+        inner: tokio::net::TcpStream,
+        reads: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl tokio::io::AsyncRead for CountingReads {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            self.reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+        }
+    }
+
+    impl tokio::io::AsyncWrite for CountingReads {
+        fn poll_write(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+        }
+        fn poll_flush(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+        }
+        fn poll_shutdown(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    impl crate::handshake::Transport for CountingReads {
+        fn poll_peer_gone(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+            self.inner.poll_peer_gone(cx)
+        }
+        fn poll_readable(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+            self.inner.poll_readable(cx)
+        }
+    }
+
+    /// A connection woken while its socket is empty (an HTTP/2 connection is woken several
+    /// times a request by its own streams) does not read again until the socket is readable:
+    /// each such read prepared rustls' read buffer, freed after the last read found nothing
+    /// (4 KiB allocated and zeroed, 6.6 times a request at h2load -m1). Real TCP sockets.
+    #[tokio::test]
+    async fn a_wake_without_bytes_on_the_socket_reads_nothing() {
+        use std::sync::atomic::Ordering::Relaxed;
+        use std::task::{Context, Waker};
+
+        let p = pair();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let server = async {
+            let (s, _) = listener.accept().await.unwrap();
+            let io = CountingReads {
+                inner: s,
+                reads: reads.clone(),
+            };
+            accept(io, p.server.clone(), Driver::Direct).await.unwrap()
+        };
+        let client = async {
+            let c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            p.client.connect(name, c).await.unwrap()
+        };
+        let (mut server, mut client) = tokio::join!(server, client);
+        client.write_all(b"ping").await.unwrap();
+        client.flush().await.unwrap();
+        let mut b = [0u8; 4];
+        server.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"ping");
+
+        // the read that finds the socket empty, then ten wakes with nothing new on it
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut one = [0u8; 1];
+        let mut rb = tokio::io::ReadBuf::new(&mut one);
+        let mut poll = |s: &mut super::TlsStream<CountingReads>,
+                        rb: &mut tokio::io::ReadBuf<'_>| {
+            tokio::io::AsyncRead::poll_read(std::pin::Pin::new(s), &mut cx, rb)
+        };
+        assert!(poll(&mut server, &mut rb).is_pending());
+        let before = reads.load(Relaxed);
+        for _ in 0..10 {
+            assert!(poll(&mut server, &mut rb).is_pending());
+        }
+        assert_eq!(
+            reads.load(Relaxed),
+            before,
+            "a wake with an empty socket read it"
+        );
+
+        // bytes that arrive later are read as before
+        client.write_all(b"pong").await.unwrap();
+        client.flush().await.unwrap();
+        server.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"pong");
+        assert!(reads.load(Relaxed) > before);
     }
 }

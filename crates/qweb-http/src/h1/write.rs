@@ -176,6 +176,7 @@ impl Output {
     }
 
     /// Appends framing bytes.
+    #[inline]
     pub fn small(&mut self, f: impl FnOnce(&mut Vec<u8>)) {
         let start = self.small.len();
         f(&mut self.small);
@@ -188,6 +189,7 @@ impl Output {
     }
 
     /// Appends a body chunk (copied beside the framing when small).
+    #[inline]
     pub fn data(&mut self, d: Bytes) {
         if d.len() < COPY_BELOW {
             self.small(|b| b.extend_from_slice(&d));

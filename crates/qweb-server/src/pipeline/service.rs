@@ -177,6 +177,7 @@ impl Service {
     /// would read the path as another route's (`/ADMIN/x` beside an `/admin` route and a
     /// proxy route `/` in front of IIS): two hops must agree on which rules apply. Path
     /// parameters are already read as Tomcat reads them by [`covers`](qweb_http::path::covers).
+    #[inline]
     fn route_of<'a>(routes: &'a [Route], path: &str) -> Result<Option<&'a Route>, PathError> {
         use qweb_http::path::{covers_as, Case};
         let route = Self::find_route(routes, path);
@@ -193,6 +194,7 @@ impl Service {
     /// A static route's answer: the file (or `try_files`' first that is not a 404), or the
     /// directory's listing where `autoindex` is on and there is no index. `at`: the mount, the
     /// path beneath it and the whole normalised path.
+    #[inline]
     fn serve_static(
         files: &crate::files::StaticFiles,
         route: &Route,
@@ -231,6 +233,7 @@ impl Service {
     }
 
     /// Do the site's and then the route's `allow`/`deny` admit the client (deny wins)?
+    #[inline]
     fn admitted(&self, site: Option<&crate::pipeline::sites::Site>, route: Option<&Route>) -> bool {
         let ip = self.conn.peer.ip();
         site.is_none_or(|s| s.access.permits(ip))
