@@ -130,9 +130,9 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// What a miss does: fill the key itself, or wait for the fill already running.
+/// What a miss does: fill the key itself, or wait for the fill already running (matched
+/// exhaustively by callers: not `non_exhaustive`).
 #[derive(Debug)]
-#[non_exhaustive]
 pub enum Fill {
     /// This request fills the key; dropping the guard (stored or not) wakes the waiters.
     Lead(FillGuard),
@@ -281,6 +281,18 @@ impl Store {
             .fetch_add(n as u64, Ordering::Relaxed);
         self.publish(&inner);
         n
+    }
+
+    /// Removes the stored `entry` of `key` (when it is still there): the origin answered a
+    /// request it would have served with a response that is not stored.
+    pub fn remove_entry(&self, key: &str, entry: &Arc<Entry>) {
+        let mut inner = self.lock();
+        let target = Arc::as_ptr(entry);
+        let n = self.remove_where(&mut inner, key, |e| std::ptr::eq(e, target));
+        self.stats
+            .invalidated
+            .fetch_add(n as u64, Ordering::Relaxed);
+        self.publish(&inner);
     }
 
     /// Removes every variant of every key that starts with `prefix`; how many there were.

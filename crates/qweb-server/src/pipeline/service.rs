@@ -383,7 +383,31 @@ impl Service {
                     return response::status(StatusCode::INTERNAL_SERVER_ERROR);
                 };
                 let req = req.map(|()| body);
-                Box::pin(proxy.forward(req, &target, &self.client)).await
+                if route.cached {
+                    // phases 9 and 12: lookup, then the fill around the proxy
+                    let query = req.uri().query();
+                    let key_path = if proxy.pass_raw_path() {
+                        req.uri().path()
+                    } else {
+                        path.as_str()
+                    };
+                    let key = crate::pipeline::cache::key(
+                        self.client.tls,
+                        authority.as_ref().and_then(|a| a.to_str().ok()),
+                        key_path,
+                        query,
+                    );
+                    let forward = |r| proxy.forward(r, &target, &self.client);
+                    Box::pin(crate::pipeline::cache::serve(
+                        &self.worker.cache,
+                        key,
+                        req,
+                        forward,
+                    ))
+                    .await
+                } else {
+                    Box::pin(proxy.forward(req, &target, &self.client)).await
+                }
             }
         };
         let mut resp = crate::pipeline::error_pages::apply(pages, routes, &method, resp, &ahead);
