@@ -12,19 +12,26 @@ const suites = [...await load('tests/index.mjs')]
 suites.push(await load('tests/surrogate-control.mjs'))
 const results = JSON.parse(readFileSync(resultsFile, 'utf8'))
 
-// The issue's totals (165 required, 95 optimal) are without the Surrogate-Control suite, which
-// cli.mjs adds: it is counted apart.
+// Every suite cli.mjs runs (Surrogate-Control included: its tests are also shown apart),
+// without the `browser_only` tests the runner skips for a shared cache: 165 required, 95
+// optimal, 90 check in 0.4.5.
 const counts = {}
 const surrogate = {}
 const passing = []
 const failing = []
 for (const suite of suites) {
   for (const test of suite.tests) {
+    if (test.browser_only === true) continue
     const kind = test.kind ?? 'required'
-    const table = suite.id === 'surrogate-control' ? surrogate : counts
-    const c = (table[kind] ??= { passed: 0, total: 0 })
+    const pass = results[test.id] === true
+    if (suite.id === 'surrogate-control') {
+      const s = (surrogate[kind] ??= { passed: 0, total: 0 })
+      s.total += 1
+      s.passed += pass ? 1 : 0
+    }
+    const c = (counts[kind] ??= { passed: 0, total: 0 })
     c.total += 1
-    if (results[test.id] === true) {
+    if (pass) {
       c.passed += 1
       passing.push(test.id)
     } else if (kind !== 'check') {
@@ -35,7 +42,7 @@ for (const suite of suites) {
 for (const kind of ['required', 'optimal', 'check']) {
   const c = counts[kind] ?? { passed: 0, total: 0 }
   const s = surrogate[kind] ?? { passed: 0, total: 0 }
-  console.log(`${kind}: ${c.passed} of ${c.total} passed (and ${s.passed} of ${s.total} of surrogate-control)`)
+  console.log(`${kind}: ${c.passed} of ${c.total} passed (of which surrogate-control: ${s.passed} of ${s.total})`)
 }
 for (const f of failing) console.log(`failed\t${f}`)
 

@@ -94,6 +94,39 @@ impl Directives {
         d
     }
 
+    /// The directives a shared cache named `qweb` follows for a response: those of
+    /// `CDN-Cache-Control` (RFC 9213) when it has any, else the members of
+    /// `Surrogate-Control` (W3C Edge Architecture) without a target or targeted at `qweb`
+    /// (`max-age=60;qweb`) when there are any, else `Cache-Control`. A targeted field
+    /// replaces `Cache-Control` whole for this cache.
+    pub fn response(headers: &HeaderMap) -> Directives {
+        let cdn = Directives::of(headers, &CDN_CACHE_CONTROL);
+        if cdn.any {
+            return cdn;
+        }
+        let mut sc = Directives::default();
+        for value in headers.get_all(&SURROGATE_CONTROL) {
+            let Ok(text) = std::str::from_utf8(value.as_bytes()) else {
+                continue;
+            };
+            for element in elements(text) {
+                let element = match split_outside_quotes(element, b';') {
+                    (e, None) => e,
+                    (e, Some(target)) if target.trim().eq_ignore_ascii_case(TARGET) => e,
+                    _ => continue,
+                };
+                for (k, v) in split(element) {
+                    sc.any = true;
+                    sc.apply(&k, v);
+                }
+            }
+        }
+        if sc.any {
+            return sc;
+        }
+        Directives::of(headers, &http::header::CACHE_CONTROL)
+    }
+
     /// Records one directive (names compared without case; the first of each wins).
     fn apply(&mut self, name: &str, value: Option<Value>) {
         let secs = |v: &Option<Value>| match v {
@@ -151,40 +184,59 @@ fn delta_seconds(v: &Value) -> Seconds {
     Seconds::Valid(t.parse::<u64>().map_or(MAX_DELTA, |n| n.min(MAX_DELTA)))
 }
 
+/// The name `Surrogate-Control` members target (`;qweb`), and that qweb announces in
+/// `Surrogate-Capability`.
+pub const TARGET: &str = "qweb";
+
+static CDN_CACHE_CONTROL: HeaderName = HeaderName::from_static("cdn-cache-control");
+static SURROGATE_CONTROL: HeaderName = HeaderName::from_static("surrogate-control");
+
+/// `text` cut at the first `sep` outside a quoted string: before it, and after it.
+fn split_outside_quotes(text: &str, sep: u8) -> (&str, Option<&str>) {
+    let bytes = text.as_bytes();
+    let mut in_quote = false;
+    let mut escaped = false;
+    for (i, &b) in bytes.iter().enumerate() {
+        if in_quote {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_quote = false;
+            }
+        } else if b == b'"' {
+            in_quote = true;
+        } else if b == sep {
+            return (&text[..i], Some(&text[i + 1..]));
+        }
+    }
+    (text, None)
+}
+
+/// The comma-separated elements of a field value, commas inside quoted strings kept,
+/// trimmed, empty ones dropped.
+fn elements(mut text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    loop {
+        let (element, rest) = split_outside_quotes(text, b',');
+        let element = element.trim();
+        if !element.is_empty() {
+            out.push(element);
+        }
+        match rest {
+            Some(r) => text = r,
+            None => return out,
+        }
+    }
+}
+
 /// Splits a `Cache-Control` value into lowercase directive names and their values, commas
 /// inside quoted strings kept. A directive with a space around its `=` is not a directive
 /// (`max-age =5` is skipped: RFC 9110's `token "=" ( token / quoted-string )` has none).
 fn split(text: &str) -> Vec<(String, Option<Value>)> {
     let mut out = Vec::new();
-    let bytes = text.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        // one element: up to the next comma outside a quoted string
-        let start = i;
-        let mut in_quote = false;
-        let mut escaped = false;
-        while i < bytes.len() {
-            let b = bytes[i];
-            if in_quote {
-                if escaped {
-                    escaped = false;
-                } else if b == b'\\' {
-                    escaped = true;
-                } else if b == b'"' {
-                    in_quote = false;
-                }
-            } else if b == b'"' {
-                in_quote = true;
-            } else if b == b',' {
-                break;
-            }
-            i += 1;
-        }
-        let element = text[start..i].trim();
-        i += 1;
-        if element.is_empty() {
-            continue;
-        }
+    for element in elements(text) {
         let (name, value) = match element.split_once('=') {
             None => (element, None),
             Some((n, v)) => {
@@ -270,6 +322,29 @@ mod tests {
             Seconds::Valid(1)
         );
         assert_eq!(cc(&["max-age=1, max-age=3600"]).max_age, Seconds::Valid(1));
+    }
+
+    #[test]
+    fn targeted_fields_replace_cache_control() {
+        let mut h = HeaderMap::new();
+        h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        h.insert(
+            "surrogate-control",
+            HeaderValue::from_static("max-age=10;other, no-store;other, max-age=60;qweb"),
+        );
+        let d = Directives::response(&h);
+        assert_eq!(d.max_age, Seconds::Valid(60));
+        assert!(!d.no_store);
+        h.insert(
+            "surrogate-control",
+            HeaderValue::from_static("max-age=60;other"),
+        );
+        assert!(
+            Directives::response(&h).no_store,
+            "nothing for qweb: Cache-Control"
+        );
+        h.insert("cdn-cache-control", HeaderValue::from_static("max-age=5"));
+        assert_eq!(Directives::response(&h).max_age, Seconds::Valid(5));
     }
 
     #[test]

@@ -88,7 +88,7 @@ pub fn storable(
     if Directives::of(req, &header::CACHE_CONTROL).no_store {
         return Err(NotStorable::RequestNoStore);
     }
-    let cc = Directives::of(resp, &header::CACHE_CONTROL);
+    let cc = Directives::response(resp);
     let code = status.as_u16();
     if code < 200 || code == 206 || code == 304 {
         return Err(NotStorable::Status);
@@ -138,21 +138,84 @@ pub fn vary_names(resp: &HeaderMap) -> impl Iterator<Item = String> + '_ {
         .filter(|n| !n.is_empty())
 }
 
-/// A request field's value as a `Vary` comparison sees it: the lines joined with `, `,
-/// whitespace around each comma-separated member removed (RFC 9111 section 4.1 lets the
-/// cache normalise), `None` when absent.
+/// A request field's value as a `Vary` comparison sees it (RFC 9111 section 4.1 lets the
+/// cache normalise): the lines joined, whitespace around each comma-separated member
+/// removed; for the `Accept` fields, whose members' order and case carry no meaning beyond
+/// their weights, members lowercased and sorted by weight, then name. `None` when absent.
 pub fn vary_value(req: &HeaderMap, name: &str) -> Option<Vec<u8>> {
-    let mut out: Option<Vec<u8>> = None;
+    let mut members: Vec<&[u8]> = Vec::new();
+    let mut present = false;
     for v in req.get_all(name) {
-        let o = out.get_or_insert_with(Vec::new);
-        for part in v.as_bytes().split(|b| *b == b',') {
-            if !o.is_empty() {
-                o.extend_from_slice(b",");
+        present = true;
+        members.extend(
+            v.as_bytes()
+                .split(|b| *b == b',')
+                .map(<[u8]>::trim_ascii)
+                .filter(|m| !m.is_empty()),
+        );
+    }
+    if !present {
+        return None;
+    }
+    if name.starts_with("accept") {
+        let mut weighted: Vec<(u16, Vec<u8>)> = members
+            .iter()
+            .map(|m| {
+                let lower = m.to_ascii_lowercase();
+                let (token, q) = weight(&lower);
+                (q, token)
+            })
+            .collect();
+        weighted.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+        let mut out = Vec::new();
+        for (q, token) in weighted {
+            if !out.is_empty() {
+                out.push(b',');
             }
-            o.extend_from_slice(part.trim_ascii());
+            out.extend_from_slice(&token);
+            if q != 1000 {
+                out.extend_from_slice(format!(";q={q}").as_bytes());
+            }
+        }
+        return Some(out);
+    }
+    Some(members.join(&b","[..]))
+}
+
+/// An `Accept*` member's token (its parameters other than `q` kept) and its weight in
+/// thousandths (1000 without `q`; 0 when `q` is not a number).
+fn weight(member: &[u8]) -> (Vec<u8>, u16) {
+    let mut token = Vec::new();
+    let mut q = 1000;
+    for (i, part) in member.split(|b| *b == b';').enumerate() {
+        let part = part.trim_ascii();
+        if i > 0 {
+            if let Some(v) = part.strip_prefix(b"q=") {
+                q = std::str::from_utf8(v)
+                    .ok()
+                    .and_then(|v| v.parse::<f32>().ok())
+                    .map_or(0, |f| (f.clamp(0.0, 1.0) * 1000.0).round() as u16);
+                continue;
+            }
+            token.push(b';');
+        }
+        token.extend_from_slice(part);
+    }
+    (token, q)
+}
+
+/// The request's most preferred language (highest weight, first of equals), lowercase.
+fn preferred_language(req: &HeaderMap) -> Option<Vec<u8>> {
+    let mut best: Option<(u16, Vec<u8>)> = None;
+    for v in req.get_all(header::ACCEPT_LANGUAGE) {
+        for m in v.as_bytes().split(|b| *b == b',') {
+            let (token, q) = weight(&m.trim_ascii().to_ascii_lowercase());
+            if q > 0 && best.as_ref().is_none_or(|(bq, _)| q > *bq) {
+                best = Some((q, token));
+            }
         }
     }
-    out
+    best.map(|(_, t)| t)
 }
 
 /// The stored response head and what its age and freshness are computed from.
@@ -195,16 +258,31 @@ impl Meta {
         }
     }
 
-    /// The stored response's `Cache-Control`.
+    /// The stored response's directives for qweb (its targeted field, else
+    /// `Cache-Control`: [`Directives::response`]).
     pub fn directives(&self) -> Directives {
-        Directives::of(&self.headers, &header::CACHE_CONTROL)
+        Directives::response(&self.headers)
     }
 
     /// Whether a request with fields `req` selects this response (its `Vary` fields match).
+    ///
+    /// `Accept-Language` also matches when the stored response's `Content-Language` is the
+    /// request's most preferred language (the origin would select the same response).
     pub fn vary_matches(&self, req: &HeaderMap) -> bool {
-        self.vary
-            .iter()
-            .all(|(name, v)| name != "*" && vary_value(req, name) == *v)
+        self.vary.iter().all(|(name, v)| {
+            name != "*" && (vary_value(req, name) == *v || self.language_selected(name, req))
+        })
+    }
+
+    fn language_selected(&self, name: &str, req: &HeaderMap) -> bool {
+        if name != "accept-language" {
+            return false;
+        }
+        let Some(lang) = self.headers.get(header::CONTENT_LANGUAGE) else {
+            return false;
+        };
+        let lang = lang.as_bytes().trim_ascii().to_ascii_lowercase();
+        !lang.contains(&b',') && preferred_language(req).is_some_and(|p| p == lang)
     }
 
     /// The `Age` the origin or a cache before qweb sent: `None` when it is not one
@@ -358,7 +436,7 @@ fn stored_fields(resp: &HeaderMap) -> HeaderMap {
         .flat_map(|v| v.split(','))
         .map(|n| n.trim().to_ascii_lowercase())
         .collect();
-    let private = Directives::of(resp, &header::CACHE_CONTROL).private_fields;
+    let private = Directives::response(resp).private_fields;
     let mut out = HeaderMap::with_capacity(resp.len());
     for (name, value) in resp.iter() {
         let n = name.as_str();
@@ -568,7 +646,13 @@ mod tests {
         let resp = h(&[("vary", "Accept-Language"), ("etag", "\"a\""), ("x-a", "1")]);
         let mut m = Meta::new(StatusCode::OK, &resp, &req, now, now);
         assert!(m.vary_matches(&h(&[("accept-language", "en,fr")])));
+        assert!(m.vary_matches(&h(&[("accept-language", "FR, en")])));
+        assert!(!m.vary_matches(&h(&[("accept-language", "fr;q=0.5, en")])));
         assert!(!m.vary_matches(&h(&[("accept-language", "de")])));
+        let chosen = h(&[("vary", "Accept-Language"), ("content-language", "de")]);
+        let c = Meta::new(StatusCode::OK, &chosen, &req, now, now);
+        assert!(c.vary_matches(&h(&[("accept-language", "fr;q=0.5, de;q=1.0")])));
+        assert!(!c.vary_matches(&h(&[("accept-language", "fr, de;q=0.9")])));
         assert!(!m.vary_matches(&HeaderMap::new()));
         let not_mod = h(&[("etag", "\"a\""), ("x-a", "2"), ("content-length", "0")]);
         assert!(m.validated_by(&not_mod));

@@ -21,6 +21,8 @@ use qweb_cache::{policy, CacheStatus, Entry, Fill, FillBody, Pending, Reuse, Sto
 use qweb_http::body::Body;
 use qweb_http::request_body::RequestBody;
 
+use crate::files::range::RangeRequest;
+
 /// What a worker's cached routes share: the server's store and how long a collapsed miss
 /// waits.
 pub(crate) struct CacheCtx {
@@ -137,7 +139,10 @@ impl Conditionals {
         else {
             return false;
         };
+        // without Last-Modified, the Date is the latest it could have changed (RFC 9110
+        // section 13.2.2 leaves the comparison to the cache)
         resp.get(header::LAST_MODIFIED)
+            .or_else(|| resp.get(header::DATE))
             .and_then(|v| v.to_str().ok())
             .and_then(|v| httpdate::parse_http_date(v).ok())
             .is_some_and(|lm| lm <= since)
@@ -282,16 +287,20 @@ where
         }
         None => None,
     };
+    // a Surrogate-Control member may target qweb (W3C Edge Architecture)
+    req.headers_mut().insert(
+        HeaderName::from_static("surrogate-capability"),
+        HeaderValue::from_static("qweb=\"Surrogate/1.0\""),
+    );
     let request_time = SystemTime::now();
     let resp = forward(req).await;
     let response_time = SystemTime::now();
 
     if let Some(e) = &stored {
         // Phase 12 for a revalidation: a 304 about the stored response updates it.
-        if resp.status() == StatusCode::NOT_MODIFIED
-            && validators.is_some()
-            && e.meta.validated_by(resp.headers())
-        {
+        // (one stored response was validated: a 304 to its validators is about it, even
+        // with another ETag, which is then not taken: RFC 9111 section 3.2 keeps it)
+        if resp.status() == StatusCode::NOT_MODIFIED && validators.is_some() {
             let mut meta = e.meta.clone();
             meta.update(resp.headers(), request_time, response_time);
             let keep = policy::storable(&Method::GET, &req_headers, meta.status, &meta.headers);
@@ -345,7 +354,21 @@ where
         },
         None => CacheStatus::Miss { stored: stores },
     };
-    let body = if stores {
+    let bodiless = method == Method::HEAD
+        || parts.status == StatusCode::NO_CONTENT
+        || parts.status == StatusCode::NOT_MODIFIED;
+    let body = if stores && bodiless {
+        // no body to tee (a driver does not poll one for 204): stored as the head comes
+        let meta = policy::Meta::new(
+            parts.status,
+            &parts.headers,
+            &req_headers,
+            request_time,
+            response_time,
+        );
+        store.insert(&key, Entry::new(meta, bytes::Bytes::new()));
+        body
+    } else if stores {
         let meta = policy::Meta::new(
             parts.status,
             &parts.headers,
@@ -426,20 +449,58 @@ fn answer<B>(e: &Entry, req: &Request<B>, now: SystemTime, status: CacheStatus) 
     if !no_body {
         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(e.body.len()));
     }
+    let mut code = e.meta.status;
+    let mut bytes = e.body.clone();
+    let cond = Conditionals::of(req.headers());
+    let conditional = e.meta.status == StatusCode::OK && cond.not_modified(&headers);
+    if let Some(range) = range_of(req, e).filter(|_| !conditional) {
+        let len = e.body.len() as u64;
+        match crate::files::range::parse(range, len) {
+            RangeRequest::Partial { start, end } => {
+                code = StatusCode::PARTIAL_CONTENT;
+                bytes = e.body.slice(start as usize..=end as usize);
+                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+                if let Ok(v) = HeaderValue::from_str(&format!("bytes {start}-{end}/{len}")) {
+                    headers.insert(header::CONTENT_RANGE, v);
+                }
+            }
+            RangeRequest::Unsatisfiable => {
+                code = StatusCode::RANGE_NOT_SATISFIABLE;
+                bytes = bytes::Bytes::new();
+                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(0));
+                if let Ok(v) = HeaderValue::from_str(&format!("bytes */{len}")) {
+                    headers.insert(header::CONTENT_RANGE, v);
+                }
+            }
+            // several ranges, or none usable: the whole response
+            _ => {}
+        }
+    }
     let body = if req.method() == Method::HEAD || no_body {
         qweb_http::body::empty()
     } else {
-        qweb_http::body::full(e.body.clone())
+        qweb_http::body::full(bytes)
     };
     let mut r = Response::new(body);
-    *r.status_mut() = e.meta.status;
+    *r.status_mut() = code;
     *r.headers_mut() = headers;
     mark(&mut r, status);
-    let cond = Conditionals::of(req.headers());
-    if e.meta.status == StatusCode::OK && cond.not_modified(r.headers()) {
+    if conditional {
         to_not_modified(&mut r);
     }
     r
+}
+
+/// The `Range` a hit answers with a `206` from the stored whole `e`: GET of a stored
+/// `200`, without `If-Range` (which qweb does not evaluate: the whole is served then).
+fn range_of<'a, B>(req: &'a Request<B>, e: &Entry) -> Option<&'a str> {
+    if req.method() != Method::GET
+        || e.meta.status != StatusCode::OK
+        || req.headers().contains_key(header::IF_RANGE)
+    {
+        return None;
+    }
+    req.headers().get(header::RANGE)?.to_str().ok()
 }
 
 /// The name of RFC 9211's field.
