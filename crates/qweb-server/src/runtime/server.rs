@@ -219,11 +219,15 @@ impl Server {
         if let Some(socket) = admin {
             // Its own thread: metrics stay readable when workers are busy or blocked
             // (sync offload).
-            let (rx, metrics) = (rx.clone(), metrics.clone());
+            let state = crate::runtime::admin::AdminState {
+                registry: metrics.clone(),
+                cache: Some(cache.clone()),
+            };
+            let rx = rx.clone();
             let limits = config.admin_limits.clone();
             let handle = std::thread::Builder::new()
                 .name("qweb-admin".into())
-                .spawn(move || crate::runtime::admin::run_with(socket, metrics, rx, limits))
+                .spawn(move || crate::runtime::admin::run_with(socket, state, rx, limits))
                 .map_err(ServerError::Thread)?;
             admin_thread = Some(handle);
         }

@@ -413,3 +413,55 @@ async fn unsafe_methods_invalidate_the_stored_response() {
         "the POST's success invalidated it"
     );
 }
+
+#[tokio::test]
+async fn the_admin_listener_purges_a_url_and_a_prefix() {
+    let up = origin().await;
+    let t = cached(up.addr, "");
+    let base = t.http();
+    let authority = base.trim_start_matches("http://").to_owned();
+    for p in ["/fresh/p/a", "/fresh/p/b", "/fresh/q"] {
+        get(&format!("{base}{p}")).await;
+    }
+    let vary = format!("{base}/vary/p");
+    get_with(&vary, &[("x-variant", "1")]).await;
+    get_with(&vary, &[("x-variant", "2")]).await;
+    let admin = t.admin.unwrap();
+    let purge = |q: String| async move {
+        let r = common::plain_client()
+            .post(format!("http://{admin}/cache/purge?{q}"))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.text().await.unwrap())
+    };
+    // one URL, every variant (its path normalised as routing does)
+    let url = format!("http://{authority}/vary/./p");
+    let (s, body) = purge(format!("url={url}")).await;
+    assert_eq!((s, body.as_str()), (200, "{\"purged\":2}"));
+    let prefix = format!(
+        "http%3A%2F%2F{}%2Ffresh%2Fp%2F",
+        authority.replace(':', "%3A")
+    );
+    let (s, body) = purge(format!("prefix={prefix}")).await;
+    assert_eq!((s, body.as_str()), (200, "{\"purged\":2}"));
+    assert_eq!(get(&format!("{base}/fresh/p/a")).await.2, "fresh:2");
+    assert_eq!(
+        get(&format!("{base}/fresh/q")).await.1["cache-status"],
+        "qweb; hit"
+    );
+    assert_eq!(
+        get_with(&vary, &[("x-variant", "1")]).await.1["cache-status"],
+        "qweb; fwd=miss; stored"
+    );
+    // refused: no URL, a relative one, another method
+    assert_eq!(purge("x=1".into()).await.0, 400);
+    assert_eq!(purge("url=/fresh/q".into()).await.0, 400);
+    let r = common::plain_client()
+        .get(format!("http://{admin}/cache/purge?url={url}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+}
