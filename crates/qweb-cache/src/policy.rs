@@ -119,8 +119,10 @@ pub fn storable(
         || cc.s_maxage.present()
         || cc.public
         || cc.no_cache;
-    let heuristic =
-        HEURISTIC.contains(&code) || resp.contains_key(header::LAST_MODIFIED) && cc.public;
+    // heuristic freshness needs a Last-Modified; without it and without an ETag the
+    // response could never be used, fresh or revalidated: not worth its memory
+    let heuristic = HEURISTIC.contains(&code)
+        && (resp.contains_key(header::LAST_MODIFIED) || resp.contains_key(header::ETAG));
     if explicit || heuristic {
         Ok(())
     } else {

@@ -124,6 +124,10 @@ impl Service {
             route: route_metrics,
             format: self.worker.log_format,
             fields,
+            cache: resp
+                .extensions()
+                .get::<qweb_cache::CacheStatus>()
+                .map(|c| c.word()),
         };
         let tunnel = resp
             .extensions_mut()
