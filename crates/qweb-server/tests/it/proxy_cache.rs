@@ -465,3 +465,34 @@ async fn the_admin_listener_purges_a_url_and_a_prefix() {
         .unwrap();
     assert_eq!(r.status(), 405);
 }
+
+#[tokio::test]
+async fn the_store_survives_a_reload_and_takes_its_new_limits() {
+    let up = origin().await;
+    // a fixed port, which a reload keeps
+    let port = common::free_port();
+    let mut t = common::start_with(
+        &format!(
+            "workers = 2\n[admin]\naddress = \"127.0.0.1:0\"\n\
+             [[listener]]\naddress = \"127.0.0.1:{port}\"\n\
+             [[route]]\nprefix = \"/\"\nupstreams = [\"{}\"]\ncache = {{}}\n",
+            up.addr
+        ),
+        |_| {},
+    );
+    let url = format!("http://127.0.0.1:{port}/big/300000");
+    get(&url).await;
+    assert_eq!(get(&url).await.1["cache-status"], "qweb; hit");
+    let file = t.dir.path().join("qweb.toml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    // the same routes: the entry is still there after the reload
+    let config = qweb_server::Config::from_str_at(&text, Some(&file)).unwrap();
+    t.server.as_mut().unwrap().reload(config).unwrap();
+    assert_eq!(get(&url).await.1["cache-status"], "qweb; hit");
+    // a smaller largest size evicts what is over it
+    let smaller = text.replace("[admin]", "[cache]\nmax_object_size = \"100KiB\"\n[admin]");
+    let config = qweb_server::Config::from_str_at(&smaller, Some(&file)).unwrap();
+    t.server.as_mut().unwrap().reload(config).unwrap();
+    assert_eq!(get(&url).await.1["cache-status"], "qweb; fwd=miss");
+    assert_eq!(up.count("/big/300000"), 2);
+}
