@@ -10,6 +10,7 @@
 //! per encoding is not done yet.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -82,6 +83,11 @@ impl prometheus_client::collector::Collector for Collector {
         Ok(())
     }
 }
+
+/// A forward the cache starts on its own once the client was answered (a revalidation in
+/// the background, RFC 5861's `stale-while-revalidate`): it owns what it needs.
+pub(crate) type Background =
+    Box<dyn FnOnce(Request<RequestBody>) -> Pin<Box<dyn Future<Output = Response<Body>>>>>;
 
 /// The client's own validators, answered by qweb from the response it ends up with when it
 /// replaced them by the stored response's for a revalidation.
@@ -190,11 +196,15 @@ fn safe(m: &Method) -> bool {
 /// Answers `req` on a cached route: from the store when RFC 9111 allows it, else through
 /// `forward` (the proxy), revalidating a stale stored response, and storing what may be
 /// stored while it streams to the client.
+///
+/// `background` makes the forward of a revalidation in the background, when a stale
+/// response is served within its `stale-while-revalidate`.
 pub(crate) async fn serve<F, Fut>(
     cache: &CacheCtx,
     key: String,
     mut req: Request<RequestBody>,
     forward: F,
+    background: impl FnOnce() -> Background,
 ) -> Response<Body>
 where
     F: FnOnce(Request<RequestBody>) -> Fut,
@@ -239,6 +249,20 @@ where
                 }
                 Reuse::StaleAllowed => {
                     stats.stale.fetch_add(1, Relaxed);
+                    return answer(e, &req, now, CacheStatus::Stale);
+                }
+                _ if while_revalidating(e, req.headers(), now) => {
+                    stats.stale.fetch_add(1, Relaxed);
+                    if let Fill::Lead(guard) = store.begin_fill(&key) {
+                        let headers = req.headers().clone();
+                        let job = Revalidation {
+                            store: store.clone(),
+                            key: key.clone(),
+                            entry: e.clone(),
+                            guard,
+                        };
+                        tokio::task::spawn_local(job.run(headers, background()));
+                    }
                     return answer(e, &req, now, CacheStatus::Stale);
                 }
                 _ => {}
@@ -404,6 +428,102 @@ fn stale_if_error(e: &Entry, req: &HeaderMap, now: SystemTime) -> bool {
             .is_some_and(|v| staleness <= Duration::from_secs(v))
     };
     within(rc.stale_if_error) || within(Directives::of(req, &header::CACHE_CONTROL).stale_if_error)
+}
+
+/// May a stale `e` answer a request with fields `req` while it is revalidated in the
+/// background (RFC 5861 section 3)? Not when the request asks the origin (`no-cache`,
+/// `max-age`, `min-fresh`), nor when the stored response forbids serving it stale.
+fn while_revalidating(e: &Entry, req: &HeaderMap, now: SystemTime) -> bool {
+    let rc = e.meta.directives();
+    let Some(window) = rc.stale_while_revalidate.value() else {
+        return false;
+    };
+    if rc.must_revalidate || rc.proxy_revalidate || rc.no_cache || rc.s_maxage.present() {
+        return false;
+    }
+    let rq = Directives::of(req, &header::CACHE_CONTROL);
+    let pragma = !rq.any
+        && req
+            .get_all(header::PRAGMA)
+            .iter()
+            .any(|v| v.as_bytes().eq_ignore_ascii_case(b"no-cache"));
+    if rq.no_cache || rq.max_age.present() || rq.min_fresh.present() || pragma {
+        return false;
+    }
+    e.meta.staleness(now) <= Duration::from_secs(window)
+}
+
+/// A revalidation in the background: the stored response's validators to the origin; a
+/// 304 updates it, a storable response replaces it (read whole, bounded by the largest
+/// object size, with no client), anything else but an error removes it. The fill guard keeps
+/// one at a time per key.
+struct Revalidation {
+    store: Arc<Store>,
+    key: String,
+    entry: Arc<Entry>,
+    guard: qweb_cache::FillGuard,
+}
+
+impl Revalidation {
+    async fn run(self, mut headers: HeaderMap, forward: Background) {
+        let Revalidation {
+            store,
+            key,
+            entry,
+            guard,
+        } = self;
+        let client = headers.clone();
+        Conditionals::take(&mut headers);
+        if let Some(etag) = entry.meta.etag() {
+            headers.insert(header::IF_NONE_MATCH, etag.clone());
+        }
+        if let Some(lm) = entry.meta.last_modified() {
+            headers.insert(header::IF_MODIFIED_SINCE, lm.clone());
+        }
+        headers.remove(header::RANGE);
+        headers.insert(
+            HeaderName::from_static("surrogate-capability"),
+            HeaderValue::from_static("qweb=\"Surrogate/1.0\""),
+        );
+        let mut req = Request::new(RequestBody::Empty);
+        *req.headers_mut() = headers;
+        let request_time = SystemTime::now();
+        let resp = forward(req).await;
+        let response_time = SystemTime::now();
+        let status = resp.status();
+        if status == StatusCode::NOT_MODIFIED {
+            let mut meta = entry.meta.clone();
+            meta.update(resp.headers(), request_time, response_time);
+            if policy::storable(&Method::GET, &client, meta.status, &meta.headers).is_ok() {
+                store.update(&key, &entry, meta);
+                store.stats().revalidated.fetch_add(1, Relaxed);
+            } else {
+                store.remove_entry(&key, &entry);
+            }
+            return;
+        }
+        let (parts, body) = resp.into_parts();
+        if policy::storable(&Method::GET, &client, parts.status, &parts.headers).is_ok() {
+            let length = parts
+                .headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            let meta = policy::Meta::new(
+                parts.status,
+                &parts.headers,
+                &client,
+                request_time,
+                response_time,
+            );
+            let pending = Pending::new(store.clone(), key.clone(), meta, length, Some(guard));
+            // read to its end with no client: FillBody stores it there (or gives up past
+            // the largest size)
+            let _ = http_body_util::BodyExt::collect(FillBody::new(body, pending)).await;
+        } else if !parts.status.is_server_error() {
+            store.remove_entry(&key, &entry);
+        }
+    }
 }
 
 /// The head of a request for [`answer`], from its method and fields.

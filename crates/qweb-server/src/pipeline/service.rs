@@ -402,11 +402,32 @@ impl Service {
                         query,
                     );
                     let forward = |r| proxy.forward(r, &target, &self.client);
+                    let background = || -> crate::pipeline::cache::Background {
+                        let (proxy, pq) = (proxy.clone(), pq.clone());
+                        let authority = authority.clone();
+                        let client = ClientInfo {
+                            addr: self.client.addr,
+                            tls: self.client.tls,
+                            conn: self.client.conn.clone(),
+                            tunnels: self.client.tunnels.clone(),
+                            shutdown: self.client.shutdown.clone(),
+                        };
+                        Box::new(move |r| {
+                            Box::pin(async move {
+                                let target = Target {
+                                    path_and_query: &pq,
+                                    authority: authority.as_ref(),
+                                };
+                                proxy.forward(r, &target, &client).await
+                            })
+                        })
+                    };
                     Box::pin(crate::pipeline::cache::serve(
                         &self.worker.cache,
                         key,
                         req,
                         forward,
+                        background,
                     ))
                     .await
                 } else {

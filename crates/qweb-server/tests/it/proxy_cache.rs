@@ -19,6 +19,7 @@ use hyper_util::rt::TokioIo;
 
 /// An origin whose answers the path picks, counting the requests it sees per path:
 /// - `/fresh/..`: `max-age=60`, body `fresh:<count>`;
+/// - `/swr/..`: `max-age=1, stale-while-revalidate=60`, body `swr:<count>`;
 /// - `/cookie`: `max-age=60` and `Set-Cookie` (`/cookie-public`: with `public` too);
 /// - `/vary/..`: `max-age=60`, `Vary: X-Variant`, body `variant:<the request's X-Variant>`;
 /// - `/big/<n>`: `max-age=60`, n bytes with a length (`/bigchunked/<n>`: without);
@@ -56,6 +57,10 @@ async fn answer(req: Request<Incoming>, n: usize) -> Response<OriginBody> {
     let seg = |i: usize| path.split('/').nth(i).unwrap_or("").to_owned();
     let body = match seg(1).as_str() {
         "fresh" => full(format!("fresh:{n}")),
+        "swr" => {
+            b = Response::builder().header("cache-control", "max-age=1, stale-while-revalidate=60");
+            full(format!("swr:{n}"))
+        }
         "cookie" => {
             b = b.header("set-cookie", format!("session={n}"));
             full(format!("cookie:{n}"))
@@ -495,4 +500,34 @@ async fn the_store_survives_a_reload_and_takes_its_new_limits() {
     t.server.as_mut().unwrap().reload(config).unwrap();
     assert_eq!(get(&url).await.1["cache-status"], "qweb; fwd=miss");
     assert_eq!(up.count("/big/300000"), 2);
+}
+
+#[tokio::test]
+async fn stale_while_revalidate_serves_stale_and_refreshes_in_the_background() {
+    let up = origin().await;
+    let t = cached(up.addr, "");
+    let url = format!("{}/swr/a", t.http());
+    assert_eq!(get(&url).await.2, "swr:1");
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let (_, h, body) = get(&url).await;
+    assert_eq!(body, "swr:1", "stale, at once");
+    assert_eq!(h["cache-status"], "qweb; hit; detail=stale");
+    let up = &up;
+    common::poll_until_async(
+        "the background revalidation",
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        || async move { (up.count("/swr/a") == 2).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (_, h, body) = get(&url).await;
+    assert_eq!(
+        (body.as_str(), h["cache-status"].as_str()),
+        ("swr:2", "qweb; hit")
+    );
+    // a request that asks the origin is not served stale
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let (_, _, body) = get_with(&url, &[("cache-control", "max-age=0")]).await;
+    assert_eq!(body, "swr:3");
 }
