@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::raw::RawRoute;
 use super::units::{Dur, Size};
 use super::{ConfigError, RouteAction, Validator};
 
@@ -82,10 +81,10 @@ impl Validator<'_> {
     pub(super) fn route_cache(
         &self,
         i: usize,
-        rr: &RawRoute,
+        raw: Option<&toml::Spanned<RawRouteCache>>,
         action: &RouteAction,
     ) -> Result<Option<RouteCache>, ConfigError> {
-        let Some(c) = &rr.cache else {
+        let Some(c) = raw else {
             return Ok(None);
         };
         if !matches!(action, RouteAction::Proxy(_)) {

@@ -201,7 +201,7 @@ impl Validator<'_> {
             ));
         }
         let rules = self.route_rules(i, r, &action)?;
-        let cache = self.route_cache(i, rr, &action)?;
+        let cache = self.route_cache(i, rr.cache.as_ref(), &action)?;
         Ok(RouteConfig {
             prefix,
             strip_prefix: rr.strip_prefix.unwrap_or(false),

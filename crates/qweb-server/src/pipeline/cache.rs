@@ -216,78 +216,13 @@ where
     let cacheable = matches!(method, Method::GET | Method::HEAD)
         && !req.headers().contains_key(header::UPGRADE);
     if !cacheable {
-        stats.bypass.fetch_add(1, Relaxed);
-        let mut resp = forward(req).await;
-        if !safe(&method) && (resp.status().is_success() || resp.status().is_redirection()) {
-            let mut n = store.invalidate(&key);
-            for name in [header::LOCATION, header::CONTENT_LOCATION] {
-                if let Some(k) = resp
-                    .headers()
-                    .get(&name)
-                    .and_then(|v| same_origin_key(&key, v))
-                {
-                    n += store.invalidate(&k);
-                }
-            }
-            tracing::debug!(%key, removed = n, "invalidated by {method}");
-        }
-        mark(&mut resp, CacheStatus::Bypass);
-        return resp;
+        return bypass(store, &key, req, forward).await;
     }
 
     // Phase 9, lookup: a stored response the request may take, else lead or join the fill.
-    let mut waited = false;
-    let mut guard = None;
-    let stored = loop {
-        let now = SystemTime::now();
-        let found = store.lookup(&key, req.headers());
-        if let Some(e) = &found {
-            match policy::reuse(&e.meta, req.headers(), now) {
-                Reuse::Fresh => {
-                    stats.hits.fetch_add(1, Relaxed);
-                    return answer(e, &req, now, CacheStatus::Hit { collapsed: waited });
-                }
-                Reuse::StaleAllowed => {
-                    stats.stale.fetch_add(1, Relaxed);
-                    return answer(e, &req, now, CacheStatus::Stale);
-                }
-                _ if while_revalidating(e, req.headers(), now) => {
-                    stats.stale.fetch_add(1, Relaxed);
-                    if let Fill::Lead(guard) = store.begin_fill(&key) {
-                        let headers = req.headers().clone();
-                        let job = Revalidation {
-                            store: store.clone(),
-                            key: key.clone(),
-                            entry: e.clone(),
-                            guard,
-                        };
-                        tokio::task::spawn_local(job.run(headers, background()));
-                    }
-                    return answer(e, &req, now, CacheStatus::Stale);
-                }
-                _ => {}
-            }
-        }
-        if Directives::of(req.headers(), &header::CACHE_CONTROL).only_if_cached {
-            let mut r = qweb_http::response::status(StatusCode::GATEWAY_TIMEOUT);
-            mark(&mut r, CacheStatus::Miss { stored: false });
-            return r;
-        }
-        if waited {
-            break found;
-        }
-        match store.begin_fill(&key) {
-            Fill::Lead(g) => {
-                guard = Some(g);
-                break found;
-            }
-            Fill::Wait(mut rx) => {
-                stats.collapsed.fetch_add(1, Relaxed);
-                // woken when the fill ends (stored or not), or gone upstream at the bound
-                let _ = tokio::time::timeout(cache.collapse_timeout, rx.changed()).await;
-                waited = true;
-            }
-        }
+    let (stored, mut guard) = match lookup(cache, &key, &req, background).await {
+        Lookup::Answered(r) => return r,
+        Lookup::Forward { stored, guard } => (stored, guard),
     };
     stats.misses.fetch_add(1, Relaxed);
 
@@ -413,6 +348,124 @@ where
         not_modified_if(c, &mut r);
     }
     r
+}
+
+/// A request the cache does not take (a method other than GET and HEAD, an upgrade): on to
+/// the upstream; an unsafe method's success removes what is stored for its URL and for its
+/// `Location` and `Content-Location` on the same origin.
+async fn bypass<F, Fut>(
+    store: &Store,
+    key: &str,
+    req: Request<RequestBody>,
+    forward: F,
+) -> Response<Body>
+where
+    F: FnOnce(Request<RequestBody>) -> Fut,
+    Fut: Future<Output = Response<Body>>,
+{
+    store.stats().bypass.fetch_add(1, Relaxed);
+    let method = req.method().clone();
+    let mut resp = forward(req).await;
+    if !safe(&method) && (resp.status().is_success() || resp.status().is_redirection()) {
+        let mut n = store.invalidate(key);
+        for name in [header::LOCATION, header::CONTENT_LOCATION] {
+            if let Some(k) = resp
+                .headers()
+                .get(&name)
+                .and_then(|v| same_origin_key(key, v))
+            {
+                n += store.invalidate(&k);
+            }
+        }
+        tracing::debug!(%key, removed = n, "invalidated by {method}");
+    }
+    mark(&mut resp, CacheStatus::Bypass);
+    resp
+}
+
+/// What the lookup found: an answer, or a forward (with the stale stored response to
+/// revalidate, and the fill guard when this request leads the fill).
+enum Lookup {
+    Answered(Response<Body>),
+    Forward {
+        stored: Option<Arc<Entry>>,
+        guard: Option<qweb_cache::FillGuard>,
+    },
+}
+
+/// Phase 9: a stored response `req` may take (fresh, stale where allowed, stale while it
+/// is revalidated in the background), else this request leads the key's fill or waits for
+/// the one in flight (collapsed misses), then looks once more.
+async fn lookup(
+    cache: &CacheCtx,
+    key: &str,
+    req: &Request<RequestBody>,
+    background: impl FnOnce() -> Background,
+) -> Lookup {
+    let store = &cache.store;
+    let stats = store.stats();
+    let mut waited = false;
+    loop {
+        let now = SystemTime::now();
+        let found = store.lookup(key, req.headers());
+        if let Some(e) = &found {
+            match policy::reuse(&e.meta, req.headers(), now) {
+                Reuse::Fresh => {
+                    stats.hits.fetch_add(1, Relaxed);
+                    return Lookup::Answered(answer(
+                        e,
+                        req,
+                        now,
+                        CacheStatus::Hit { collapsed: waited },
+                    ));
+                }
+                Reuse::StaleAllowed => {
+                    stats.stale.fetch_add(1, Relaxed);
+                    return Lookup::Answered(answer(e, req, now, CacheStatus::Stale));
+                }
+                _ if while_revalidating(e, req.headers(), now) => {
+                    stats.stale.fetch_add(1, Relaxed);
+                    if let Fill::Lead(guard) = store.begin_fill(key) {
+                        let headers = req.headers().clone();
+                        let job = Revalidation {
+                            store: store.clone(),
+                            key: key.to_owned(),
+                            entry: e.clone(),
+                            guard,
+                        };
+                        tokio::task::spawn_local(job.run(headers, background()));
+                    }
+                    return Lookup::Answered(answer(e, req, now, CacheStatus::Stale));
+                }
+                _ => {}
+            }
+        }
+        if Directives::of(req.headers(), &header::CACHE_CONTROL).only_if_cached {
+            let mut r = qweb_http::response::status(StatusCode::GATEWAY_TIMEOUT);
+            mark(&mut r, CacheStatus::Miss { stored: false });
+            return Lookup::Answered(r);
+        }
+        if waited {
+            return Lookup::Forward {
+                stored: found,
+                guard: None,
+            };
+        }
+        match store.begin_fill(key) {
+            Fill::Lead(g) => {
+                return Lookup::Forward {
+                    stored: found,
+                    guard: Some(g),
+                };
+            }
+            Fill::Wait(mut rx) => {
+                stats.collapsed.fetch_add(1, Relaxed);
+                // woken when the fill ends (stored or not), or gone upstream at the bound
+                let _ = tokio::time::timeout(cache.collapse_timeout, rx.changed()).await;
+                waited = true;
+            }
+        }
+    }
 }
 
 /// May a stale `e` answer a request with fields `req` because the origin failed (RFC 5861
