@@ -1,6 +1,7 @@
 //! The access log through the real binary: `[log] access_file` in JSON and combined formats,
 //! reopened on SIGUSR1 after a logrotate-style move, format switched by a reload; and a plain
-//! HTTP request on a TLS port answered with nginx's 400 page.
+//! HTTP request on a TLS port answered with nginx's 400 page; a cached proxy route's lines
+//! saying what the cache did.
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -149,4 +150,64 @@ fn plain_http_on_a_tls_port_gets_the_400_page() {
         })
         .unwrap();
     assert_eq!(r.status(), 403);
+}
+
+/// An origin that answers everything with `Cache-Control: max-age=60`.
+async fn cacheable_origin() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|_req| async {
+                    let r = hyper::Response::builder()
+                        .header("cache-control", "max-age=60")
+                        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"x")))
+                        .unwrap();
+                    Ok::<_, std::convert::Infallible>(r)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_route_logs_what_the_cache_did() {
+    let up = cacheable_origin().await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("logs")).unwrap();
+    let file = d.join("qweb.toml");
+    let port = free_port();
+    std::fs::write(
+        &file,
+        format!(
+            "workers = 1\nstate_dir = \"{}/state\"\n[log]\naccess_file = \"logs/access.log\"\n\
+             [[listener]]\naddress = \"127.0.0.1:{port}\"\n\
+             [[route]]\nprefix = \"/\"\nupstreams = [\"{up}\"]\ncache = {{}}\n",
+            d.display()
+        ),
+    )
+    .unwrap();
+    let _qweb = Qweb::serve(BIN, &file);
+    let c = qweb_testkit::plain_client();
+    let url = format!("http://127.0.0.1:{port}/a");
+    for _ in 0..2 {
+        assert_eq!(c.get(&url).send().await.unwrap().text().await.unwrap(), "x");
+    }
+    c.post(&url).body("b").send().await.unwrap();
+    let lines = lines_of(&d.join("logs/access.log"), 3);
+    let ends: Vec<&str> = lines
+        .iter()
+        .map(|l| l.rsplit(' ').next().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        ends,
+        ["cache=MISS", "cache=HIT", "cache=BYPASS"],
+        "{lines:?}"
+    );
 }

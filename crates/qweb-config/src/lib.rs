@@ -5,12 +5,13 @@
 //!
 //! Each section has its module, holding its typed settings and the part of `Validator` that
 //! checks them: `limits`, `log`, `offload`, `listener` (with `tls` for session resumption and
-//! OCSP), `route` (with `proxy` for proxy routes), `sites`, `compression`, `file_cache`. The
+//! OCSP), `route` (with `proxy` for proxy routes), `sites`, `compression`, `file_cache`, `cache`. The
 //! file as written is `raw`. This module holds [`Config`], its entry points and defaults, and
 //! `Validator` with its shared helpers.
 
 mod access;
 mod acme;
+mod cache;
 mod certificates;
 mod compression;
 mod error;
@@ -35,6 +36,7 @@ pub use access::AccessRules;
 pub use acme::{
     AcmeChallenge, AcmeConfig, DEFAULT_ACME_DIRECTORY, DEFAULT_ACME_RETRY, MAX_ACME_RETRY,
 };
+pub use cache::{CacheConfig, RouteCache};
 pub use compression::CompressionConfig;
 pub use error::ConfigError;
 pub use file_cache::FileCacheConfig;
@@ -91,6 +93,8 @@ pub struct Config {
     pub admin_limits: AdminLimits,
     /// The open-file cache of static routes (`[file_cache]`).
     pub file_cache: FileCacheConfig,
+    /// The proxy cache's store (`[cache]`), used by routes with `cache`.
+    pub cache: CacheConfig,
     /// Response compression (`[compression]`).
     pub compression: CompressionConfig,
     /// Virtual hosts (`[[site]]`); `routes` answer the names no site claims unless a site is
@@ -172,6 +176,7 @@ impl Config {
             admin_limits: AdminLimits::default(),
             compression: CompressionConfig::default(),
             file_cache: FileCacheConfig::default(),
+            cache: CacheConfig::default(),
             sites: SitesConfig::default(),
         }
     }
@@ -278,6 +283,7 @@ impl Validator<'_> {
         let compression = self.compression(raw.compression.as_ref(), &offload)?;
         let sites = self.sites(&raw, &mut listeners, &offload)?;
         let file_cache = self.file_cache(&raw.file_cache)?;
+        let cache = self.cache(&raw.cache)?;
         let admin_limits = self.admin_limits(raw.admin.as_ref())?;
         Ok(Config {
             source: self.file.map(absolute),
@@ -301,6 +307,7 @@ impl Validator<'_> {
             admin_limits,
             compression,
             file_cache,
+            cache,
             sites,
         })
     }

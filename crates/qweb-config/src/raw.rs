@@ -29,6 +29,8 @@ pub(crate) struct RawConfig {
     pub compression: Option<Spanned<super::compression::RawCompression>>,
     #[serde(default)]
     pub file_cache: super::file_cache::RawFileCache,
+    #[serde(default)]
+    pub cache: super::cache::RawCache,
     #[serde(default, rename = "site")]
     pub sites: Vec<Spanned<RawSite>>,
     pub rewrite: Option<Spanned<Vec<RawRewrite>>>,
@@ -218,6 +220,7 @@ pub(crate) struct RawRoute {
     pub fail_timeout: Option<Spanned<Dur>>,
     pub health_check: Option<Spanned<RawHealthCheck>>,
     pub upstream_http2: Option<Spanned<bool>>,
+    pub cache: Option<Spanned<super::cache::RawRouteCache>>,
 }
 
 /// `[[site]]` as written.

@@ -21,6 +21,8 @@ pub struct RouteConfig {
     pub action: RouteAction,
     /// Header edits and `expires` around the handler.
     pub rules: RouteRules,
+    /// `cache`: the proxy's responses are cached (`None`: not cached).
+    pub cache: Option<super::RouteCache>,
 }
 
 /// What serves a route.
@@ -96,6 +98,7 @@ pub(super) fn default_routes(state_dir: &Path) -> Vec<RouteConfig> {
             open_method: OpenMethod::default(),
         }),
         rules: RouteRules::default(),
+        cache: None,
     }]
 }
 
@@ -198,11 +201,13 @@ impl Validator<'_> {
             ));
         }
         let rules = self.route_rules(i, r, &action)?;
+        let cache = self.route_cache(i, rr.cache.as_ref(), &action)?;
         Ok(RouteConfig {
             prefix,
             strip_prefix: rr.strip_prefix.unwrap_or(false),
             action,
             rules,
+            cache,
         })
     }
 

@@ -268,3 +268,45 @@ fn admin_limits_defaults_keys_and_bounds() {
     let e = err("[admin]\naddress = \"127.0.0.1:9901\"\nidle_timeout = \"0s\"\n");
     assert!(e.contains("key `admin.idle_timeout`"), "{e}");
 }
+
+#[test]
+fn cache_on_a_proxy_route_and_its_store() {
+    let c = parse(
+        "[cache]\nmemory = \"64MiB\"\nmax_object_size = \"1MiB\"\ncollapse_timeout = \"2s\"\n\
+         [[route]]\nprefix = \"/\"\nupstreams = [\"127.0.0.1:9\"]\ncache = {}\n\
+         [[route]]\nprefix = \"/nc\"\nupstreams = [\"127.0.0.1:9\"]\n",
+    )
+    .unwrap();
+    assert_eq!(c.cache.memory, 64 << 20);
+    assert_eq!(c.cache.max_object_size, 1 << 20);
+    assert_eq!(c.cache.collapse_timeout, Duration::from_secs(2));
+    let cached = |p: &str| c.routes.iter().find(|r| r.prefix == p).unwrap().cache;
+    assert_eq!(cached("/"), Some(RouteCache::default()));
+    assert_eq!(cached("/nc"), None);
+    assert_eq!(parse("").unwrap().cache, CacheConfig::default());
+}
+
+#[test]
+fn cache_errors_name_the_key() {
+    let e = err("[[route]]\nprefix = \"/\"\nroot = \"/\"\ncache = {}\n");
+    assert!(
+        e.contains(":4:") && e.contains("key `route[0].cache`"),
+        "{e}"
+    );
+    assert!(e.contains("for proxy routes"), "{e}");
+    let e =
+        err("[[route]]\nprefix = \"/\"\nupstreams = [\"127.0.0.1:9\"]\ncache = { bogus = 1 }\n");
+    assert!(
+        e.contains("route[0].cache") && e.contains("unknown field `bogus`"),
+        "{e}"
+    );
+    let e = err("[cache]\nmemory = \"1KiB\"\n");
+    assert!(e.contains(":2:") && e.contains("key `cache.memory`"), "{e}");
+    let e = err("[cache]\nmemory = \"8MiB\"\nmax_object_size = \"5MiB\"\n");
+    assert!(
+        e.contains(":3:") && e.contains("key `cache.max_object_size`"),
+        "{e}"
+    );
+    let e = err("[[site]]\nserver_names = [\"a\"]\n[[site.route]]\nprefix = \"/\"\nroot = \"/\"\ncache = {}\n");
+    assert!(e.contains("cache") && e.contains("for proxy routes"), "{e}");
+}

@@ -14,6 +14,9 @@
 //! request to the tunnel's end, and ` received=<bytes from the client>` (JSON:
 //! `"received"`).
 //!
+//! A response of a cached proxy route ends with ` cache=<HIT|STALE|MISS|REVALIDATED|BYPASS>`
+//! (JSON: `"cache"`).
+//!
 //! `aborted` marks a response whose body did not go out whole (the client went away, the send
 //! timeout or an upstream error cut it); its byte count is what was handed to the connection.
 //! Requests that the HTTP/1 parser (`http::h1::parse`) refused are logged with `-` as
@@ -85,6 +88,9 @@ pub struct Entry<'a> {
     pub tls: Option<&'a str>,
     /// `Host`, `User-Agent` and `Referer` (`None`: not taken, for formats without them).
     pub fields: Option<&'a RequestFields>,
+    /// What the proxy cache did (`HIT`, `STALE`, `MISS`, `REVALIDATED`, `BYPASS`; `None`:
+    /// the route is not cached).
+    pub cache: Option<&'a str>,
 }
 
 /// Writes `e` in `format`.
@@ -115,6 +121,7 @@ pub fn refused(format: AccessFormat, peer: SocketAddr, status: u16) {
                     received: None,
                     tls: None,
                     fields: None,
+                    cache: None,
                 },
                 SystemTime::now(),
             ) + " refused"
@@ -133,6 +140,9 @@ fn format_entry(format: AccessFormat, e: &Entry<'_>, now: SystemTime) -> String 
     let mut aborted = if e.aborted { " aborted" } else { "" }.to_owned();
     if let (Some(n), false) = (e.received, format == AccessFormat::Json) {
         let _ = write!(aborted, " received={n}");
+    }
+    if let (Some(c), false) = (e.cache, format == AccessFormat::Json) {
+        let _ = write!(aborted, " cache={c}");
     }
     match format {
         AccessFormat::Qweb => format!(
@@ -176,6 +186,9 @@ fn format_entry(format: AccessFormat, e: &Entry<'_>, now: SystemTime) -> String 
             put("user_agent", field(|r| &r.user_agent));
             put("referer", field(|r| &r.referer));
             put("tls", e.tls);
+            if e.cache.is_some() {
+                put("cache", e.cache);
+            }
             if let Some(n) = e.received {
                 let _ = write!(o, "\"received\":{n},");
             }
@@ -271,6 +284,7 @@ mod tests {
             received: None,
             tls: Some("TLSv1.3"),
             fields: Some(fields),
+            cache: None,
         }
     }
 
@@ -319,6 +333,23 @@ mod tests {
         assert_eq!(v["status"], 200);
         assert_eq!(v["aborted"], false);
         assert_eq!(v["time"], "2026-11-30T07:08:09.000000Z");
+    }
+
+    #[test]
+    fn a_cached_route_says_what_the_cache_did() {
+        let f = RequestFields::default();
+        let t = UNIX_EPOCH + Duration::from_secs(1_796_022_489);
+        let mut e = entry(&f);
+        e.cache = Some("HIT");
+        let line = format_entry(AccessFormat::Qweb, &e, t);
+        assert!(line.ends_with(" 200 11 1.500ms cache=HIT"), "{line}");
+        let line = format_entry(AccessFormat::Combined, &e, t);
+        assert!(line.ends_with(" TLSv1.3 cache=HIT"), "{line}");
+        let v: serde_json::Value =
+            serde_json::from_str(&format_entry(AccessFormat::Json, &e, t)).unwrap();
+        assert_eq!(v["cache"], "HIT");
+        e.cache = None;
+        assert!(!format_entry(AccessFormat::Json, &e, t).contains("cache"));
     }
 
     #[test]

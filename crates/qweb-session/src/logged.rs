@@ -32,6 +32,8 @@ pub struct AccessRecord {
     pub format: qweb_config::AccessFormat,
     /// Host, User-Agent, Referer (when the log is on).
     pub fields: Option<qweb_observe::access_log::RequestFields>,
+    /// What the proxy cache did (a cached route's requests only).
+    pub cache: Option<&'static str>,
 }
 
 /// A tunnel's byte counts (an upgrade's, an extended CONNECT's), shared by the tunnel and the
@@ -173,6 +175,7 @@ impl Drop for Logged {
             start: r.start,
             tls: conn.tls_version.get(),
             fields: r.fields.take(),
+            cache: r.cache,
         };
         if let Some(tunnel) = self.tunnel.take() {
             tunnel.defer(Box::new(move |from, to| line.write(to, false, Some(from))));
@@ -195,6 +198,7 @@ struct Line {
     start: Instant,
     tls: Option<&'static str>,
     fields: Option<qweb_observe::access_log::RequestFields>,
+    cache: Option<&'static str>,
 }
 
 impl Line {
@@ -213,6 +217,7 @@ impl Line {
                 received,
                 tls: self.tls,
                 fields: self.fields.as_ref(),
+                cache: self.cache,
             },
         );
     }

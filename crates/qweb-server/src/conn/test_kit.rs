@@ -170,6 +170,7 @@ impl Handle for Svc {
                 route: Rc::new(RouteMetrics::unregistered()),
                 format: AccessFormat::default(),
                 fields: None,
+                cache: None,
             };
             r.map(|b| Logged::new(b, record, guard, None))
         }

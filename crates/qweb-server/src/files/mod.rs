@@ -8,7 +8,7 @@ mod byteranges;
 pub(crate) mod cache;
 mod conditional;
 mod open;
-mod range;
+pub(crate) mod range;
 mod resolve;
 
 use std::fs::{File, Metadata};

@@ -37,6 +37,8 @@ pub(crate) struct WorkerCtx {
     pub tunnels: Rc<qweb_session::tunnel::Tunnels>,
     /// The ACME HTTP-01 answers (sites with `acme`).
     pub acme: Option<Arc<qweb_tls::Managed>>,
+    /// The proxy cache of the routes with `cache` (the server's one store).
+    pub cache: crate::pipeline::cache::CacheCtx,
 }
 
 impl crate::conn::Host for WorkerCtx {

@@ -1,5 +1,6 @@
-//! The request pipeline: the per-connection service and its phases (request rules, site selection, rewrite, routing, the handler, error pages, header rules, compression glue).
+//! The request pipeline: the per-connection service and its phases (request rules, site selection, rewrite, routing, the proxy cache, the handler, error pages, header rules, compression glue).
 
+pub(crate) mod cache;
 pub(crate) mod compress;
 pub(crate) mod ctx;
 pub(crate) mod error_pages;

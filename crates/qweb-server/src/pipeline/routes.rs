@@ -24,6 +24,8 @@ pub(crate) struct Route {
     pub metrics: Rc<RouteMetrics>,
     /// Header edits and `expires`.
     pub rules: crate::config::RouteRules,
+    /// The proxy's responses go through the cache (`cache = {}`).
+    pub cached: bool,
 }
 
 /// Builds a route of this worker; its `/metrics` label is `label_prefix` (a site's first
@@ -44,5 +46,6 @@ pub(crate) fn build_route(
         handler,
         metrics: Rc::new(registry.route(&format!("{label_prefix}{}", r.prefix))),
         rules: r.rules.clone(),
+        cached: r.cache.is_some() && matches!(r.action, RouteAction::Proxy(_)),
     })
 }

@@ -124,6 +124,10 @@ impl Service {
             route: route_metrics,
             format: self.worker.log_format,
             fields,
+            cache: resp
+                .extensions()
+                .get::<qweb_cache::CacheStatus>()
+                .map(|c| c.word()),
         };
         let tunnel = resp
             .extensions_mut()
@@ -386,7 +390,14 @@ impl Service {
                     return response::status(StatusCode::INTERNAL_SERVER_ERROR);
                 };
                 let req = req.map(|()| body);
-                Box::pin(proxy.forward(req, &target, &self.client)).await
+                if route.cached {
+                    // phases 9 and 12: lookup, then the fill around the proxy
+                    let normalised = (!proxy.pass_raw_path()).then_some(path.as_str());
+                    self.cached_proxy(proxy, req, &pq, authority.as_ref(), normalised)
+                        .await
+                } else {
+                    Box::pin(proxy.forward(req, &target, &self.client)).await
+                }
             }
         };
         let mut resp = crate::pipeline::error_pages::apply(pages, routes, &method, resp, &ahead);
@@ -396,6 +407,60 @@ impl Service {
         }
         crate::pipeline::headers_rules::respond(site_ref, Some(route), &mut resp);
         resp
+    }
+}
+
+impl Service {
+    /// A cached proxy route's request: the cache's lookup and fill around the proxy
+    /// (`pipeline/cache.rs`). `pq`: the path and query forwarded; `normalised`: the path the
+    /// key holds (`None`: the raw path, for `pass_raw_path`).
+    async fn cached_proxy(
+        &self,
+        proxy: &Rc<qweb_proxy::Proxy>,
+        req: Request<RequestBody>,
+        pq: &str,
+        authority: Option<&HeaderValue>,
+        normalised: Option<&str>,
+    ) -> Response<Body> {
+        let key = crate::pipeline::cache::key(
+            self.client.tls,
+            authority.and_then(|a| a.to_str().ok()),
+            normalised.unwrap_or(req.uri().path()),
+            req.uri().query(),
+        );
+        let target = Target {
+            path_and_query: pq,
+            authority,
+        };
+        let forward = |r| proxy.forward(r, &target, &self.client);
+        let background = || -> crate::pipeline::cache::Background {
+            let (proxy, pq) = (proxy.clone(), pq.to_owned());
+            let authority = authority.cloned();
+            let client = ClientInfo {
+                addr: self.client.addr,
+                tls: self.client.tls,
+                conn: self.client.conn.clone(),
+                tunnels: self.client.tunnels.clone(),
+                shutdown: self.client.shutdown.clone(),
+            };
+            Box::new(move |r| {
+                Box::pin(async move {
+                    let target = Target {
+                        path_and_query: &pq,
+                        authority: authority.as_ref(),
+                    };
+                    proxy.forward(r, &target, &client).await
+                })
+            })
+        };
+        Box::pin(crate::pipeline::cache::serve(
+            &self.worker.cache,
+            key,
+            req,
+            forward,
+            background,
+        ))
+        .await
     }
 }
 

@@ -1,8 +1,8 @@
 //! The admin listener: `GET /metrics` in the OpenMetrics text format, `/status.json` (the same
 //! counters summed for people, `qweb_observe::status`) and `/status` (an HTML page that
 //! shows them live, `crate::runtime::status_page`). Plain HTTP/1.1, on its own thread; off
-//! unless `[admin]` is configured. Only GET and HEAD (405 otherwise); every answer says
-//! `Cache-Control: no-store`.
+//! unless `[admin]` is configured. Only GET and HEAD (405 otherwise), but for `POST
+//! /cache/purge` (the proxy cache); every answer says `Cache-Control: no-store`.
 //!
 //! Clients holding connections cannot blind monitoring (issue 41): the connections are
 //! bounded by `[admin]`'s [`AdminLimits`] (at most `max_connections` at once, at most
@@ -46,9 +46,21 @@ pub(crate) const CONNECTION_LIFETIME: Duration = Duration::from_secs(10);
 /// is closed.
 pub(crate) const LIFETIME_GRACE: Duration = Duration::from_secs(1);
 
-fn handle(req: &Request<Incoming>, registry: &Metrics) -> Response<Body> {
-    // the path alone: a query string changes nothing
+/// What the admin listener answers from: the metrics, and the proxy cache for purges.
+pub(crate) struct AdminState {
+    /// Every counter (`/metrics`, `/status.json`).
+    pub registry: Arc<Metrics>,
+    /// The proxy cache's store (`POST /cache/purge`).
+    pub cache: Option<Arc<qweb_cache::Store>>,
+}
+
+fn handle(req: &Request<Incoming>, state: &AdminState) -> Response<Body> {
+    let registry = &*state.registry;
+    // the path alone: a query string changes nothing (but for a purge)
     let path = req.uri().path();
+    if path == "/cache/purge" {
+        return no_store(purge(req, state.cache.as_deref()));
+    }
     if !matches!(path, "/metrics" | "/status.json" | "/status") {
         return no_store(response::status(StatusCode::NOT_FOUND));
     }
@@ -82,6 +94,85 @@ fn handle(req: &Request<Incoming>, registry: &Metrics) -> Response<Body> {
     r
 }
 
+/// `POST /cache/purge?url=ABSOLUTE_URL` (the stored responses of that URL, every variant) or
+/// `?prefix=ABSOLUTE_URL_PREFIX` (of every URL starting with it): `{"purged": N}`. The URL is
+/// read as the cache keys it: scheme and authority lowercased, the path normalised (for
+/// `url`) as routing normalises it.
+fn purge(req: &Request<Incoming>, cache: Option<&qweb_cache::Store>) -> Response<Body> {
+    if req.method() != Method::POST {
+        return response::method_not_allowed("POST");
+    }
+    let Some(store) = cache else {
+        return response::status(StatusCode::NOT_FOUND);
+    };
+    let query = req.uri().query().unwrap_or("");
+    let mut target = None;
+    for pair in query.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_encoding::percent_decode_str(&v.replace('+', " "))
+            .decode_utf8_lossy()
+            .into_owned();
+        match k {
+            "url" if target.is_none() => target = Some((false, v)),
+            "prefix" if target.is_none() => target = Some((true, v)),
+            _ => {}
+        }
+    }
+    let Some((prefix, url)) = target else {
+        return bad_purge("name the URL: ?url=ABSOLUTE_URL or ?prefix=ABSOLUTE_URL_PREFIX");
+    };
+    let Some(key) = purge_key(&url, prefix) else {
+        return bad_purge("the URL is absolute: http(s)://authority/path");
+    };
+    let n = if prefix {
+        store.purge_prefix(&key)
+    } else {
+        store.invalidate(&key)
+    };
+    tracing::info!(%key, prefix, purged = n, "cache purge");
+    let mut r = Response::new(full(serde_json::json!({ "purged": n }).to_string()));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn bad_purge(why: &'static str) -> Response<Body> {
+    let mut r = Response::new(full(format!("{why}\n")));
+    *r.status_mut() = StatusCode::BAD_REQUEST;
+    r
+}
+
+/// The cache key of an absolute URL (a prefix: its path as written).
+fn purge_key(url: &str, prefix: bool) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let scheme = scheme.to_ascii_lowercase();
+    if scheme != "http" && scheme != "https" {
+        return None;
+    }
+    let (authority, pq) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, if prefix { "" } else { "/" }),
+    };
+    if authority.is_empty() {
+        return None;
+    }
+    let authority = authority.to_ascii_lowercase();
+    if prefix {
+        return Some(format!("{scheme}://{authority}{pq}"));
+    }
+    let (path, query) = match pq.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (pq, None),
+    };
+    let path = qweb_http::path::normalize(path).ok()?;
+    Some(match query {
+        Some(q) => format!("{scheme}://{authority}{path}?{q}"),
+        None => format!("{scheme}://{authority}{path}"),
+    })
+}
+
 /// Every admin answer is live: no cache keeps it, no browser sniffs another type into it.
 fn no_store(mut r: Response<Body>) -> Response<Body> {
     let h = r.headers_mut();
@@ -96,10 +187,11 @@ fn no_store(mut r: Response<Body>) -> Response<Body> {
 /// Runs the admin listener on the calling thread until shutdown, within `limits`.
 pub(crate) fn run_with(
     socket: std::net::TcpListener,
-    registry: Arc<Metrics>,
+    state: AdminState,
     shutdown: watch::Receiver<bool>,
     limits: AdminLimits,
 ) {
+    let registry = Arc::new(state);
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -319,7 +411,7 @@ impl Drop for Answered {
 /// Serves the admin listener until shutdown.
 async fn serve(
     socket: TcpListener,
-    registry: Arc<Metrics>,
+    registry: Arc<AdminState>,
     mut shutdown: watch::Receiver<bool>,
     limits: AdminLimits,
 ) {
@@ -415,7 +507,7 @@ async fn serve(
 async fn connection(
     stream: TcpStream,
     slot: Rc<Slot>,
-    registry: Arc<Metrics>,
+    registry: Arc<AdminState>,
     limits: &AdminLimits,
 ) {
     let answering = slot.clone();
@@ -490,7 +582,11 @@ mod tests {
             Vec::new(),
         ));
         let (tx, rx) = watch::channel(false);
-        std::thread::spawn(move || run_with(socket, registry, rx, limits));
+        let state = AdminState {
+            registry,
+            cache: None,
+        };
+        std::thread::spawn(move || run_with(socket, state, rx, limits));
         (addr, tx)
     }
 

@@ -161,6 +161,7 @@ impl Server {
         let tls_sessions_collector =
             Arc::new(crate::runtime::tls::session::TlsSessionsCollector::default());
         let file_cache = Arc::new(crate::files::cache::Stats::default());
+        let cache = qweb_cache::Store::new(crate::pipeline::cache::limits(&config.cache));
         let metrics = Arc::new(Metrics::new(
             worker_metrics.clone(),
             EngineSet::new(engine_list(&built.engines)),
@@ -169,6 +170,7 @@ impl Server {
             vec![
                 Box::new(tls_sessions_collector.clone()),
                 Box::new(crate::files::cache::CacheCollector(file_cache.clone())),
+                Box::new(crate::pipeline::cache::Collector(cache.clone())),
             ],
         ));
         metrics.upstreams.set(qweb_proxy::upstream_gauges(&config));
@@ -200,6 +202,7 @@ impl Server {
                 metrics: m.clone(),
                 registry: metrics.clone(),
                 file_cache: file_cache.clone(),
+                cache: cache.clone(),
             };
             let rx = rx.clone();
             let handle = std::thread::Builder::new()
@@ -216,11 +219,15 @@ impl Server {
         if let Some(socket) = admin {
             // Its own thread: metrics stay readable when workers are busy or blocked
             // (sync offload).
-            let (rx, metrics) = (rx.clone(), metrics.clone());
+            let state = crate::runtime::admin::AdminState {
+                registry: metrics.clone(),
+                cache: Some(cache.clone()),
+            };
+            let rx = rx.clone();
             let limits = config.admin_limits.clone();
             let handle = std::thread::Builder::new()
                 .name("qweb-admin".into())
-                .spawn(move || crate::runtime::admin::run_with(socket, metrics, rx, limits))
+                .spawn(move || crate::runtime::admin::run_with(socket, state, rx, limits))
                 .map_err(ServerError::Thread)?;
             admin_thread = Some(handle);
         }

@@ -113,6 +113,8 @@ pub(crate) struct WorkerExtras {
     pub registry: Arc<Metrics>,
     /// The server's open-file cache counters.
     pub file_cache: Arc<crate::files::cache::Stats>,
+    /// The server's proxy cache store (every worker's, kept across reloads).
+    pub cache: Arc<qweb_cache::Store>,
 }
 
 /// One configuration generation on this worker: what its connections are served with, and
@@ -227,6 +229,9 @@ impl Worker {
         qweb_offload::job::set_max_live(config.offload.max_jobs_per_worker);
         crate::files::cache::configure(&config.file_cache, &self.extras.file_cache);
         crate::files::body::set_held_fds(config.file_cache.held_fds);
+        self.extras
+            .cache
+            .set_limits(crate::pipeline::cache::limits(&config.cache));
         let batch = BatchConfig {
             enabled: config.offload.batch,
             max: config.offload.batch_max,
@@ -254,6 +259,10 @@ impl Worker {
             peer_log: qweb_observe::log_limit::PerPeer::new(Duration::from_secs(60)),
             tunnels: Rc::default(),
             acme: g.acme.clone(),
+            cache: crate::pipeline::cache::CacheCtx {
+                store: self.extras.cache.clone(),
+                collapse_timeout: config.cache.collapse_timeout,
+            },
         });
         let gen = Rc::new(Gen {
             ctx: ctx.clone(),

@@ -25,6 +25,7 @@ mod protocols;
 mod proxy;
 mod proxy_balance;
 mod proxy_body;
+mod proxy_cache;
 mod proxy_grpc;
 mod proxy_h2;
 mod proxy_late_bytes;

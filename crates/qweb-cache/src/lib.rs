@@ -1,0 +1,19 @@
+//! qweb's HTTP cache: the policy of RFC 9111 for a shared cache ([`policy`], on the
+//! directives of [`directives`]), the memory store every worker shares ([`store`]: bounded
+//! in bytes, variants per key, collapsed fills), the body that fills it while the response
+//! streams ([`fill`]), and the `Cache-Status` field of RFC 9211 ([`status`]).
+//!
+//! It knows nothing of routes or connections: the server's pipeline asks it, per request of
+//! a cached route, what is stored and whether it may be served, and hands it the origin's
+//! responses.
+
+pub mod directives;
+pub mod fill;
+pub mod policy;
+pub mod status;
+pub mod store;
+
+pub use fill::{FillBody, Pending};
+pub use policy::{reuse, storable, Meta, NotStorable, Reuse};
+pub use status::CacheStatus;
+pub use store::{Entry, Fill, FillGuard, Limits, Stats, Store};

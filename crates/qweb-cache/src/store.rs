@@ -1,0 +1,442 @@
+//! The memory store: one per server, shared by every worker (a lookup or fill takes one
+//! short lock), bounded in bytes; least recently used keys go first. Each key holds the
+//! variants its `Vary` selects between. In-flight fills are tracked per key so that
+//! concurrent misses wait for one fill instead of all going upstream.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use lru::LruCache;
+use tokio::sync::watch;
+
+use crate::policy::Meta;
+
+/// What every entry costs beyond its body and fields (the key's slot, the map, the `Arc`s).
+const ENTRY_OVERHEAD: usize = 256;
+
+/// The store's bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Limits {
+    /// Bytes held at most (bodies, fields, keys and a fixed overhead per entry).
+    pub memory: usize,
+    /// The largest body stored; larger responses stream through unstored.
+    pub max_object_size: usize,
+}
+
+impl Limits {
+    /// Limits of `memory` bytes with bodies up to `max_object_size`.
+    pub fn new(memory: usize, max_object_size: usize) -> Limits {
+        Limits {
+            memory,
+            max_object_size,
+        }
+    }
+}
+
+/// A stored response: its head and its whole body.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Entry {
+    /// The head, with what age and freshness are computed from.
+    pub meta: Meta,
+    /// The body.
+    pub body: Bytes,
+}
+
+impl Entry {
+    /// An entry of `meta` and `body`.
+    pub fn new(meta: Meta, body: Bytes) -> Entry {
+        Entry { meta, body }
+    }
+
+    /// What the entry counts against [`Limits::memory`].
+    fn cost(&self, key: &str) -> usize {
+        let fields: usize = self
+            .meta
+            .headers
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len() + 32)
+            .sum();
+        let vary: usize = self
+            .meta
+            .vary
+            .iter()
+            .map(|(n, v)| n.len() + v.as_ref().map_or(0, Vec::len) + 32)
+            .sum();
+        self.body.len() + fields + vary + key.len() + ENTRY_OVERHEAD
+    }
+}
+
+/// The counters of the store, read by `/metrics`.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Requests answered from the store without the origin.
+    pub hits: AtomicU64,
+    /// Requests that found nothing usable stored and went to the origin.
+    pub misses: AtomicU64,
+    /// Stale responses served (the request allowed it, or the origin failed).
+    pub stale: AtomicU64,
+    /// Stored responses the origin confirmed with a `304`.
+    pub revalidated: AtomicU64,
+    /// Requests that waited for another request's fill of the same key.
+    pub collapsed: AtomicU64,
+    /// Requests of a cached route the cache did not take part in (methods other than
+    /// GET and HEAD, upgrades).
+    pub bypass: AtomicU64,
+    /// Responses stored.
+    pub stored: AtomicU64,
+    /// Responses not stored because their body was over [`Limits::max_object_size`].
+    pub too_large: AtomicU64,
+    /// Fills abandoned before the body's end (client gone, upstream error).
+    pub abandoned: AtomicU64,
+    /// Entries evicted to stay within [`Limits::memory`].
+    pub evictions: AtomicU64,
+    /// Entries removed by unsafe methods and purges.
+    pub invalidated: AtomicU64,
+    /// Entries held now.
+    pub objects: AtomicU64,
+    /// Bytes held now (as counted against [`Limits::memory`]).
+    pub bytes: AtomicU64,
+}
+
+/// The variants of one key.
+#[derive(Default)]
+struct Slot {
+    variants: Vec<(Arc<Entry>, usize)>,
+}
+
+struct Inner {
+    keys: LruCache<String, Slot>,
+    bytes: usize,
+    objects: usize,
+    fills: HashMap<String, watch::Sender<()>>,
+    limits: Limits,
+}
+
+/// The shared memory store.
+pub struct Store {
+    inner: Mutex<Inner>,
+    stats: Stats,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("stats", &self.stats).finish()
+    }
+}
+
+/// What a miss does: fill the key itself, or wait for the fill already running (matched
+/// exhaustively by callers: not `non_exhaustive`).
+#[derive(Debug)]
+pub enum Fill {
+    /// This request fills the key; dropping the guard (stored or not) wakes the waiters.
+    Lead(FillGuard),
+    /// Another request fills it: wait for this to change or close, then look again.
+    Wait(watch::Receiver<()>),
+}
+
+/// Held by the request that fills a key; dropped when its fill ended, stored or not.
+#[derive(Debug)]
+pub struct FillGuard {
+    store: Arc<Store>,
+    key: String,
+}
+
+impl Drop for FillGuard {
+    fn drop(&mut self) {
+        // dropping the sender wakes every waiter
+        self.store.lock().fills.remove(&self.key);
+    }
+}
+
+impl Store {
+    /// An empty store bounded by `limits`.
+    pub fn new(limits: Limits) -> Arc<Store> {
+        Arc::new(Store {
+            inner: Mutex::new(Inner {
+                keys: LruCache::unbounded(),
+                bytes: 0,
+                objects: 0,
+                fills: HashMap::new(),
+                limits,
+            }),
+            stats: Stats::default(),
+        })
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The bounds now.
+    pub fn limits(&self) -> Limits {
+        self.lock().limits
+    }
+
+    /// New bounds (a reload): entries over them are evicted at once.
+    pub fn set_limits(&self, limits: Limits) {
+        let mut inner = self.lock();
+        inner.limits = limits;
+        let over = inner.bytes.saturating_sub(limits.memory);
+        self.evict(&mut inner, over);
+        let max = limits.max_object_size;
+        let keys: Vec<String> = inner
+            .keys
+            .iter()
+            .filter(|(_, s)| s.variants.iter().any(|(e, _)| e.body.len() > max))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in keys {
+            self.remove_where(&mut inner, &k, |e| e.body.len() > max);
+        }
+        self.publish(&inner);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // a panic while holding the lock leaves counts that are at worst approximate
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The most recent stored variant of `key` whose `Vary` fields match `req`.
+    pub fn lookup(&self, key: &str, req: &HeaderMap) -> Option<Arc<Entry>> {
+        let mut inner = self.lock();
+        let slot = inner.keys.get(key)?;
+        slot.variants
+            .iter()
+            .rev()
+            .find(|(e, _)| e.meta.vary_matches(req))
+            .map(|(e, _)| e.clone())
+    }
+
+    /// Starts a fill of `key`, or joins the one in flight.
+    pub fn begin_fill(self: &Arc<Self>, key: &str) -> Fill {
+        let mut inner = self.lock();
+        if let Some(tx) = inner.fills.get(key) {
+            return Fill::Wait(tx.subscribe());
+        }
+        inner.fills.insert(key.to_owned(), watch::Sender::new(()));
+        Fill::Lead(FillGuard {
+            store: self.clone(),
+            key: key.to_owned(),
+        })
+    }
+
+    /// Stores `entry` under `key`, replacing the variant with the same `Vary` values; false
+    /// when it is over the limits.
+    pub fn insert(&self, key: &str, entry: Entry) -> bool {
+        let mut inner = self.lock();
+        let cost = entry.cost(key);
+        if entry.body.len() > inner.limits.max_object_size || cost > inner.limits.memory {
+            self.stats.too_large.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        let vary = entry.meta.vary.clone();
+        self.remove_where(&mut inner, key, |e| e.meta.vary == vary);
+        let need = (inner.bytes + cost).saturating_sub(inner.limits.memory);
+        self.evict(&mut inner, need);
+        let slot = inner.keys.get_or_insert_mut(key.to_owned(), Slot::default);
+        slot.variants.push((Arc::new(entry), cost));
+        inner.bytes += cost;
+        inner.objects += 1;
+        self.stats.stored.fetch_add(1, Ordering::Relaxed);
+        self.publish(&inner);
+        true
+    }
+
+    /// Replaces the stored `old` of `key` (when it is still there) by the same body with
+    /// `meta` (a `304` updated it).
+    pub fn update(&self, key: &str, old: &Arc<Entry>, meta: Meta) -> Arc<Entry> {
+        let new = Arc::new(Entry {
+            meta,
+            body: old.body.clone(),
+        });
+        let mut inner = self.lock();
+        let mut delta: isize = 0;
+        if let Some(slot) = inner.keys.get_mut(key) {
+            if let Some(v) = slot.variants.iter_mut().find(|(e, _)| Arc::ptr_eq(e, old)) {
+                let cost = new.cost(key);
+                delta = cost as isize - v.1 as isize;
+                *v = (new.clone(), cost);
+            }
+        }
+        inner.bytes = inner.bytes.saturating_add_signed(delta);
+        let over = inner.bytes.saturating_sub(inner.limits.memory);
+        self.evict(&mut inner, over);
+        self.publish(&inner);
+        new
+    }
+
+    /// Removes every variant of `key`; how many there were.
+    pub fn invalidate(&self, key: &str) -> usize {
+        let mut inner = self.lock();
+        let n = self.remove_where(&mut inner, key, |_| true);
+        self.stats
+            .invalidated
+            .fetch_add(n as u64, Ordering::Relaxed);
+        self.publish(&inner);
+        n
+    }
+
+    /// Removes the stored `entry` of `key` (when it is still there): the origin answered a
+    /// request it would have served with a response that is not stored.
+    pub fn remove_entry(&self, key: &str, entry: &Arc<Entry>) {
+        let mut inner = self.lock();
+        let target = Arc::as_ptr(entry);
+        let n = self.remove_where(&mut inner, key, |e| std::ptr::eq(e, target));
+        self.stats
+            .invalidated
+            .fetch_add(n as u64, Ordering::Relaxed);
+        self.publish(&inner);
+    }
+
+    /// Removes every variant of every key that starts with `prefix`; how many there were.
+    pub fn purge_prefix(&self, prefix: &str) -> usize {
+        let mut inner = self.lock();
+        let keys: Vec<String> = inner
+            .keys
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let n = keys
+            .iter()
+            .map(|k| self.remove_where(&mut inner, k, |_| true))
+            .sum::<usize>();
+        self.stats
+            .invalidated
+            .fetch_add(n as u64, Ordering::Relaxed);
+        self.publish(&inner);
+        n
+    }
+
+    /// Removes the variants of `key` that `which` picks; how many.
+    fn remove_where(&self, inner: &mut Inner, key: &str, which: impl Fn(&Entry) -> bool) -> usize {
+        let Some(slot) = inner.keys.peek_mut(key) else {
+            return 0;
+        };
+        let before = slot.variants.len();
+        let mut freed = 0;
+        slot.variants.retain(|(e, cost)| {
+            let keep = !which(e);
+            if !keep {
+                freed += cost;
+            }
+            keep
+        });
+        let removed = before - slot.variants.len();
+        if slot.variants.is_empty() {
+            inner.keys.pop(key);
+        }
+        inner.bytes -= freed;
+        inner.objects -= removed;
+        removed
+    }
+
+    /// Evicts least recently used keys until `need` bytes were freed.
+    fn evict(&self, inner: &mut Inner, need: usize) {
+        let mut freed = 0;
+        while freed < need {
+            let Some((_, slot)) = inner.keys.pop_lru() else {
+                break;
+            };
+            for (_, cost) in &slot.variants {
+                freed += cost;
+                inner.bytes -= cost;
+                inner.objects -= 1;
+                self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn publish(&self, inner: &Inner) {
+        self.stats
+            .objects
+            .store(inner.objects as u64, Ordering::Relaxed);
+        self.stats
+            .bytes
+            .store(inner.bytes as u64, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderValue, StatusCode};
+    use std::time::SystemTime;
+
+    fn entry(body: usize, vary: Option<&str>) -> Entry {
+        let mut resp = HeaderMap::new();
+        let mut req = HeaderMap::new();
+        if let Some(v) = vary {
+            resp.insert(http::header::VARY, HeaderValue::from_static("x-v"));
+            req.insert("x-v", HeaderValue::from_str(v).unwrap());
+        }
+        let now = SystemTime::now();
+        Entry::new(
+            Meta::new(StatusCode::OK, &resp, &req, now, now),
+            Bytes::from(vec![b'x'; body]),
+        )
+    }
+
+    #[test]
+    fn memory_stays_bounded_with_many_keys() {
+        let store = Store::new(Limits::new(100_000, 10_000));
+        for i in 0..10_000 {
+            store.insert(&format!("http://h/{i}"), entry(100, None));
+            assert!(store.stats().bytes.load(Ordering::Relaxed) <= 100_000);
+        }
+        let objects = store.stats().objects.load(Ordering::Relaxed);
+        assert!(objects > 100 && objects < 400, "{objects}");
+        assert!(store.lookup("http://h/9999", &HeaderMap::new()).is_some());
+        assert!(store.lookup("http://h/0", &HeaderMap::new()).is_none());
+    }
+
+    #[test]
+    fn too_large_is_refused() {
+        let store = Store::new(Limits::new(100_000, 1_000));
+        assert!(!store.insert("k", entry(1_001, None)));
+        assert!(store.insert("k", entry(1_000, None)));
+    }
+
+    #[test]
+    fn variants_and_purge() {
+        let store = Store::new(Limits::new(1 << 20, 1 << 16));
+        store.insert("http://h/a", entry(1, Some("1")));
+        store.insert("http://h/a", entry(2, Some("2")));
+        store.insert("http://h/a", entry(3, Some("2")));
+        store.insert("http://h/ab", entry(1, None));
+        store.insert("http://h/b", entry(1, None));
+        let mut req = HeaderMap::new();
+        req.insert("x-v", HeaderValue::from_static("2"));
+        assert_eq!(
+            store.lookup("http://h/a", &req).map(|e| e.body.len()),
+            Some(3)
+        );
+        assert_eq!(store.stats().objects.load(Ordering::Relaxed), 4);
+        assert_eq!(store.invalidate("http://h/b"), 1);
+        assert_eq!(store.purge_prefix("http://h/a"), 3);
+        assert_eq!(store.stats().objects.load(Ordering::Relaxed), 0);
+        assert_eq!(store.stats().bytes.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn a_fill_wakes_its_waiters_when_it_ends() {
+        let store = Store::new(Limits::new(1 << 20, 1 << 16));
+        let Fill::Lead(guard) = store.begin_fill("k") else {
+            panic!("the first fill leads");
+        };
+        let Fill::Wait(mut rx) = store.begin_fill("k") else {
+            panic!("the second waits");
+        };
+        let waiter = tokio::spawn(async move { rx.changed().await.is_err() });
+        drop(guard);
+        assert!(waiter.await.unwrap(), "the waiter saw the fill end");
+        assert!(matches!(store.begin_fill("k"), Fill::Lead(_)));
+    }
+}

@@ -1,0 +1,533 @@
+//! The proxy cache (`cache = {}`) against a real origin on a socket: hits, `Age` and
+//! `Cache-Status`, and the hostile cases (an object over the largest size, a client that
+//! aborts mid-fill, request fields the key does not hold, `Set-Cookie`, many keys, collapsed
+//! misses, invalidation).
+
+use qweb_testkit as common;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+
+/// An origin whose answers the path picks, counting the requests it sees per path:
+/// - `/fresh/..`: `max-age=60`, body `fresh:<count>`;
+/// - `/swr/..`: `max-age=1, stale-while-revalidate=60`, body `swr:<count>`;
+/// - `/cookie`: `max-age=60` and `Set-Cookie` (`/cookie-public`: with `public` too);
+/// - `/vary/..`: `max-age=60`, `Vary: X-Variant`, body `variant:<the request's X-Variant>`;
+/// - `/big/<n>`: `max-age=60`, n bytes with a length (`/bigchunked/<n>`: without);
+/// - `/stall/..`: `max-age=60`, 4 KiB, a pause of 300 ms, then 4 KiB and 2 MiB more (no
+///   length);
+/// - `/slow/..`: `max-age=60` after 300 ms (`/slownostore/..`: `no-store`);
+/// - `/etag/..`: `max-age=0` with an ETag, 304 to a matching `If-None-Match`.
+struct Origin {
+    addr: SocketAddr,
+    counts: Arc<Mutex<HashMap<String, usize>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Origin {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Origin {
+    fn count(&self, path: &str) -> usize {
+        self.counts.lock().unwrap().get(path).copied().unwrap_or(0)
+    }
+}
+
+type OriginBody = BoxBody<Bytes, Infallible>;
+
+fn full(b: impl Into<Bytes>) -> OriginBody {
+    Full::new(b.into()).boxed()
+}
+
+async fn answer(req: Request<Incoming>, n: usize) -> Response<OriginBody> {
+    let path = req.uri().path().to_owned();
+    let mut b = Response::builder().header("cache-control", "max-age=60");
+    let seg = |i: usize| path.split('/').nth(i).unwrap_or("").to_owned();
+    let body = match seg(1).as_str() {
+        "fresh" => full(format!("fresh:{n}")),
+        "swr" => {
+            b = Response::builder().header("cache-control", "max-age=1, stale-while-revalidate=60");
+            full(format!("swr:{n}"))
+        }
+        "cookie" => {
+            b = b.header("set-cookie", format!("session={n}"));
+            full(format!("cookie:{n}"))
+        }
+        "cookie-public" => {
+            b = b
+                .header("set-cookie", format!("session={n}"))
+                .header("cache-control", "public");
+            full(format!("cookie:{n}"))
+        }
+        "vary" => {
+            let v = req
+                .headers()
+                .get("x-variant")
+                .map(|v| v.to_str().unwrap_or("?").to_owned())
+                .unwrap_or_else(|| "none".into());
+            b = b.header("vary", "X-Variant");
+            full(format!("variant:{v}"))
+        }
+        "big" => {
+            let len: usize = seg(2).parse().unwrap_or(0);
+            full(vec![b'b'; len])
+        }
+        "bigchunked" => {
+            let len: usize = seg(2).parse().unwrap_or(0);
+            let frames = (0..len.div_ceil(8192)).map(move |i| {
+                let size = 8192.min(len - i * 8192);
+                Ok::<_, Infallible>(Frame::data(Bytes::from(vec![b'c'; size])))
+            });
+            StreamBody::new(futures_util::stream::iter(frames)).boxed()
+        }
+        "stall" => {
+            let first = futures_util::stream::once(async {
+                Ok::<_, Infallible>(Frame::data(Bytes::from(vec![b'1'; 4096])))
+            });
+            let pause = futures_util::stream::once(async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok::<_, Infallible>(Frame::data(Bytes::from(vec![b'2'; 4096])))
+            });
+            // more than the sockets buffer: writing it to a client that left fails
+            let rest = futures_util::stream::iter(
+                (0..32).map(|_| Ok::<_, Infallible>(Frame::data(Bytes::from(vec![b'2'; 65536])))),
+            );
+            let first = futures_util::StreamExt::chain(first, pause);
+            StreamBody::new(futures_util::StreamExt::chain(first, rest)).boxed()
+        }
+        "slow" | "slownostore" => {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if seg(1) == "slownostore" {
+                b = b.header("cache-control", "no-store");
+            }
+            full(format!("slow:{n}"))
+        }
+        "etag" => {
+            b = Response::builder()
+                .header("cache-control", "max-age=0")
+                .header("etag", "\"v1\"");
+            if req
+                .headers()
+                .get("if-none-match")
+                .is_some_and(|v| v == "\"v1\"")
+            {
+                return b.status(304).body(full("")).unwrap();
+            }
+            full(format!("etag:{n}"))
+        }
+        _ => full(format!("other:{n}")),
+    };
+    b.body(body).unwrap()
+}
+
+async fn origin() -> Origin {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let counts: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let c = counts.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = listener.accept().await else {
+                return;
+            };
+            let c = c.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let n = {
+                        let mut m = c.lock().unwrap();
+                        let e = m.entry(req.uri().path().to_owned()).or_insert(0);
+                        *e += 1;
+                        *e
+                    };
+                    async move { Ok::<_, Infallible>(answer(req, n).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    Origin { addr, counts, task }
+}
+
+/// qweb with an admin listener and `/` proxied to `up` with `cache = {}`; `extra` is added
+/// to the configuration (a `[cache]` table).
+fn cached(up: SocketAddr, extra: &str) -> common::server::TestServer {
+    common::start_with(
+        &format!(
+            "workers = 2\n{extra}\n[admin]\naddress = \"127.0.0.1:0\"\n\
+             [[route]]\nprefix = \"/\"\nupstreams = [\"{up}\"]\ncache = {{}}\n"
+        ),
+        |_| {},
+    )
+}
+
+async fn get(url: &str) -> (u16, HashMap<String, String>, String) {
+    get_with(url, &[]).await
+}
+
+async fn get_with(url: &str, fields: &[(&str, &str)]) -> (u16, HashMap<String, String>, String) {
+    let mut rb = common::plain_client().get(url);
+    for (n, v) in fields {
+        rb = rb.header(*n, *v);
+    }
+    let r = rb.send().await.unwrap();
+    let status = r.status().as_u16();
+    let h = r
+        .headers()
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or("").to_owned()))
+        .collect();
+    (status, h, r.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn a_fresh_response_is_served_from_the_cache_with_age_and_cache_status() {
+    let up = origin().await;
+    let t = cached(up.addr, "");
+    let url = format!("{}/fresh/a", t.http());
+    let (s, h, body) = get(&url).await;
+    assert_eq!((s, body.as_str()), (200, "fresh:1"));
+    assert_eq!(h["cache-status"], "qweb; fwd=miss; stored");
+    // both workers share one store: every later request is a hit, whichever takes it
+    for _ in 0..4 {
+        let (s, h, body) = get(&url).await;
+        assert_eq!((s, body.as_str()), (200, "fresh:1"));
+        assert_eq!(h["cache-status"], "qweb; hit");
+        assert!(h["age"].parse::<u64>().unwrap() < 60, "{h:?}");
+    }
+    assert_eq!(up.count("/fresh/a"), 1);
+    // HEAD from the stored GET: the head, its length, no body
+    let r = common::plain_client().head(&url).send().await.unwrap();
+    assert_eq!(r.headers()["cache-status"], "qweb; hit");
+    assert_eq!(r.headers()["content-length"], "7");
+    assert_eq!(r.bytes().await.unwrap().len(), 0);
+    // a range of the stored whole
+    let (s, h, body) = get_with(&url, &[("range", "bytes=1-3")]).await;
+    assert_eq!((s, body.as_str()), (206, "res"));
+    assert_eq!(h["content-range"], "bytes 1-3/7");
+    assert_eq!(up.count("/fresh/a"), 1);
+    // the request's no-cache goes to the origin
+    let (_, h, body) = get_with(&url, &[("cache-control", "no-cache")]).await;
+    assert_eq!(body, "fresh:2");
+    assert_eq!(h["cache-status"], "qweb; fwd=stale; fwd-status=200; stored");
+    let m = t.metrics().await;
+    assert!(m.value("qweb_proxy_cache_hits_total", &[]) >= 6.0);
+    assert_eq!(m.value("qweb_proxy_cache_misses_total", &[]), 2.0);
+    assert_eq!(m.value("qweb_proxy_cache_objects", &[]), 1.0);
+}
+
+#[tokio::test]
+async fn a_stale_response_is_revalidated_with_its_etag() {
+    let up = origin().await;
+    let t = cached(up.addr, "");
+    let url = format!("{}/etag/x", t.http());
+    assert_eq!(get(&url).await.2, "etag:1");
+    let (s, h, body) = get(&url).await;
+    assert_eq!(
+        (s, body.as_str()),
+        (200, "etag:1"),
+        "the stored body after a 304"
+    );
+    assert_eq!(h["cache-status"], "qweb; fwd=stale; fwd-status=304; stored");
+    // the client's own If-None-Match is answered by qweb
+    let (s, _, _) = get_with(&url, &[("if-none-match", "\"v1\"")]).await;
+    assert_eq!(s, 304);
+    assert_eq!(up.count("/etag/x"), 3);
+    let m = t.metrics().await;
+    assert_eq!(m.value("qweb_proxy_cache_revalidated_total", &[]), 2.0);
+}
+
+#[tokio::test]
+async fn set_cookie_is_not_stored_unless_public() {
+    let up = origin().await;
+    let t = cached(up.addr, "");
+    let url = format!("{}/cookie", t.http());
+    let (_, h1, b1) = get(&url).await;
+    let (_, h2, b2) = get(&url).await;
+    assert_eq!((b1.as_str(), b2.as_str()), ("cookie:1", "cookie:2"));
+    assert_eq!(h1["set-cookie"], "session=1");
+    assert_eq!(
+        h2["set-cookie"], "session=2",
+        "one client's cookie never goes to another"
+    );
+    assert_eq!(h2["cache-status"], "qweb; fwd=miss");
+    let url = format!("{}/cookie-public", t.http());
+    get(&url).await;
+    let (_, h, b) = get(&url).await;
+    assert_eq!(b, "cookie:1", "public: the origin said it may be shared");
+    assert_eq!(h["cache-status"], "qweb; hit");
+}
+
+#[tokio::test]
+async fn request_fields_the_response_varies_on_cannot_poison_other_clients() {
+    let up = origin().await;
+    let t = cached(up.addr, "");
+    let url = format!("{}/vary/p", t.http());
+    let (_, _, evil) = get_with(&url, &[("x-variant", "evil")]).await;
+    assert_eq!(evil, "variant:evil");
+    // the stored variant answers only requests with the same X-Variant
+    assert_eq!(get(&url).await.2, "variant:none");
+    assert_eq!(
+        get_with(&url, &[("x-variant", "good")]).await.2,
+        "variant:good"
+    );
+    let (_, h, again) = get_with(&url, &[("x-variant", "evil")]).await;
+    assert_eq!(
+        (again.as_str(), h["cache-status"].as_str()),
+        ("variant:evil", "qweb; hit")
+    );
+    assert_eq!(get(&url).await.2, "variant:none");
+    assert_eq!(up.count("/vary/p"), 3, "one origin request per variant");
+}
+
+#[tokio::test]
+async fn an_object_over_the_largest_size_streams_through_unstored() {
+    let up = origin().await;
+    let t = cached(
+        up.addr,
+        "[cache]\nmemory = \"4MiB\"\nmax_object_size = \"64KiB\"\n",
+    );
+    for path in ["/big/100000", "/bigchunked/100000"] {
+        let url = format!("{}{path}", t.http());
+        for _ in 0..2 {
+            let (s, h, body) = get(&url).await;
+            assert_eq!((s, body.len()), (200, 100_000), "{path}");
+            // (a body without a length is announced `stored`, then given up past the size)
+            assert!(h["cache-status"].starts_with("qweb; fwd=miss"), "{path}");
+        }
+        assert_eq!(up.count(path), 2, "{path}: not stored");
+    }
+    // one just under the limit is stored
+    let url = format!("{}/big/60000", t.http());
+    get(&url).await;
+    assert_eq!(get(&url).await.1["cache-status"], "qweb; hit");
+    let m = t.metrics().await;
+    assert_eq!(m.value("qweb_proxy_cache_too_large_total", &[]), 4.0);
+    assert!(m.value("qweb_proxy_cache_bytes", &[]) < 64.0 * 1024.0 + 4096.0);
+}
+
+#[tokio::test]
+async fn a_client_aborting_mid_fill_leaves_no_truncated_entry() {
+    let up = origin().await;
+    let t = cached(up.addr, "");
+    let url = format!("{}/stall/a", t.http());
+    let mut r = common::plain_client().get(&url).send().await.unwrap();
+    let first = r.chunk().await.unwrap().unwrap();
+    assert_eq!(first[0], b'1');
+    drop(r);
+    // the fill ended with the client: the next request goes to the origin, whole
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    const WHOLE: usize = 8192 + 32 * 65536;
+    let (_, h, body) = get(&url).await;
+    assert_eq!(body.len(), WHOLE);
+    assert!(body.starts_with('1') && body.ends_with('2'));
+    assert_eq!(h["cache-status"], "qweb; fwd=miss; stored");
+    let (_, h, body) = get(&url).await;
+    assert_eq!(
+        (body.len(), h["cache-status"].as_str()),
+        (WHOLE, "qweb; hit")
+    );
+    assert_eq!(up.count("/stall/a"), 2);
+    let m = t.metrics().await;
+    assert_eq!(m.value("qweb_proxy_cache_abandoned_total", &[]), 1.0);
+}
+
+#[tokio::test]
+async fn concurrent_misses_collapse_into_one_upstream_request() {
+    let up = origin().await;
+    let t = cached(up.addr, "");
+    let url = format!("{}/slow/c", t.http());
+    let all = (0..20).map(|_| {
+        let url = url.clone();
+        tokio::spawn(async move { get(&url).await })
+    });
+    let results = futures_util::future::join_all(all).await;
+    for r in results {
+        assert_eq!(r.unwrap().2, "slow:1");
+    }
+    assert_eq!(up.count("/slow/c"), 1);
+    let m = t.metrics().await;
+    assert!(m.value("qweb_proxy_cache_collapsed_total", &[]) >= 1.0);
+    // a response that is not stored releases the waiters at once: each goes upstream
+    let url = format!("{}/slownostore/c", t.http());
+    let start = Instant::now();
+    let all = (0..5).map(|_| {
+        let url = url.clone();
+        tokio::spawn(async move { get(&url).await })
+    });
+    futures_util::future::join_all(all).await;
+    assert_eq!(up.count("/slownostore/c"), 5);
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn memory_stays_within_the_limit_with_many_keys() {
+    let up = origin().await;
+    let t = cached(
+        up.addr,
+        "[cache]\nmemory = \"1MiB\"\nmax_object_size = \"64KiB\"\n",
+    );
+    for i in 0..300 {
+        let (s, _, body) = get(&format!("{}/big/8000?k={i}", t.http())).await;
+        assert_eq!((s, body.len()), (200, 8000));
+    }
+    let m = t.metrics().await;
+    assert!(m.value("qweb_proxy_cache_bytes", &[]) <= (1 << 20) as f64);
+    let objects = m.value("qweb_proxy_cache_objects", &[]);
+    assert!((50.0..=130.0).contains(&objects), "{objects}");
+    assert!(m.value("qweb_proxy_cache_evictions_total", &[]) >= 170.0);
+    // the most recent keys are the ones kept
+    let (_, h, _) = get(&format!("{}/big/8000?k=299", t.http())).await;
+    assert_eq!(h["cache-status"], "qweb; hit");
+}
+
+#[tokio::test]
+async fn unsafe_methods_invalidate_the_stored_response() {
+    let up = origin().await;
+    let t = cached(up.addr, "");
+    let url = format!("{}/fresh/inv", t.http());
+    get(&url).await;
+    assert_eq!(get(&url).await.1["cache-status"], "qweb; hit");
+    let r = common::plain_client()
+        .post(&url)
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["cache-status"], "qweb; fwd=bypass");
+    assert_eq!(
+        get(&url).await.2,
+        "fresh:3",
+        "the POST's success invalidated it"
+    );
+}
+
+#[tokio::test]
+async fn the_admin_listener_purges_a_url_and_a_prefix() {
+    let up = origin().await;
+    let t = cached(up.addr, "");
+    let base = t.http();
+    let authority = base.trim_start_matches("http://").to_owned();
+    for p in ["/fresh/p/a", "/fresh/p/b", "/fresh/q"] {
+        get(&format!("{base}{p}")).await;
+    }
+    let vary = format!("{base}/vary/p");
+    get_with(&vary, &[("x-variant", "1")]).await;
+    get_with(&vary, &[("x-variant", "2")]).await;
+    let admin = t.admin.unwrap();
+    let purge = |q: String| async move {
+        let r = common::plain_client()
+            .post(format!("http://{admin}/cache/purge?{q}"))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.text().await.unwrap())
+    };
+    // one URL, every variant (its path normalised as routing does)
+    let url = format!("http://{authority}/vary/./p");
+    let (s, body) = purge(format!("url={url}")).await;
+    assert_eq!((s, body.as_str()), (200, "{\"purged\":2}"));
+    let prefix = format!(
+        "http%3A%2F%2F{}%2Ffresh%2Fp%2F",
+        authority.replace(':', "%3A")
+    );
+    let (s, body) = purge(format!("prefix={prefix}")).await;
+    assert_eq!((s, body.as_str()), (200, "{\"purged\":2}"));
+    assert_eq!(get(&format!("{base}/fresh/p/a")).await.2, "fresh:2");
+    assert_eq!(
+        get(&format!("{base}/fresh/q")).await.1["cache-status"],
+        "qweb; hit"
+    );
+    assert_eq!(
+        get_with(&vary, &[("x-variant", "1")]).await.1["cache-status"],
+        "qweb; fwd=miss; stored"
+    );
+    // refused: no URL, a relative one, another method
+    assert_eq!(purge("x=1".into()).await.0, 400);
+    assert_eq!(purge("url=/fresh/q".into()).await.0, 400);
+    let r = common::plain_client()
+        .get(format!("http://{admin}/cache/purge?url={url}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+}
+
+#[tokio::test]
+async fn the_store_survives_a_reload_and_takes_its_new_limits() {
+    let up = origin().await;
+    // a fixed port, which a reload keeps
+    let port = common::free_port();
+    let mut t = common::start_with(
+        &format!(
+            "workers = 2\n[admin]\naddress = \"127.0.0.1:0\"\n\
+             [[listener]]\naddress = \"127.0.0.1:{port}\"\n\
+             [[route]]\nprefix = \"/\"\nupstreams = [\"{}\"]\ncache = {{}}\n",
+            up.addr
+        ),
+        |_| {},
+    );
+    let url = format!("http://127.0.0.1:{port}/big/300000");
+    get(&url).await;
+    assert_eq!(get(&url).await.1["cache-status"], "qweb; hit");
+    let file = t.dir.path().join("qweb.toml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    // the same routes: the entry is still there after the reload
+    let config = qweb_server::Config::from_str_at(&text, Some(&file)).unwrap();
+    t.server.as_mut().unwrap().reload(config).unwrap();
+    assert_eq!(get(&url).await.1["cache-status"], "qweb; hit");
+    // a smaller largest size evicts what is over it
+    let smaller = text.replace("[admin]", "[cache]\nmax_object_size = \"100KiB\"\n[admin]");
+    let config = qweb_server::Config::from_str_at(&smaller, Some(&file)).unwrap();
+    t.server.as_mut().unwrap().reload(config).unwrap();
+    assert_eq!(get(&url).await.1["cache-status"], "qweb; fwd=miss");
+    assert_eq!(up.count("/big/300000"), 2);
+}
+
+#[tokio::test]
+async fn stale_while_revalidate_serves_stale_and_refreshes_in_the_background() {
+    let up = origin().await;
+    let t = cached(up.addr, "");
+    let url = format!("{}/swr/a", t.http());
+    assert_eq!(get(&url).await.2, "swr:1");
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let (_, h, body) = get(&url).await;
+    assert_eq!(body, "swr:1", "stale, at once");
+    assert_eq!(h["cache-status"], "qweb; hit; detail=stale");
+    let up = &up;
+    common::poll_until_async(
+        "the background revalidation",
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        || async move { (up.count("/swr/a") == 2).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (_, h, body) = get(&url).await;
+    assert_eq!(
+        (body.as_str(), h["cache-status"].as_str()),
+        ("swr:2", "qweb; hit")
+    );
+    // a request that asks the origin is not served stale
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let (_, _, body) = get_with(&url, &[("cache-control", "max-age=0")]).await;
+    assert_eq!(body, "swr:3");
+}
