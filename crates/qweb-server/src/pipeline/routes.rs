@@ -24,6 +24,8 @@ pub(crate) struct Route {
     pub metrics: Rc<RouteMetrics>,
     /// Header edits and `expires`.
     pub rules: crate::config::RouteRules,
+    /// The `rate_limit` counters (`/metrics`), where the route has one.
+    pub rate: Option<qweb_observe::metrics::RateLimitMetrics>,
 }
 
 /// Builds a route of this worker; its `/metrics` label is `label_prefix` (a site's first
@@ -38,11 +40,17 @@ pub(crate) fn build_route(
         RouteAction::Proxy(p) => Handler::Proxy(Proxy::new(p)),
         RouteAction::Redirect(d) => Handler::Redirect(d.clone()),
     };
+    let label = format!("{label_prefix}{}", r.prefix);
     Ok(Route {
         prefix: r.prefix.clone(),
         strip_prefix: r.strip_prefix,
         handler,
-        metrics: Rc::new(registry.route(&format!("{label_prefix}{}", r.prefix))),
+        metrics: Rc::new(registry.route(&label)),
         rules: r.rules.clone(),
+        rate: r
+            .rules
+            .rate_limit
+            .as_ref()
+            .map(|_| registry.rate_limit(&label)),
     })
 }

@@ -29,6 +29,7 @@ mod proxy_grpc;
 mod proxy_h2;
 mod proxy_late_bytes;
 mod proxy_upgrade;
+mod rate_limits;
 mod recipes;
 mod reload_tunnels;
 mod site_pages;
