@@ -5,7 +5,7 @@
 //!
 //! Each section has its module, holding its typed settings and the part of `Validator` that
 //! checks them: `limits`, `log`, `offload`, `listener` (with `tls` for session resumption and
-//! OCSP), `route` (with `proxy` for proxy routes), `sites`, `compression`, `file_cache`, `cache`. The
+//! OCSP), `route` (with `proxy` for proxy routes, `rate_limit`), `sites`, `compression`, `file_cache`, `cache`. The
 //! file as written is `raw`. This module holds [`Config`], its entry points and defaults, and
 //! `Validator` with its shared helpers.
 
@@ -21,6 +21,7 @@ mod listener;
 mod log;
 mod offload;
 mod proxy;
+mod rate_limit;
 mod raw;
 mod route;
 mod sites;
@@ -50,6 +51,10 @@ pub use offload::{
     EngineConfig, EngineKind, KeyserverEngineConfig, ListenerOffload, OffloadConfig,
 };
 pub use proxy::{Balance, HashKey, HealthCheck, ProxyConfig, Upstream, UpstreamGauges};
+pub use rate_limit::{
+    RateLimit, RateLimiter, Verdict, DEFAULT_RATE_LIMIT_KEYS, MAX_RATE_LIMIT_BURST,
+    MAX_RATE_LIMIT_KEYS,
+};
 use raw::{RawConfig, Workers};
 pub use route::{OpenMethod, RouteAction, RouteConfig, StaticConfig, Symlinks};
 pub use sites::{

@@ -331,6 +331,31 @@ pub struct HealthCheck {
 }
 
 impl Validator<'_> {
+    /// A request key as written (`"client_ip"`, `"header:NAME"`, `"cookie:NAME"`): a proxy
+    /// route's `hash_key`, a `rate_limit`'s `key`. `key`: the config key, for errors.
+    pub(super) fn hash_key(
+        &self,
+        key: String,
+        k: &Spanned<String>,
+    ) -> Result<HashKey, ConfigError> {
+        let v = k.get_ref().trim();
+        if v == "client_ip" {
+            Ok(HashKey::ClientIp)
+        } else if let Some(h) = v.strip_prefix("header:") {
+            http::HeaderName::from_bytes(h.trim().as_bytes())
+                .map(HashKey::Header)
+                .map_err(|_| self.err(Some(k.span()), key, format!("`{h}` is not a header name")))
+        } else if let Some(c) = v.strip_prefix("cookie:").filter(|c| !c.trim().is_empty()) {
+            Ok(HashKey::Cookie(c.trim().to_owned()))
+        } else {
+            Err(self.err(
+                Some(k.span()),
+                key,
+                "use \"client_ip\", \"header:NAME\" or \"cookie:NAME\"",
+            ))
+        }
+    }
+
     /// `balance`, `hash_key`, `weights` (one per upstream), `health_check`.
     fn balancing(
         &self,
@@ -340,31 +365,7 @@ impl Validator<'_> {
     ) -> Result<(Balance, Vec<u32>, Option<HealthCheck>), ConfigError> {
         let hash_key = match &rr.hash_key {
             None => HashKey::ClientIp,
-            Some(k) => {
-                let key = format!("route[{i}].hash_key");
-                let v = k.get_ref().trim();
-                if v == "client_ip" {
-                    HashKey::ClientIp
-                } else if let Some(h) = v.strip_prefix("header:") {
-                    HashKey::Header(http::HeaderName::from_bytes(h.trim().as_bytes()).map_err(
-                        |_| {
-                            self.err(
-                                Some(k.span()),
-                                key.clone(),
-                                format!("`{h}` is not a header name"),
-                            )
-                        },
-                    )?)
-                } else if let Some(c) = v.strip_prefix("cookie:").filter(|c| !c.trim().is_empty()) {
-                    HashKey::Cookie(c.trim().to_owned())
-                } else {
-                    return Err(self.err(
-                        Some(k.span()),
-                        key,
-                        "use \"client_ip\", \"header:NAME\" or \"cookie:NAME\"",
-                    ));
-                }
-            }
+            Some(k) => self.hash_key(format!("route[{i}].hash_key"), k)?,
         };
         let balance = match rr.balance.as_ref().map(|b| (b, b.get_ref().as_str())) {
             None | Some((_, "round_robin")) => Balance::RoundRobin,

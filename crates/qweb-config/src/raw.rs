@@ -197,6 +197,7 @@ pub(crate) struct RawRoute {
     pub trusted_proxies: Option<Vec<Spanned<String>>>,
     pub allow: Option<Vec<Spanned<String>>>,
     pub deny: Option<Vec<Spanned<String>>>,
+    pub rate_limit: Option<Spanned<super::rate_limit::RawRateLimit>>,
     pub max_response_header_size: Option<Spanned<Size>>,
     pub headers: Option<Spanned<RawHeaderEdits>>,
     pub request_headers: Option<Spanned<RawHeaderEdits>>,

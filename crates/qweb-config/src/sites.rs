@@ -100,6 +100,8 @@ pub struct RouteRules {
     pub autoindex: bool,
     /// `allow`/`deny`: the client addresses served (after the site's).
     pub access: super::AccessRules,
+    /// `rate_limit`: requests per key, checked before `allow`/`deny`.
+    pub rate_limit: Option<super::RateLimit>,
 }
 
 /// A redirect (a route's or a whole listener's).
@@ -606,6 +608,9 @@ impl Validator<'_> {
             out.charset = Some(self.charset(&format!("{key}.charset"), c)?);
         }
         out.access = self.access(&key, rr.allow.as_ref(), rr.deny.as_ref())?;
+        if let Some(r) = &rr.rate_limit {
+            out.rate_limit = Some(self.rate_limit(&key, r)?);
+        }
         if let Some(t) = &rr.try_files {
             if !matches!(action, super::RouteAction::Static(_)) {
                 return Err(self.err(

@@ -112,6 +112,21 @@ pub struct Metrics {
     config: Arc<ConfigInfo>,
     /// Proxy upstream health (replaced on reload).
     pub upstreams: Arc<UpstreamsCollector>,
+    rate_limited: Family<RouteResultLabels, Counter>,
+    rate_keys: Family<RouteLabels, Gauge>,
+}
+
+type RouteResultLabels = [(&'static str, String); 2];
+
+/// A route's `rate_limit` counters (shared by the workers: one family entry per route).
+#[derive(Clone, Debug, Default)]
+pub struct RateLimitMetrics {
+    /// Requests within the rate.
+    pub allowed: Counter,
+    /// Requests over it (refused, or only logged under `dry_run`).
+    pub limited: Counter,
+    /// Keys the route's limiter holds now.
+    pub keys: Gauge,
 }
 
 /// A route's counters, resolved once when a worker builds its routes: a request only bumps
@@ -379,6 +394,18 @@ impl Metrics {
             "Time from the request head to the last body byte handed to the connection, by route.",
             durations.clone(),
         );
+        let rate_limited = Family::<RouteResultLabels, Counter>::default();
+        registry.register(
+            "qweb_rate_limit_requests",
+            "Requests counted by a route's rate_limit, by result (allowed; limited: refused with 429, or only logged under dry_run).",
+            rate_limited.clone(),
+        );
+        let rate_keys = Family::<RouteLabels, Gauge>::default();
+        registry.register(
+            "qweb_rate_limit_keys",
+            "Keys a route's rate_limit holds (at most its max_keys).",
+            rate_keys.clone(),
+        );
         engines.register(&mut registry);
         compression.register(&mut registry);
         registry.register_collector(Box::new(crate::process_counters::ProcessCounters));
@@ -394,6 +421,23 @@ impl Metrics {
             reloads,
             config,
             upstreams,
+            rate_limited,
+            rate_keys,
+        }
+    }
+
+    /// The `rate_limit` handles of route `prefix` (created with zero counts when new).
+    pub fn rate_limit(&self, prefix: &str) -> RateLimitMetrics {
+        let result = |r: &str| {
+            self.rate_limited
+                .get_or_create_owned(&[("route", prefix.to_owned()), ("result", r.to_owned())])
+        };
+        RateLimitMetrics {
+            allowed: result("allowed"),
+            limited: result("limited"),
+            keys: self
+                .rate_keys
+                .get_or_create_owned(&[("route", prefix.to_owned())]),
         }
     }
 

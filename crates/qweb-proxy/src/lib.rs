@@ -47,6 +47,7 @@ use qweb_http::request_body::RequestBody;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+pub use balance::cookie;
 use balance::{Balancer, Load};
 use body::{ClientBody, ClientBodyError, Progress};
 use headers::Forwarding;

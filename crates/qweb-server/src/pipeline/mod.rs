@@ -1,4 +1,4 @@
-//! The request pipeline: the per-connection service and its phases (request rules, site selection, rewrite, routing, the proxy cache, the handler, error pages, header rules, compression glue).
+//! The request pipeline: the per-connection service and its phases (request rules, site selection, rewrite, routing, traffic control, the proxy cache, the handler, error pages, header rules, compression glue).
 
 pub(crate) mod cache;
 pub(crate) mod compress;
@@ -9,3 +9,4 @@ pub(crate) mod rewrite;
 pub(crate) mod routes;
 pub(crate) mod service;
 pub(crate) mod sites;
+pub(crate) mod traffic;

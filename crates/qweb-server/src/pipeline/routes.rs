@@ -26,6 +26,8 @@ pub(crate) struct Route {
     pub rules: crate::config::RouteRules,
     /// The proxy's responses go through the cache (`cache = {}`).
     pub cached: bool,
+    /// The `rate_limit` counters (`/metrics`), where the route has one.
+    pub rate: Option<qweb_observe::metrics::RateLimitMetrics>,
 }
 
 /// Builds a route of this worker; its `/metrics` label is `label_prefix` (a site's first
@@ -40,12 +42,18 @@ pub(crate) fn build_route(
         RouteAction::Proxy(p) => Handler::Proxy(Proxy::new(p)),
         RouteAction::Redirect(d) => Handler::Redirect(d.clone()),
     };
+    let label = format!("{label_prefix}{}", r.prefix);
     Ok(Route {
         prefix: r.prefix.clone(),
         strip_prefix: r.strip_prefix,
         handler,
-        metrics: Rc::new(registry.route(&format!("{label_prefix}{}", r.prefix))),
+        metrics: Rc::new(registry.route(&label)),
         rules: r.rules.clone(),
         cached: r.cache.is_some() && matches!(r.action, RouteAction::Proxy(_)),
+        rate: r
+            .rules
+            .rate_limit
+            .as_ref()
+            .map(|_| registry.rate_limit(&label)),
     })
 }

@@ -244,6 +244,12 @@ impl Service {
             && route.is_none_or(|r| r.rules.access.permits(ip))
     }
 
+    /// Phase 6, the route's `rate_limit`: the 429 to answer, if any.
+    fn rate_limited(&self, route: &Route, headers: &http::HeaderMap) -> Option<Response<Body>> {
+        let ip = self.conn.peer.ip();
+        crate::pipeline::traffic::rate_limit(route, headers, ip, &self.worker.peer_log)
+    }
+
     /// A `pass_raw_path` route forwards the target as sent: refused (400) unless the path as
     /// an upstream that decodes `%2F` and `%5C` understands it is routed to this same route
     /// (`/files/..%2fsecret` is `/secret` there, a path outside the route).
@@ -332,6 +338,11 @@ impl Service {
         };
         matched.set(route.map(|r| r.metrics.clone()));
         let pages = self.worker.sites.error_pages(site);
+        if let Some(r) = route.and_then(|r| self.rate_limited(r, req.headers())) {
+            let mut r = crate::pipeline::error_pages::apply(pages, routes, req.method(), r, &ahead);
+            crate::pipeline::headers_rules::respond(site_ref, route, &mut r);
+            return r;
+        }
         // access rules: after routing, so that they see the route the path takes as an
         // upstream reads it
         if !self.admitted(site_ref, route) {

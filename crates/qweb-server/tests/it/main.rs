@@ -31,6 +31,7 @@ mod proxy_h2;
 mod proxy_late_bytes;
 mod proxy_upgrade;
 mod quic_garbage;
+mod rate_limits;
 mod recipes;
 mod reload_tunnels;
 mod site_pages;

@@ -134,8 +134,35 @@ fn header(r: &reqwest::Response, name: &str) -> String {
 }
 
 #[test]
-fn readme_has_five_recipes() {
-    assert_eq!(recipes().len(), 5);
+fn readme_has_six_recipes() {
+    assert_eq!(recipes().len(), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recipe_6_rate_limit_on_a_login_page() {
+    let up = common::recorder::start().await;
+    let r = start(&recipes()[5], Some(up.addr));
+    let port = r.addrs[0].port();
+    let c = client(&r, r.addrs[0]);
+    let mut got = Vec::new();
+    for _ in 0..6 {
+        let resp = c
+            .post(format!("https://example.com:{port}/login"))
+            .send()
+            .await
+            .unwrap();
+        got.push((resp.status().as_u16(), header(&resp, "retry-after")));
+    }
+    let statuses: Vec<u16> = got.iter().map(|g| g.0).collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429], "{got:?}");
+    assert_eq!(got[5].1, "12");
+    assert_eq!(up.take().len(), 5, "the sixth never reached the app");
+    let resp = c
+        .get(format!("https://example.com:{port}/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "other paths are not limited");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
