@@ -6,54 +6,16 @@ use std::io;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Poll;
 
 use qweb_offload::job::{Job, Step};
 use qweb_offload::Offloader;
 use rustls::{ServerConfig, ServerConnection};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::AsyncWriteExt;
 
 use crate::stream::{SyncIo, TlsStream};
 
-/// A transport the handshake can run on: bytes both ways, and a way to notice that the peer
-/// left while a handshake job is paused (without consuming its data).
-pub trait Transport: AsyncRead + AsyncWrite + Unpin {
-    /// Ready when the peer has closed its end (EOF or error); pending while it is alive.
-    fn poll_peer_gone(&self, cx: &mut Context<'_>) -> Poll<()>;
-
-    /// Ready when a read may find bytes, the end of stream or an error; pending (with `cx`
-    /// woken when that changes) while the transport knows it has nothing. The default says
-    /// "maybe" and lets the read find out.
-    fn poll_readable(&self, _cx: &mut Context<'_>) -> Poll<()> {
-        Poll::Ready(())
-    }
-}
-
-impl Transport for TcpStream {
-    fn poll_peer_gone(&self, cx: &mut Context<'_>) -> Poll<()> {
-        let mut b = [0u8; 1];
-        let mut rb = tokio::io::ReadBuf::new(&mut b);
-        match self.poll_peek(cx, &mut rb) {
-            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => Poll::Ready(()),
-            // more data, or nothing yet: the peer is alive
-            Poll::Ready(Ok(_)) | Poll::Pending => Poll::Pending,
-        }
-    }
-
-    /// tokio's read readiness: no system call while the socket is known to be empty (the
-    /// last read found nothing and epoll has not said otherwise since).
-    fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<()> {
-        self.poll_read_ready(cx).map(|_| ())
-    }
-}
-
-impl Transport for tokio::io::DuplexStream {
-    /// An in-memory pipe (tests): its peer is never noticed leaving mid-handshake.
-    fn poll_peer_gone(&self, _cx: &mut Context<'_>) -> Poll<()> {
-        Poll::Pending
-    }
-}
+pub use crate::stream::Transport;
 
 /// Per-worker handshake counters the caller may observe.
 #[derive(Debug, Default)]

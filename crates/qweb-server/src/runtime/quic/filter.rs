@@ -18,7 +18,8 @@
 
 use std::time::Instant;
 
-use crate::runtime::quic::steer::CID_LEN;
+/// The length of the connection IDs qweb issues (quinn's default; `steer.rs` issues them).
+pub(crate) const CID_LEN: usize = 8;
 
 /// Version Negotiation answers a worker's QUIC socket sends a second at most, and as a
 /// burst; datagrams with another QUIC version beyond that are dropped unanswered.

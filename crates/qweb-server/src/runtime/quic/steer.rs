@@ -51,10 +51,7 @@ use quinn_proto::{ConnectionId, ConnectionIdGenerator, RandomConnectionIdGenerat
 use socket2::{Domain, Socket, Type};
 use tokio::io::unix::AsyncFd;
 
-use crate::runtime::quic::filter::{Filter, Verdict};
-
-/// The length of the connection IDs qweb issues (quinn's default).
-pub(crate) const CID_LEN: usize = 8;
+use crate::runtime::quic::filter::{Filter, Verdict, CID_LEN};
 
 /// `addr=worker:udp_fd:channel_fd,...;addr=...`: the UDP sockets and peer channels handed
 /// to the new process.
