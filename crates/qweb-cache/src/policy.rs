@@ -67,8 +67,9 @@ pub enum NotStorable {
     /// No explicit freshness, no validator-based heuristic and no `public`.
     #[error("nothing makes the response storable")]
     NoFreshness,
-    /// `Set-Cookie` without `public` or `s-maxage`.
-    #[error("the response sets a cookie and does not say it is public")]
+    /// `Set-Cookie` on a response only heuristically cacheable (no explicit freshness,
+    /// `public` or `no-cache` from the origin).
+    #[error("the response sets a cookie and the origin did not say it may be cached")]
     SetCookie,
     /// `Vary: *`.
     #[error("the response varies on everything")]
@@ -108,9 +109,6 @@ pub fn storable(
     {
         return Err(NotStorable::Authorization);
     }
-    if resp.contains_key(header::SET_COOKIE) && !(cc.public || cc.s_maxage.present()) {
-        return Err(NotStorable::SetCookie);
-    }
     if vary_names(resp).any(|n| n == "*") {
         return Err(NotStorable::VaryStar);
     }
@@ -119,6 +117,12 @@ pub fn storable(
         || cc.s_maxage.present()
         || cc.public
         || cc.no_cache;
+    // RFC 9111 section 7.3: Set-Cookie does not inhibit storing; the origin controls it
+    // with Cache-Control. qweb stores such a response only when the origin said how
+    // (explicit freshness, public or no-cache), never by heuristics alone.
+    if resp.contains_key(header::SET_COOKIE) && !explicit {
+        return Err(NotStorable::SetCookie);
+    }
     // heuristic freshness needs a Last-Modified; without it and without an ETag the
     // response could never be used, fresh or revalidated: not worth its memory
     let heuristic = HEURISTIC.contains(&code)
@@ -549,14 +553,18 @@ mod tests {
         );
         assert_eq!(
             ok(&h(&[
-                ("cache-control", "max-age=60"),
+                ("last-modified", "Wed, 01 Jan 2020 00:00:00 GMT"),
                 ("set-cookie", "a=b")
             ])),
             Err(NotStorable::SetCookie)
         );
         assert_eq!(
+            ok(&h(&[("last-modified", "Wed, 01 Jan 2020 00:00:00 GMT")])),
+            Ok(())
+        );
+        assert_eq!(
             ok(&h(&[
-                ("cache-control", "max-age=60, public"),
+                ("cache-control", "max-age=60"),
                 ("set-cookie", "a=b")
             ])),
             Ok(())
