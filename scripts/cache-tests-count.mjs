@@ -57,6 +57,10 @@ if (ratchetFile && flag === '--write-ratchet') {
   for (const id of lost) console.log(`REGRESSION\t${id}\t${JSON.stringify(results[id] ?? 'untested')}`)
   const gained = passing.filter((id) => !before.includes(id))
   if (gained.length) console.log(`newly passing (add to ${ratchetFile}): ${gained.join(' ')}`)
-  if (lost.length) status = 1
+  // a test lost only because the suite's own setup request failed (seen once: a 502 on
+  // its configuration PUT) exits 3, and cache-tests.sh runs the suite once more: a lost
+  // test fails the ratchet only when it reproduces
+  const setupOnly = lost.every((id) => Array.isArray(results[id]) && results[id][0] === 'Setup')
+  if (lost.length) status = setupOnly ? 3 : 1
 }
 process.exit(status)
