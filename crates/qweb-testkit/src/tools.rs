@@ -23,7 +23,7 @@ enum Probe {
     Program(&'static str),
     /// A python module that `python3` imports.
     Python(&'static str),
-    /// Found by its own helper (e.g. [`crate::browser::Chromium::find`]), which reports it
+    /// Found by its own helper (e.g. `browser::Chromium::find`), which reports it
     /// missing with [`missing`].
     Own,
 }

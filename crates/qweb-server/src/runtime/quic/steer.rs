@@ -409,18 +409,7 @@ impl SteeredSocket {
         let now = std::time::Instant::now();
         let mut filter = self.filter.lock().unwrap_or_else(PoisonError::into_inner);
         for (m, buf) in meta.iter_mut().zip(bufs.iter_mut()) {
-            let stride = m.stride.max(1);
-            let data = &mut buf[..m.len];
-            let (mut kept, mut at) = (0, 0);
-            while at < data.len() {
-                let end = (at + stride).min(data.len());
-                if filter.keep(&data[at..end], now) == Verdict::Keep {
-                    data.copy_within(at..end, kept);
-                    kept += end - at;
-                }
-                at = end;
-            }
-            m.len = kept;
+            retain_datagrams(m, buf, |d| filter.keep(d, now) == Verdict::Keep);
         }
     }
 
@@ -430,25 +419,35 @@ impl SteeredSocket {
         let other = 1 - self.mark;
         let mut alive = true;
         for (m, buf) in meta.iter_mut().zip(bufs.iter_mut()) {
-            let stride = m.stride.max(1);
-            let data = &mut buf[..m.len];
-            // (GRO: datagrams of one flow, `stride` bytes each but the last; those kept are
-            // moved together, so the stride still holds)
-            let (mut kept, mut at) = (0, 0);
-            while at < data.len() {
-                let end = (at + stride).min(data.len());
-                if mark_of(&data[at..end]) == Some(other) {
-                    alive &= peer.send(m, &data[at..end]);
-                } else {
-                    data.copy_within(at..end, kept);
-                    kept += end - at;
+            let meta = *m;
+            retain_datagrams(m, buf, |d| {
+                if mark_of(d) == Some(other) {
+                    alive &= peer.send(&meta, d);
+                    return false;
                 }
-                at = end;
-            }
-            m.len = kept;
+                true
+            });
         }
         alive
     }
+}
+
+/// Keeps the datagrams of one received buffer for which `keep` is true, moved to its front,
+/// and sets `m.len` to what is kept. (GRO: datagrams of one flow, `m.stride` bytes each but
+/// the last; those kept are moved together, so the stride still holds.)
+fn retain_datagrams(m: &mut RecvMeta, buf: &mut [u8], mut keep: impl FnMut(&[u8]) -> bool) {
+    let stride = m.stride.max(1);
+    let data = &mut buf[..m.len];
+    let (mut kept, mut at) = (0, 0);
+    while at < data.len() {
+        let end = (at + stride).min(data.len());
+        if keep(&data[at..end]) {
+            data.copy_within(at..end, kept);
+            kept += end - at;
+        }
+        at = end;
+    }
+    m.len = kept;
 }
 
 impl AsyncUdpSocket for SteeredSocket {
