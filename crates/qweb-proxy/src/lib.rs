@@ -102,8 +102,61 @@ enum Retry {
     /// Not sent (connect failed, or a fresh connection failed before the request went out):
     /// the next upstream.
     NextUpstream,
+    /// Sent on a reused connection that the upstream closed (or reset) before any answer: the
+    /// close crossed the request (an upstream's keep-alive ended just as qweb reused it). An
+    /// idempotent request whose body qweb still has ([`Replay`]) goes again, once, on a new
+    /// connection to the same upstream (as nginx retries a request that failed on a cached
+    /// keep-alive connection, unless it is POST, LOCK or PATCH); any other request: 502.
+    Replay,
     /// The request (or part of its body) went out: never sent twice.
     No,
+}
+
+/// The largest request body of an idempotent method that is read whole before it goes upstream,
+/// so that it can be sent again ([`Retry::Replay`]) when a reused connection turns out closed.
+const REPLAY_BODY_MAX: u64 = 64 * 1024;
+
+/// A copy of an upstream request that can be sent again: an idempotent method (RFC 9110
+/// section 9.2.2) and a body qweb holds whole (none, `buffer_request_body`, or one of at most
+/// [`REPLAY_BODY_MAX`]).
+struct Replay {
+    method: Method,
+    uri: Uri,
+    headers: http::HeaderMap,
+    body: bytes::Bytes,
+}
+
+impl Replay {
+    fn of(req: &Request<SendBody>) -> Option<Self> {
+        if !req.method().is_idempotent() {
+            return None;
+        }
+        let body = match req.body() {
+            SendBody::Whole(b) => b.clone(),
+            SendBody::Stream(b) if http_body::Body::is_end_stream(b) => bytes::Bytes::new(),
+            SendBody::Stream(_) => return None,
+        };
+        Some(Replay {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            headers: req.headers().clone(),
+            body,
+        })
+    }
+
+    /// The request again, as [`upstream_request`] first made it.
+    fn request(
+        &self,
+        target: &Target<'_>,
+        client: &ClientInfo,
+        cfg: &ProxyConfig,
+    ) -> Result<(Request<ClientBody>, Rc<Progress>), StatusCode> {
+        let mut req = Request::new(SendBody::Whole(self.body.clone()));
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
+        *req.headers_mut() = self.headers.clone();
+        upstream_request(req, target, client, cfg)
+    }
 }
 
 /// Why an attempt failed.
@@ -171,20 +224,25 @@ impl Proxy {
             Ok(r) => r,
             Err(r) => return r,
         };
-        let (mut req, progress) = match upstream_request(req, target, client, &self.cfg) {
+        let mut replay = Replay::of(&req);
+        let te = |req: &mut Request<ClientBody>| {
+            if trailers {
+                // the client takes trailers, and so does qweb: the upstream may send them
+                req.headers_mut()
+                    .insert(header::TE, HeaderValue::from_static("trailers"));
+            }
+        };
+        let (mut req, mut progress) = match upstream_request(req, target, client, &self.cfg) {
             Ok(r) => r,
             Err(code) => return response::status(code),
         };
-        if trailers {
-            // the client takes trailers, and so does qweb: the upstream may send them
-            req.headers_mut()
-                .insert(header::TE, HeaderValue::from_static("trailers"));
-        }
+        te(&mut req);
         let Some((&first, _)) = order.split_first() else {
             return self.all_down();
         };
         let mut idx = first;
         let mut tries = 0;
+        let mut fresh = false;
         let mut last = Failure::new(StatusCode::BAD_GATEWAY, Retry::No);
         while tries < order.len() {
             let load = Load::new(self, idx);
@@ -193,7 +251,7 @@ impl Proxy {
                     .await
                     .map(|resp| Answer { resp, conn: None })
             } else {
-                match self.connection(idx).await {
+                match self.connection(idx, fresh).await {
                     Ok((conn, reused)) => self.exchange(conn, reused, req, idx, &progress).await,
                     Err(f) => Err((f, Some(req))),
                 }
@@ -212,6 +270,18 @@ impl Proxy {
                         self.balancer.failed(idx);
                     }
                     req = match (retry, unsent) {
+                        (Retry::Replay, _) => {
+                            // once, and on a new connection: another pooled one may be as old
+                            let Some(again) = replay.take() else { break };
+                            let Ok((mut r, p)) = again.request(target, client, &self.cfg) else {
+                                break;
+                            };
+                            tracing::debug!(upstream = %self.cfg.upstreams[idx].name, "request sent again: the reused connection was closed before an answer");
+                            te(&mut r);
+                            progress = p;
+                            fresh = true;
+                            r
+                        }
                         (Retry::No, _) | (_, None) => break,
                         (Retry::SameUpstream, Some(r)) => r,
                         (Retry::NextUpstream, Some(r)) => {
@@ -250,9 +320,10 @@ impl Proxy {
         response::status(StatusCode::BAD_GATEWAY)
     }
 
-    /// An idle pooled connection to upstream `idx` (`true`: reused), or a new one.
-    async fn connection(&self, idx: usize) -> Result<(UpstreamConn, bool), Failure> {
-        if let Some(c) = self.pool.checkout(idx) {
+    /// An idle pooled connection to upstream `idx` (`true`: reused), or a new one (always a
+    /// new one when `fresh`).
+    async fn connection(&self, idx: usize, fresh: bool) -> Result<(UpstreamConn, bool), Failure> {
+        if let Some(c) = self.pool.checkout(idx).filter(|_| !fresh) {
             return Ok((c, true));
         }
         self.connect(idx).await.map(|c| (c, false))
@@ -292,7 +363,11 @@ impl Proxy {
         } else {
             self.http1(idx, TokioIo::new(io)).await?
         };
-        Ok(UpstreamConn { sender, socket })
+        Ok(UpstreamConn {
+            sender,
+            socket,
+            idle_max: pool::IDLE_MAX,
+        })
     }
 
     /// An HTTP/1.1 client connection on `io`, its task spawned on the worker.
@@ -357,11 +432,12 @@ impl Proxy {
                     return Err((Failure::new(status, Retry::No), None));
                 }
                 let retry = match (&unsent, reused) {
+                    (None, true) if closed_before_answer(e.error()) => Retry::Replay,
                     (None, _) => Retry::No,
                     (Some(_), true) => Retry::SameUpstream,
                     (Some(_), false) => Retry::NextUpstream,
                 };
-                if retry != Retry::SameUpstream {
+                if !matches!(retry, Retry::SameUpstream | Retry::Replay) {
                     tracing::warn!(upstream = %name, "upstream request failed: {}", e.error());
                 }
                 Err((Failure::new(StatusCode::BAD_GATEWAY, retry), unsent))
@@ -405,7 +481,7 @@ impl Proxy {
     fn respond(
         self: &Rc<Self>,
         resp: Response<Incoming>,
-        conn: Option<UpstreamConn>,
+        mut conn: Option<UpstreamConn>,
         load: Option<Load>,
         idx: usize,
         asked: Asked,
@@ -429,6 +505,9 @@ impl Proxy {
                 .collect(),
             false => Vec::new(),
         };
+        if let Some(c) = conn.as_mut() {
+            c.idle_max = pool::announced_idle(&parts.headers);
+        }
         strip_hop_by_hop(&mut parts.headers);
         for v in announced {
             parts.headers.append(header::TRAILER, v);
@@ -528,6 +607,25 @@ fn unbuffered(h: &mut http::HeaderMap) -> bool {
     accel || events
 }
 
+/// hyper's error for a request that went out on a connection the upstream then closed or reset
+/// before any answer came.
+fn closed_before_answer(e: &hyper::Error) -> bool {
+    use std::error::Error as _;
+    let io = e
+        .source()
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .map(std::io::Error::kind);
+    e.is_incomplete_message()
+        || matches!(
+            io,
+            Some(
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::ConnectionAborted
+            )
+        )
+}
+
 /// The client's request body, streamed or read whole beforehand.
 enum SendBody {
     Stream(RequestBody),
@@ -578,13 +676,20 @@ impl Proxy {
         req: Request<RequestBody>,
     ) -> Result<Request<SendBody>, Response<Body>> {
         let (parts, body) = req.into_parts();
+        let small = http_body::Body::size_hint(&body)
+            .exact()
+            .is_some_and(|n| n <= REPLAY_BODY_MAX);
         let limit = match self.cfg.max_body_size {
-            Some(limit)
-                if self.cfg.buffer_request_body && !http_body::Body::is_end_stream(&body) =>
-            {
-                limit
+            _ if http_body::Body::is_end_stream(&body) => None,
+            Some(limit) if self.cfg.buffer_request_body => Some(limit),
+            // small enough to keep for a replay ([`Retry::Replay`])
+            limit if small && parts.method.is_idempotent() => {
+                Some(limit.unwrap_or(REPLAY_BODY_MAX).min(REPLAY_BODY_MAX))
             }
-            _ => return Ok(Request::from_parts(parts, SendBody::Stream(body))),
+            _ => None,
+        };
+        let Some(limit) = limit else {
+            return Ok(Request::from_parts(parts, SendBody::Stream(body)));
         };
         match body::read_whole(body, limit, self.cfg.client_body_timeout).await {
             Ok(b) => Ok(Request::from_parts(parts, SendBody::Whole(b))),

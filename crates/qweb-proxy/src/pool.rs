@@ -1,8 +1,9 @@
 //! Idle upstream connections of one proxy route on one worker, per upstream.
 //!
 //! A connection comes back only when its exchange ended cleanly (see
-//! [`super::response_body::UpstreamBody`]), and is handed out again only if it is still open, younger than
-//! [`IDLE_MAX`], and *quiet*: nothing is waiting to be read on its socket. While it sits in the
+//! [`super::response_body::UpstreamBody`]), and is handed out again only if it is still open, idle
+//! for less than its `idle_max` ([`IDLE_MAX`], or less when the upstream announced a shorter
+//! keep-alive: [`announced_idle`]), and *quiet*: nothing is waiting to be read on its socket. While it sits in the
 //! pool, hyper's connection task reads it: bytes from the upstream there (late or stray bytes,
 //! a second response) end the connection, so they are never read as the response to another
 //! client's request.
@@ -44,6 +45,35 @@ use super::body::ClientBody;
 
 /// Idle upstream connections older than this are not reused.
 pub(super) const IDLE_MAX: Duration = Duration::from_secs(30);
+
+/// How long before the end of an upstream's announced keep-alive (`Keep-Alive: timeout=N`) its
+/// connection stops being reused. An upstream closes an idle connection at `N`; a request sent
+/// just before that crosses the close, and a request already on the wire cannot be taken back
+/// (undici keeps the same margin, `keepAliveTimeoutThreshold`).
+pub(super) const KEEP_ALIVE_MARGIN: Duration = Duration::from_secs(1);
+
+/// The idle time an upstream's response allows its connection: [`IDLE_MAX`], or its
+/// `Keep-Alive: timeout=N` less [`KEEP_ALIVE_MARGIN`] when that is shorter (Node.js and Apache
+/// announce 5 s, and close at 5 s). An unreadable hint leaves `IDLE_MAX`.
+pub(super) fn announced_idle(headers: &http::HeaderMap) -> Duration {
+    let hint = headers
+        .get_all("keep-alive")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|p| {
+            let (k, v) = p.split_once('=')?;
+            k.trim().eq_ignore_ascii_case("timeout").then_some(v)?;
+            v.trim().trim_matches('"').parse::<u64>().ok()
+        })
+        .min();
+    match hint {
+        Some(secs) => Duration::from_secs(secs)
+            .saturating_sub(KEEP_ALIVE_MARGIN)
+            .min(IDLE_MAX),
+        None => IDLE_MAX,
+    }
+}
 
 /// How long a connection of a distrusted upstream sits idle before it is reused: late bytes
 /// sent up to this long after a response have arrived (and ended the connection) by then.
@@ -94,6 +124,8 @@ pub(super) fn late_bytes(e: &hyper::Error) -> bool {
 pub(super) struct UpstreamConn {
     pub sender: SendRequest<ClientBody>,
     pub socket: Rc<TcpStream>,
+    /// How long it may sit idle and still be reused ([`announced_idle`] of its last response).
+    pub idle_max: Duration,
 }
 
 impl UpstreamConn {
@@ -231,7 +263,7 @@ impl Pool {
             } else {
                 q.pop_back()?
             };
-            if now.duration_since(i.since) < IDLE_MAX && i.conn.reusable() {
+            if now.duration_since(i.since) < i.conn.idle_max && i.conn.reusable() {
                 return Some(i.conn);
             }
         }
@@ -239,7 +271,7 @@ impl Pool {
 
     /// Returns a connection whose exchange ended cleanly.
     pub(super) fn checkin(&self, idx: usize, conn: UpstreamConn) {
-        if conn.sender.is_closed() {
+        if conn.sender.is_closed() || conn.idle_max.is_zero() {
             return;
         }
         let mut q = self.idle[idx].borrow_mut();
@@ -264,6 +296,29 @@ impl Pool {
 mod tests {
     use super::*;
 
+    /// `Keep-Alive: timeout=N` (any case, among other parameters, quoted) ends reuse at N - 1 s,
+    /// never later than [`IDLE_MAX`]; a hint of 1 s or less means no reuse; anything unreadable
+    /// leaves `IDLE_MAX`.
+    #[test]
+    fn an_announced_keep_alive_shortens_the_idle_time() {
+        let idle = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert("keep-alive", http::HeaderValue::from_str(v).unwrap());
+            announced_idle(&h)
+        };
+        let s = Duration::from_secs;
+        assert_eq!(idle("timeout=5"), s(4));
+        assert_eq!(idle("max=100, Timeout=5"), s(4));
+        assert_eq!(idle("timeout=\"3\""), s(2));
+        assert_eq!(idle("timeout=1"), s(0));
+        assert_eq!(idle("timeout=0"), s(0));
+        assert_eq!(idle("timeout=600"), IDLE_MAX);
+        assert_eq!(idle("timeout=-1"), IDLE_MAX);
+        assert_eq!(idle("timeout"), IDLE_MAX);
+        assert_eq!(idle("max=5"), IDLE_MAX);
+        assert_eq!(announced_idle(&http::HeaderMap::new()), IDLE_MAX);
+    }
+
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A hyper client connection over [`SharedSocket`] to a raw upstream socket (returned), its
@@ -285,7 +340,15 @@ mod tests {
         tokio::task::spawn_local(async move {
             let _ = tx.send(conn.await);
         });
-        (UpstreamConn { sender, socket }, s, ended)
+        (
+            UpstreamConn {
+                sender,
+                socket,
+                idle_max: IDLE_MAX,
+            },
+            s,
+            ended,
+        )
     }
 
     /// One GET on `conn`, answered by `up` with `answer`; the response body read whole.

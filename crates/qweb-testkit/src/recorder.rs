@@ -8,9 +8,14 @@
 //! - `big-head`: a response head with a 100 KB header;
 //! - `switch`: `101 Switching Protocols` although nobody asked;
 //! - `hang`: never answers;
+//! - `closes-reused`: on a connection's first request, as anything else; on a later one, the
+//!   request is read whole (and recorded), then the connection is closed without an answer (an
+//!   upstream whose keep-alive ended as the request arrived);
+//! - `keep-alive-2`: as anything else, announcing `Keep-Alive: timeout=2`;
 //! - anything else: 200 with body `up:<request target>`.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,6 +62,7 @@ impl Received {
 pub struct Recorder {
     pub addr: SocketAddr,
     log: Arc<Mutex<Vec<Received>>>,
+    connections: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -71,6 +77,10 @@ impl Recorder {
     pub fn take(&self) -> Vec<Received> {
         std::mem::take(&mut *self.log.lock().unwrap())
     }
+    /// How many connections it has accepted.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
 }
 
 /// Starts a recorder on 127.0.0.1:0 (on the current tokio runtime).
@@ -78,21 +88,30 @@ pub async fn start() -> Recorder {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let log = Arc::new(Mutex::new(Vec::new()));
-    let l2 = log.clone();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let (l2, c2) = (log.clone(), connections.clone());
     let task = tokio::spawn(async move {
         loop {
             let Ok((s, _)) = listener.accept().await else {
                 continue;
             };
+            c2.fetch_add(1, Ordering::SeqCst);
             tokio::spawn(serve(s, l2.clone()));
         }
     });
-    Recorder { addr, log, task }
+    Recorder {
+        addr,
+        log,
+        connections,
+        task,
+    }
 }
 
 async fn serve(mut s: TcpStream, log: Arc<Mutex<Vec<Received>>>) {
     let mut buf: Vec<u8> = Vec::new();
+    let mut nth = 0;
     loop {
+        nth += 1;
         let head_end = loop {
             if let Some(i) = find(&buf, b"\r\n\r\n") {
                 break i;
@@ -157,6 +176,7 @@ async fn serve(mut s: TcpStream, log: Arc<Mutex<Vec<Received>>>) {
                 let r = format!("HTTP/1.1 200 OK\r\nX-Big: {big}\r\nContent-Length: 2\r\n\r\nok");
                 s.write_all(r.as_bytes()).await.is_ok()
             }
+            "closes-reused" if nth > 1 => return,
             "hang" => {
                 tokio::time::sleep(Duration::from_secs(3600)).await;
                 return;
@@ -171,8 +191,12 @@ async fn serve(mut s: TcpStream, log: Arc<Mutex<Vec<Received>>>) {
             }
             _ => {
                 let body = format!("up:{target}");
+                let hint = match last.as_str() {
+                    "keep-alive-2" => "Keep-Alive: timeout=2\r\n",
+                    _ => "",
+                };
                 let r = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n{hint}Content-Length: {}\r\n\r\n{body}",
                     body.len()
                 );
                 s.write_all(r.as_bytes()).await.is_ok()
