@@ -25,18 +25,22 @@ pub struct Pending {
     meta: Option<Meta>,
     /// The body's `Content-Length`: a body that ends shorter is not stored.
     length: Option<u64>,
+    /// The store's epoch when the request went to the origin ([`Store::insert_since`]).
+    epoch: u64,
     /// Held until the fill ends.
     _guard: Option<FillGuard>,
 }
 
 impl Pending {
-    /// Stores `meta` and the body under `key` at its end (`length`: its announced length);
-    /// `guard` is released when the fill ends.
+    /// Stores `meta` and the body under `key` at its end (`length`: its announced length)
+    /// unless the key was purged after `epoch` (the store's [`Store::epoch`] when the request
+    /// went to the origin); `guard` is released when the fill ends.
     pub fn new(
         store: Arc<Store>,
         key: String,
         meta: Meta,
         length: Option<u64>,
+        epoch: u64,
         guard: Option<FillGuard>,
     ) -> Pending {
         Pending {
@@ -44,6 +48,7 @@ impl Pending {
             key,
             meta: Some(meta),
             length,
+            epoch,
             _guard: guard,
         }
     }
@@ -77,7 +82,8 @@ impl Pending {
             return;
         };
         if self.length.is_none_or(|l| l == body.len() as u64) {
-            self.store.insert(&self.key, Entry::new(meta, body));
+            self.store
+                .insert_since(&self.key, Entry::new(meta, body), self.epoch);
         } else {
             self.store.stats().abandoned.fetch_add(1, Ordering::Relaxed);
         }
@@ -165,7 +171,7 @@ mod tests {
             now,
             now,
         );
-        Pending::new(store.clone(), "k".into(), meta, length, None)
+        Pending::new(store.clone(), "k".into(), meta, length, store.epoch(), None)
     }
 
     /// `n` data frames of `size` bytes, each ready at once.

@@ -2,8 +2,13 @@
 //! short lock), bounded in bytes; least recently used keys go first. Each key holds the
 //! variants its `Vary` selects between. In-flight fills are tracked per key so that
 //! concurrent misses wait for one fill instead of all going upstream.
+//!
+//! A purge or invalidation also reaches the fills in flight: a response the origin produced
+//! before a key was purged (its fill began before) is not stored after the purge, so that once
+//! a purge has answered, nothing fetched before it is served ([`Store::epoch`],
+//! [`Store::insert_since`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -16,6 +21,26 @@ use crate::policy::Meta;
 
 /// What every entry costs beyond its body and fields (the key's slot, the map, the `Arc`s).
 const ENTRY_OVERHEAD: usize = 256;
+
+/// How many of the latest purges and invalidations the store remembers for the fills in flight;
+/// a fill older than all of them is not stored (it may have missed one).
+const PURGE_LOG: usize = 1024;
+
+/// What a purge or invalidation removed.
+#[derive(Debug)]
+enum Purged {
+    Key(String),
+    Prefix(String),
+}
+
+impl Purged {
+    fn covers(&self, key: &str) -> bool {
+        match self {
+            Purged::Key(k) => k == key,
+            Purged::Prefix(p) => key.starts_with(p.as_str()),
+        }
+    }
+}
 
 /// The store's bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +127,8 @@ pub struct Stats {
     pub objects: AtomicU64,
     /// Bytes held now (as counted against [`Limits::memory`]).
     pub bytes: AtomicU64,
+    /// Fills not stored because their key was purged or invalidated while they were in flight.
+    pub superseded: AtomicU64,
 }
 
 /// The variants of one key.
@@ -116,6 +143,35 @@ struct Inner {
     objects: usize,
     fills: HashMap<String, watch::Sender<()>>,
     limits: Limits,
+    /// Purges and invalidations so far.
+    epoch: u64,
+    /// The latest of them ([`PURGE_LOG`] at most), with the epoch each one made.
+    purges: VecDeque<(u64, Purged)>,
+}
+
+impl Inner {
+    fn purged(&mut self, what: Purged) {
+        self.epoch += 1;
+        if self.purges.len() == PURGE_LOG {
+            self.purges.pop_front();
+        }
+        self.purges.push_back((self.epoch, what));
+    }
+
+    /// A purge or invalidation after `epoch` covers `key`, or may have (forgotten).
+    fn purged_since(&self, key: &str, epoch: u64) -> bool {
+        if self.epoch == epoch {
+            return false;
+        }
+        if self.purges.front().is_none_or(|(e, _)| *e > epoch + 1) {
+            return true;
+        }
+        self.purges
+            .iter()
+            .rev()
+            .take_while(|(e, _)| *e > epoch)
+            .any(|(_, p)| p.covers(key))
+    }
 }
 
 /// The shared memory store.
@@ -164,6 +220,8 @@ impl Store {
                 objects: 0,
                 fills: HashMap::new(),
                 limits,
+                epoch: 0,
+                purges: VecDeque::new(),
             }),
             stats: Stats::default(),
         })
@@ -227,10 +285,27 @@ impl Store {
         })
     }
 
+    /// Purges and invalidations so far: taken when a request goes to the origin, and given
+    /// back to [`Store::insert_since`] with its response.
+    pub fn epoch(&self) -> u64 {
+        self.lock().epoch
+    }
+
     /// Stores `entry` under `key`, replacing the variant with the same `Vary` values; false
     /// when it is over the limits.
     pub fn insert(&self, key: &str, entry: Entry) -> bool {
+        let since = self.epoch();
+        self.insert_since(key, entry, since)
+    }
+
+    /// [`Store::insert`] for a response whose request went to the origin at `epoch`
+    /// ([`Store::epoch`]): not stored (false) when `key` was purged or invalidated since.
+    pub fn insert_since(&self, key: &str, entry: Entry, epoch: u64) -> bool {
         let mut inner = self.lock();
+        if inner.purged_since(key, epoch) {
+            self.stats.superseded.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
         let cost = entry.cost(key);
         if entry.body.len() > inner.limits.max_object_size || cost > inner.limits.memory {
             self.stats.too_large.fetch_add(1, Ordering::Relaxed);
@@ -275,6 +350,7 @@ impl Store {
     /// Removes every variant of `key`; how many there were.
     pub fn invalidate(&self, key: &str) -> usize {
         let mut inner = self.lock();
+        inner.purged(Purged::Key(key.to_owned()));
         let n = self.remove_where(&mut inner, key, |_| true);
         self.stats
             .invalidated
@@ -298,6 +374,7 @@ impl Store {
     /// Removes every variant of every key that starts with `prefix`; how many there were.
     pub fn purge_prefix(&self, prefix: &str) -> usize {
         let mut inner = self.lock();
+        inner.purged(Purged::Prefix(prefix.to_owned()));
         let keys: Vec<String> = inner
             .keys
             .iter()
@@ -382,6 +459,31 @@ mod tests {
             Meta::new(StatusCode::OK, &resp, &req, now, now),
             Bytes::from(vec![b'x'; body]),
         )
+    }
+
+    /// A fill whose request went out before a purge or invalidation of its key is not stored
+    /// after it; one of another key is; a fill older than every purge the store remembers is
+    /// not stored either (it may have missed one).
+    #[test]
+    fn a_purge_reaches_the_fills_in_flight() {
+        let store = Store::new(Limits::new(1 << 20, 10_000));
+        let before = store.epoch();
+        store.invalidate("http://h/a");
+        assert!(!store.insert_since("http://h/a", entry(1, None), before));
+        assert!(store.insert_since("http://h/b", entry(1, None), before));
+        assert!(store.insert_since("http://h/a", entry(1, None), store.epoch()));
+        let before = store.epoch();
+        store.purge_prefix("http://h/p/");
+        assert!(!store.insert_since("http://h/p/x", entry(1, None), before));
+        assert!(store.insert_since("http://h/q", entry(1, None), before));
+        assert_eq!(store.stats().superseded.load(Ordering::Relaxed), 2);
+        let old = store.epoch();
+        for i in 0..=PURGE_LOG {
+            store.invalidate(&format!("http://h/other/{i}"));
+        }
+        assert!(!store.insert_since("http://h/c", entry(1, None), old));
+        let recent = store.epoch() - 1;
+        assert!(store.insert_since("http://h/c", entry(1, None), recent));
     }
 
     #[test]

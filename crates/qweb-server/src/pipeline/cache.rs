@@ -67,6 +67,7 @@ impl prometheus_client::collector::Collector for Collector {
             ("qweb_proxy_cache_abandoned", "Fills given up before the body's end (client gone, upstream error, short body).", &s.abandoned),
             ("qweb_proxy_cache_evictions", "Stored responses evicted to stay within cache.memory.", &s.evictions),
             ("qweb_proxy_cache_invalidations", "Stored responses removed by unsafe methods, purges and replacements.", &s.invalidated),
+            ("qweb_proxy_cache_superseded", "Fills not stored because their key was purged or invalidated while they were in flight.", &s.superseded),
         ];
         for (name, help, v) in counters {
             let c = ConstCounter::new(v.load(Relaxed));
@@ -252,6 +253,7 @@ where
         HeaderValue::from_static("qweb=\"Surrogate/1.0\""),
     );
     let request_time = SystemTime::now();
+    let epoch = store.epoch();
     let resp = forward(req).await;
     let response_time = SystemTime::now();
 
@@ -335,7 +337,7 @@ where
             request_time,
             response_time,
         );
-        let pending = Pending::new(store.clone(), key, meta, length, guard.take());
+        let pending = Pending::new(store.clone(), key, meta, length, epoch, guard.take());
         qweb_http::body::boxed(FillBody::new(body, pending))
     } else {
         tracing::trace!(%key, "not stored: {verdict:?}");
@@ -541,6 +543,7 @@ impl Revalidation {
         let mut req = Request::new(RequestBody::Empty);
         *req.headers_mut() = headers;
         let request_time = SystemTime::now();
+        let epoch = store.epoch();
         let resp = forward(req).await;
         let response_time = SystemTime::now();
         let status = resp.status();
@@ -569,7 +572,8 @@ impl Revalidation {
                 request_time,
                 response_time,
             );
-            let pending = Pending::new(store.clone(), key.clone(), meta, length, Some(guard));
+            let pending =
+                Pending::new(store.clone(), key.clone(), meta, length, epoch, Some(guard));
             // read to its end with no client: FillBody stores it there (or gives up past
             // the largest size)
             let _ = http_body_util::BodyExt::collect(FillBody::new(body, pending)).await;
