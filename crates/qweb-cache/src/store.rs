@@ -70,12 +70,41 @@ pub struct Entry {
     pub meta: Meta,
     /// The body.
     pub body: Bytes,
+    /// Names the body in the process (never reused): what compressed variants of it are
+    /// kept under ([`StoredBody`]).
+    pub id: u64,
+}
+
+/// Marks a response whose body is a stored entry's whole body, for the compression layer's
+/// variant cache: a hit is compressed once per encoding and worker, then served encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoredBody {
+    /// The entry's [`Entry::id`].
+    pub id: u64,
+    /// The body's length.
+    pub len: u64,
+}
+
+impl StoredBody {
+    /// The mark for `entry`'s body.
+    pub fn of(entry: &Entry) -> StoredBody {
+        StoredBody {
+            id: entry.id,
+            len: entry.body.len() as u64,
+        }
+    }
 }
 
 impl Entry {
-    /// An entry of `meta` and `body`.
+    /// An entry of `meta` and `body`, with a new id.
     pub fn new(meta: Meta, body: Bytes) -> Entry {
-        Entry { meta, body }
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Entry {
+            meta,
+            body,
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+        }
     }
 
     /// What the entry counts against [`Limits::memory`].
@@ -327,9 +356,11 @@ impl Store {
     /// Replaces the stored `old` of `key` (when it is still there) by the same body with
     /// `meta` (a `304` updated it).
     pub fn update(&self, key: &str, old: &Arc<Entry>, meta: Meta) -> Arc<Entry> {
+        // the same body: its compressed variants stay valid
         let new = Arc::new(Entry {
             meta,
             body: old.body.clone(),
+            id: old.id,
         });
         let mut inner = self.lock();
         let mut delta: isize = 0;

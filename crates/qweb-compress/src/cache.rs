@@ -1,10 +1,11 @@
-//! The compressed-variant cache: encoded copies of static files, bounded by a byte budget,
-//! least recently used out first.
+//! The compressed-variant cache: encoded copies of static files and of responses stored by the
+//! proxy cache, bounded by a byte budget, least recently used out first.
 //!
-//! One cache per worker (no locks on the request path). An entry is found by the file's path,
-//! the codec and the level, and is valid only for the file's size and modification time it
-//! was made from: a lookup that finds an entry for another size or mtime (the file changed)
-//! drops it and misses.
+//! One cache per worker (no locks on the request path). An entry is found by its source (the
+//! file's path, or the proxy cache entry's id), the codec and the level, and is valid only for
+//! the size and modification time it was made from: a lookup that finds an entry for another
+//! size or mtime (the file changed) drops it and misses. A stored response never changes under
+//! its id (a new response is a new entry with a new id), so its variants age out by use.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -13,11 +14,20 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use qweb_offload::compress::Codec;
 
+/// What a variant is made from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// A static file, by its path.
+    File(PathBuf),
+    /// A response body held by the proxy cache, by its entry's id (unique in the process).
+    Stored(u64),
+}
+
 /// What a variant was made from, and how.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct VariantKey {
-    /// The file.
-    pub path: PathBuf,
+    /// What it encodes.
+    pub source: Source,
     /// The codec.
     pub codec: Codec,
     /// The codec's level.
@@ -166,7 +176,7 @@ impl VariantCache {
     /// Is there an entry for this file (any version)?
     pub fn contains(&self, path: &Path, codec: Codec, level: u32) -> bool {
         self.entries.contains_key(&VariantKey {
-            path: path.to_owned(),
+            source: Source::File(path.to_owned()),
             codec,
             level,
         })
@@ -180,7 +190,7 @@ mod tests {
 
     fn key(p: &str) -> VariantKey {
         VariantKey {
-            path: PathBuf::from(p),
+            source: Source::File(PathBuf::from(p)),
             codec: Codec::Gzip,
             level: 6,
         }

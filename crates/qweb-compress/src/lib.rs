@@ -26,7 +26,7 @@ pub mod negotiate;
 pub mod stream;
 
 pub use body::{BoxError, CompressBody, EncodeParams, Sink};
-pub use cache::{CacheEvents, VariantCache, VariantKey};
+pub use cache::{CacheEvents, Source, VariantCache, VariantKey};
 pub use kernel::CompressError;
 pub use metrics::CompressMetrics;
 pub use negotiate::{negotiate, AcceptEncoding};

@@ -661,6 +661,10 @@ fn answer<B>(e: &Entry, req: &Request<B>, now: SystemTime, status: CacheStatus) 
     let mut r = Response::new(body);
     *r.status_mut() = code;
     *r.headers_mut() = headers;
+    if code == StatusCode::OK && !conditional {
+        // the whole stored body: compression keeps its encoded variants
+        r.extensions_mut().insert(qweb_cache::StoredBody::of(e));
+    }
     mark(&mut r, status);
     if conditional {
         to_not_modified(&mut r);

@@ -30,8 +30,8 @@ use std::time::UNIX_EPOCH;
 use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body as _;
 use qweb_compress::{
-    AcceptEncoding, CacheEvents, Codec, CompressBody, CompressMetrics, EncodeParams, VariantCache,
-    VariantKey,
+    AcceptEncoding, CacheEvents, Codec, CompressBody, CompressMetrics, EncodeParams, Source,
+    VariantCache, VariantKey,
 };
 use qweb_offload::{BatchConfig, Engine, Offloader};
 
@@ -331,13 +331,20 @@ pub(crate) fn finish(
     }
     let level = cfg.level(codec);
     let mut fill = None;
-    if let (Some(f), true) = (&file, cfg.cache_size > 0) {
+    // a static file, or a body the proxy cache holds (a hit): its variants are kept
+    let stored = resp.extensions().get::<qweb_cache::StoredBody>().copied();
+    let source = match (&file, stored) {
+        (Some(f), _) => Some((Source::File(f.path.to_path_buf()), f.len, f.mtime)),
+        (None, Some(s)) => Some((Source::Stored(s.id), s.len, UNIX_EPOCH)),
+        (None, None) => None,
+    };
+    if let (Some((source, len, mtime)), true) = (source, cfg.cache_size > 0) {
         let key = VariantKey {
-            path: f.path.to_path_buf(),
+            source,
             codec,
             level,
         };
-        let hit = comp.with_cache(|c, ev| c.get(&key, f.len, f.mtime, ev));
+        let hit = comp.with_cache(|c, ev| c.get(&key, len, mtime, ev));
         let m = comp.metrics();
         match hit {
             Some(data) => {
@@ -345,7 +352,7 @@ pub(crate) fn finish(
                 if !neg.head {
                     m.cache_hits.fetch_add(1, Relaxed);
                     m.responses[codec.index()].fetch_add(1, Relaxed);
-                    m.bytes_in[codec.index()].fetch_add(f.len, Relaxed);
+                    m.bytes_in[codec.index()].fetch_add(len, Relaxed);
                     m.bytes_out[codec.index()].fetch_add(data.len() as u64, Relaxed);
                     *resp.body_mut() = full(data);
                 }
@@ -353,7 +360,7 @@ pub(crate) fn finish(
             }
             None if !neg.head => {
                 m.cache_misses.fetch_add(1, Relaxed);
-                fill = Some((key, f.len, f.mtime));
+                fill = Some((key, len, mtime));
             }
             None => {}
         }
@@ -368,9 +375,9 @@ pub(crate) fn finish(
         mode: cfg.mode,
         chunk_size: cfg.chunk_size,
         depth: cfg.depth,
-        // Static files never pause on I/O: flushing on a timer would only make the chunk
-        // boundaries (so the encoded bytes behind one ETag) depend on timing.
-        flush_after: if file.is_some() {
+        // Static files and stored bodies never pause on I/O: flushing on a timer would only
+        // make the chunk boundaries (so the encoded bytes behind one ETag) depend on timing.
+        flush_after: if file.is_some() || stored.is_some() {
             None
         } else if resp.extensions().get::<qweb_proxy::Unbuffered>().is_some() {
             // an event stream: every pause of the upstream is a flush

@@ -30,7 +30,8 @@ use hyper_util::rt::TokioIo;
 /// - `/etag/..`: `max-age=0` with an ETag, 304 to a matching `If-None-Match`;
 /// - `/hangbody/..`: `max-age=60` and a length of 8 KiB; the first request gets 4 KiB of it and
 ///   then nothing more (the origin stalls mid-body for an hour), later ones the whole body;
-/// - `/tiny/..`: `max-age=60`, a body of 2 bytes.
+/// - `/tiny/..`: `max-age=60`, a body of 2 bytes;
+/// - `/html/..`: `max-age=60`, 20 KiB of `text/html`.
 struct Origin {
     addr: SocketAddr,
     counts: Arc<Mutex<HashMap<String, usize>>>,
@@ -145,9 +146,20 @@ async fn answer(req: Request<Incoming>, n: usize) -> Response<OriginBody> {
             StreamBody::new(futures_util::StreamExt::chain(first, rest)).boxed()
         }
         "tiny" => full("ok"),
+        "html" => {
+            b = b.header("content-type", "text/html");
+            full(html())
+        }
         _ => full(format!("other:{n}")),
     };
     b.body(body).unwrap()
+}
+
+/// The body of `/html/..`.
+fn html() -> String {
+    (0..400)
+        .map(|i| format!("<p>paragraph {i} of the page</p>\n"))
+        .collect()
 }
 
 async fn origin() -> Origin {
@@ -680,4 +692,52 @@ async fn a_purge_during_a_fill_keeps_the_old_response_out_of_the_store() {
     assert_eq!(get(&other).await.1["cache-status"], "qweb; hit");
     let m = t.metrics().await;
     assert_eq!(m.value("qweb_proxy_cache_superseded_total", &[]), 1.0);
+}
+
+/// A stored compressible response asked for in gzip: the miss is compressed on its way, the
+/// first hit is compressed and its variant kept, and later hits are served from the kept
+/// variant (no compression work; `qweb_compression_cache_hits_total`), every body decoding to
+/// the origin's. A client that takes no encoding gets the stored identity body.
+#[tokio::test]
+async fn a_cached_response_is_compressed_once_per_encoding() {
+    let up = origin().await;
+    let t = cached(up.addr, "[compression]\nmin_size = 0\n");
+    let url = format!("{}/html/a", t.http());
+    let client = common::plain_client();
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let r = client
+            .get(&url)
+            .header("accept-encoding", "gzip")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.headers()["content-encoding"], "gzip");
+        statuses.push(r.headers()["cache-status"].to_str().unwrap().to_owned());
+        let gz = r.bytes().await.unwrap();
+        let mut plain = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&gz[..]), &mut plain)
+            .unwrap();
+        assert_eq!(plain, html());
+    }
+    assert_eq!(
+        statuses,
+        [
+            "qweb; fwd=miss; stored",
+            "qweb; hit",
+            "qweb; hit",
+            "qweb; hit"
+        ]
+    );
+    assert_eq!(up.count("/html/a"), 1);
+    let m = t.metrics().await;
+    assert_eq!(m.value("qweb_compression_cache_hits_total", &[]), 2.0);
+    let r = client
+        .get(&url)
+        .header("accept-encoding", "identity")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("content-encoding").is_none());
+    assert_eq!(r.text().await.unwrap(), html());
 }
