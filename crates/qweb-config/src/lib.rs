@@ -16,6 +16,7 @@ mod certificates;
 mod compression;
 mod error;
 mod file_cache;
+mod forward_auth;
 mod limits;
 mod listener;
 mod log;
@@ -41,6 +42,10 @@ pub use cache::{CacheConfig, RouteCache};
 pub use compression::CompressionConfig;
 pub use error::ConfigError;
 pub use file_cache::FileCacheConfig;
+pub use forward_auth::{
+    ForwardAuth, DEFAULT_FORWARD_AUTH_RESPONSE, DEFAULT_FORWARD_AUTH_TIMEOUT,
+    MAX_FORWARD_AUTH_RESPONSE,
+};
 pub use limits::{AdminLimits, Limits};
 pub use listener::{
     CertificateConfig, ListenerConfig, TlsConfig, DEFAULT_ALT_SVC_MAX_AGE,

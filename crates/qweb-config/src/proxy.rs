@@ -285,7 +285,7 @@ pub struct UpstreamGauges {
 }
 
 impl UpstreamGauges {
-    fn new(n: usize) -> Arc<Self> {
+    pub(super) fn new(n: usize) -> Arc<Self> {
         Arc::new(UpstreamGauges {
             down_workers: (0..n).map(|_| Default::default()).collect(),
             failures: (0..n).map(|_| Default::default()).collect(),

@@ -198,6 +198,7 @@ pub(crate) struct RawRoute {
     pub allow: Option<Vec<Spanned<String>>>,
     pub deny: Option<Vec<Spanned<String>>>,
     pub rate_limit: Option<Spanned<super::rate_limit::RawRateLimit>>,
+    pub forward_auth: Option<Spanned<super::forward_auth::RawForwardAuth>>,
     pub max_response_header_size: Option<Spanned<Size>>,
     pub headers: Option<Spanned<RawHeaderEdits>>,
     pub request_headers: Option<Spanned<RawHeaderEdits>>,

@@ -102,6 +102,8 @@ pub struct RouteRules {
     pub access: super::AccessRules,
     /// `rate_limit`: requests per key, checked before `allow`/`deny`.
     pub rate_limit: Option<super::RateLimit>,
+    /// `forward_auth`: an authentication service asked first (after `allow`/`deny`).
+    pub forward_auth: Option<super::ForwardAuth>,
 }
 
 /// A redirect (a route's or a whole listener's).
@@ -610,6 +612,9 @@ impl Validator<'_> {
         out.access = self.access(&key, rr.allow.as_ref(), rr.deny.as_ref())?;
         if let Some(r) = &rr.rate_limit {
             out.rate_limit = Some(self.rate_limit(&key, r)?);
+        }
+        if let Some(f) = &rr.forward_auth {
+            out.forward_auth = Some(self.forward_auth(&key, f)?);
         }
         if let Some(t) = &rr.try_files {
             if !matches!(action, super::RouteAction::Static(_)) {

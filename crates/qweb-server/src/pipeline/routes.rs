@@ -28,6 +28,8 @@ pub(crate) struct Route {
     pub cached: bool,
     /// The `rate_limit` counters (`/metrics`), where the route has one.
     pub rate: Option<qweb_observe::metrics::RateLimitMetrics>,
+    /// The proxy to the `forward_auth` service, where the route has one.
+    pub auth: Option<Rc<Proxy>>,
 }
 
 /// Builds a route of this worker; its `/metrics` label is `label_prefix` (a site's first
@@ -55,5 +57,6 @@ pub(crate) fn build_route(
             .rate_limit
             .as_ref()
             .map(|_| registry.rate_limit(&label)),
+        auth: r.rules.forward_auth.as_ref().map(|f| Proxy::new(&f.proxy)),
     })
 }

@@ -358,6 +358,26 @@ impl Service {
             crate::pipeline::headers_rules::respond(site_ref, None, &mut r);
             return r;
         };
+        // Phase 8, authentication: the route's `forward_auth` service decides (its refusal
+        // is the answer, as it sent it)
+        if let (Some(auth), Some(proxy)) = (&route.rules.forward_auth, &route.auth) {
+            let uri = match req.uri().query() {
+                Some(q) => format!("{path}?{q}"),
+                None => path.clone(),
+            };
+            let asked = crate::pipeline::forward_auth::check(
+                auth,
+                proxy,
+                &mut req,
+                &uri,
+                authority.as_ref(),
+                &self.client,
+            );
+            if let Some(mut r) = Box::pin(asked).await {
+                crate::pipeline::headers_rules::respond(site_ref, Some(route), &mut r);
+                return r;
+            }
+        }
         let (mount, sub) = qweb_http::path::split_prefix(&route.prefix, route.strip_prefix, &path)
             .unwrap_or(("", path.as_str()));
         let method = req.method().clone();

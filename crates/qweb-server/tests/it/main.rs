@@ -7,6 +7,7 @@ mod access_rules;
 mod admin_listener;
 mod compression;
 mod file_cache;
+mod forward_auth;
 mod h1_wire;
 mod hostile;
 mod hostile_conn;
