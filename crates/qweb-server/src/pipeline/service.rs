@@ -352,6 +352,17 @@ impl Service {
             crate::pipeline::headers_rules::respond(site_ref, route, &mut r);
             return r;
         }
+        // phase 8, authentication: after the access rules, before the cache and the handler
+        let auth = crate::pipeline::auth::applying(site_ref, route);
+        if let Some(a) = auth {
+            if let Err(r) = crate::pipeline::auth::check(a, req.headers()).await {
+                tracing::debug!(peer = %self.conn.peer, path = %path, status = r.status().as_u16(), "refused by basic_auth");
+                let mut r =
+                    crate::pipeline::error_pages::apply(pages, routes, req.method(), r, &ahead);
+                crate::pipeline::headers_rules::respond(site_ref, route, &mut r);
+                return r;
+            }
+        }
         let Some(route) = route else {
             let r = response::status(StatusCode::NOT_FOUND);
             let mut r = crate::pipeline::error_pages::apply(pages, routes, req.method(), r, &ahead);
@@ -376,6 +387,10 @@ impl Service {
                         tracing::debug!(peer = %self.conn.peer, "refused raw path: {e:?}");
                         return response::status(e.status());
                     }
+                }
+                if auth.is_some_and(|a| !a.forward_authorization) {
+                    // the credentials were for qweb (`forward_authorization` passes them on)
+                    req.headers_mut().remove(header::AUTHORIZATION);
                 }
                 crate::pipeline::headers_rules::forward(site_ref, route, req.headers_mut());
                 let pq = if proxy.pass_raw_path() {
