@@ -25,6 +25,7 @@ use crate::pipeline::routes::Route;
 use crate::pipeline::sites::Site;
 use qweb_http::body::Body;
 use qweb_http::response;
+use qweb_observe::metrics::BasicAuthMetrics;
 use qweb_offload::{CheckOp, Engine as _, Op, OpOutput, PoolConfig, PoolEngine, Submission};
 
 /// The longest `Authorization` value read (bytes); a longer one is answered 401 without
@@ -45,9 +46,33 @@ pub(crate) fn applying<'a>(
         .or_else(|| site.and_then(|s| s.basic_auth.as_ref()))
 }
 
-/// Checks the request's credentials: `Ok` lets it through; `Err` is the 401 (with the
-/// challenge) or the 503 (too many verifications waiting) to answer.
-pub(crate) async fn check(auth: &BasicAuth, headers: &HeaderMap) -> Result<(), Response<Body>> {
+/// Checks the request's credentials and counts the result in the route's `metrics`: `Ok`
+/// lets it through; `Err` is the 401 (with the challenge) or the 503 (too many verifications
+/// waiting) to answer.
+pub(crate) async fn check(
+    auth: &BasicAuth,
+    headers: &HeaderMap,
+    metrics: Option<&BasicAuthMetrics>,
+) -> Result<(), Response<Body>> {
+    let r = verify(auth, headers).await;
+    if let Some(m) = metrics {
+        match &r {
+            Ok(Checked::Verified) => m.passed.inc(),
+            Ok(Checked::Cached) => m.cached.inc(),
+            Err(e) if e.status() == StatusCode::UNAUTHORIZED => m.refused.inc(),
+            Err(_) => m.busy.inc(),
+        };
+    }
+    r.map(|_| ())
+}
+
+/// How credentials passed.
+enum Checked {
+    Verified,
+    Cached,
+}
+
+async fn verify(auth: &BasicAuth, headers: &HeaderMap) -> Result<Checked, Response<Body>> {
     let mut values = headers.get_all(header::AUTHORIZATION).iter();
     let (Some(value), None) = (values.next(), values.next()) else {
         // none, or several: ask
@@ -61,7 +86,7 @@ pub(crate) async fn check(auth: &BasicAuth, headers: &HeaderMap) -> Result<(), R
     };
     let key = sha256(value.as_bytes());
     if auth.cache.hit(&key) {
-        return Ok(());
+        return Ok(Checked::Cached);
     }
     let Some(_slot) = Slot::take(auth) else {
         tracing::debug!(
@@ -89,7 +114,7 @@ pub(crate) async fn check(auth: &BasicAuth, headers: &HeaderMap) -> Result<(), R
     match completion.await {
         Ok(OpOutput::Checked(true)) => {
             auth.cache.insert(key);
-            Ok(())
+            Ok(Checked::Verified)
         }
         Ok(_) => Err(unauthorized(auth)),
         Err(e) => {

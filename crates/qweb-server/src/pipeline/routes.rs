@@ -28,14 +28,18 @@ pub(crate) struct Route {
     pub cached: bool,
     /// The `rate_limit` counters (`/metrics`), where the route has one.
     pub rate: Option<qweb_observe::metrics::RateLimitMetrics>,
+    /// The `basic_auth` counters (`/metrics`), where the route or its site has one.
+    pub auth: Option<qweb_observe::metrics::BasicAuthMetrics>,
 }
 
 /// Builds a route of this worker; its `/metrics` label is `label_prefix` (a site's first
-/// server name; empty for top-level routes) followed by the route's prefix.
+/// server name; empty for top-level routes) followed by the route's prefix. `site_auth`: its
+/// site has a `basic_auth`.
 pub(crate) fn build_route(
     r: &crate::config::RouteConfig,
     registry: &qweb_observe::metrics::Metrics,
     label_prefix: &str,
+    site_auth: bool,
 ) -> std::io::Result<Route> {
     let handler = match &r.action {
         RouteAction::Static(s) => Handler::Static(StaticFiles::new(s)?),
@@ -55,5 +59,6 @@ pub(crate) fn build_route(
             .rate_limit
             .as_ref()
             .map(|_| registry.rate_limit(&label)),
+        auth: (site_auth || r.rules.basic_auth.is_some()).then(|| registry.basic_auth(&label)),
     })
 }

@@ -355,7 +355,10 @@ impl Service {
         // phase 8, authentication: after the access rules, before the cache and the handler
         let auth = crate::pipeline::auth::applying(site_ref, route);
         if let Some(a) = auth {
-            if let Err(r) = crate::pipeline::auth::check(a, req.headers()).await {
+            if let Err(r) =
+                crate::pipeline::auth::check(a, req.headers(), route.and_then(|r| r.auth.as_ref()))
+                    .await
+            {
                 tracing::debug!(peer = %self.conn.peer, path = %path, status = r.status().as_u16(), "refused by basic_auth");
                 let mut r =
                     crate::pipeline::error_pages::apply(pages, routes, req.method(), r, &ahead);

@@ -65,7 +65,9 @@ impl Sites {
             let routes = s
                 .routes
                 .iter()
-                .map(|r| crate::pipeline::routes::build_route(r, registry, label))
+                .map(|r| {
+                    crate::pipeline::routes::build_route(r, registry, label, s.basic_auth.is_some())
+                })
                 .collect::<std::io::Result<Vec<_>>>()?;
             for n in &s.server_names {
                 match n.strip_prefix("*.") {

@@ -384,7 +384,7 @@ async fn http2_and_http3_are_asked_and_let_through() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_user_costs_what_a_known_one_does() {
     let ts = common::start_with(
-        "[[route]]\nprefix = \"/admin\"\nroot = \"{dir}/site\"\n\
+        "[admin]\naddress = \"127.0.0.1:0\"\n[[route]]\nprefix = \"/admin\"\nroot = \"{dir}/site\"\n\
          basic_auth = { realm = \"ops\", users = \"{dir}/users\" }\n",
         |d| {
             users_file(d, "users", &[("alice", "s3cret", bcrypt::DEFAULT_COST)]);
@@ -420,6 +420,20 @@ async fn an_unknown_user_costs_what_a_known_one_does() {
         first >= floor && second < first / 3,
         "verified {first:?}, then from the cache {second:?}"
     );
+    let m = ts.metrics().await;
+    let count = |r: &str| {
+        m.value(
+            "qweb_basic_auth_requests_total",
+            &[("route", "/admin"), ("result", r)],
+        )
+    };
+    let counts = [
+        count("passed"),
+        count("cached"),
+        count("refused"),
+        count("busy"),
+    ];
+    assert_eq!(counts, [1.0, 1.0, 2.0, 0.0]);
 }
 
 /// Hostile: 200 concurrent wrong passwords while a small request on another route is timed:
