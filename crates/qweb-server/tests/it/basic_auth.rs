@@ -459,11 +459,11 @@ async fn a_guessing_flood_leaves_the_worker_responsive() {
         .collect();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut lat = Vec::new();
-    for _ in 0..40 {
+    for _ in 0..200 {
         let t = Instant::now();
         assert_eq!(get(plain, "/small.txt", &[]).await.0, 200);
         lat.push(t.elapsed());
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let mut statuses = Vec::new();
     for f in flood {
@@ -472,6 +472,10 @@ async fn a_guessing_flood_leaves_the_worker_responsive() {
     lat.sort_unstable();
     let p99 = lat[lat.len() * 99 / 100];
     let still_flooding = statuses.iter().all(|s| *s == 401);
+    eprintln!(
+        "beside 200 concurrent wrong passwords: p99 {p99:?}, max {:?}",
+        lat[lat.len() - 1]
+    );
     assert!(still_flooding, "{statuses:?}");
     assert!(p99 < Duration::from_millis(200), "p99 {p99:?} of {lat:?}");
 }
