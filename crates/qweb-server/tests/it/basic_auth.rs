@@ -71,6 +71,16 @@ async fn missing_wrong_unknown_and_malformed_credentials_get_401_with_the_challe
          basic_auth = { realm = \"ops\", users = \"{dir}/users\" }\n",
         |d| {
             users_file(d, "users", &[("alice", "s3cret", 4), ("long", &long, 4)]);
+            // and an argon2id user (OWASP's smallest settings: 19 MiB, 2 passes)
+            use argon2::password_hash::{PasswordHasher, SaltString};
+            let params = argon2::Params::new(19 * 1024, 2, 1, None).unwrap();
+            let a =
+                argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+            let salt = SaltString::encode_b64(b"qweb test salt!!").unwrap();
+            let h = a.hash_password(b"argon-pw", &salt).unwrap().to_string();
+            let mut text = std::fs::read_to_string(d.join("users")).unwrap();
+            text.push_str(&format!("carol:{h}\n"));
+            std::fs::write(d.join("users"), text).unwrap();
             std::fs::create_dir_all(d.join("site/admin")).unwrap();
             std::fs::write(d.join("site/admin/a.txt"), "a").unwrap();
         },
@@ -87,6 +97,10 @@ async fn missing_wrong_unknown_and_malformed_credentials_get_401_with_the_challe
         (
             "empty password",
             vec![("Authorization", basic("alice", ""))],
+        ),
+        (
+            "argon2 wrong password",
+            vec![("Authorization", basic("carol", "argon-pW"))],
         ),
         (
             "unknown user",
@@ -143,6 +157,14 @@ async fn missing_wrong_unknown_and_malformed_credentials_get_401_with_the_challe
             .await
             .0,
         200
+    );
+    let argon = basic("carol", "argon-pw");
+    assert_eq!(
+        get(plain, "/admin/a.txt", &[("Authorization", &argon)])
+            .await
+            .0,
+        200,
+        "argon2id"
     );
     let exact = basic("long", &long);
     assert_eq!(
