@@ -77,6 +77,41 @@ async fn zero_config_start_serves_welcome_and_reuses_certificate() {
     assert!(child.wait_exit(Duration::from_secs(15)).success());
 }
 
+/// `qweb -t` reads a `basic_auth` users file and refuses a hash it does not accept, naming
+/// the configuration's key, the users file and its line.
+#[test]
+fn check_config_refuses_a_users_file_naming_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("ops.htpasswd"),
+        "# ops\n\nbob:$apr1$r31.....$HqJZimcKQFAMYayBlzkrA/\n",
+    )
+    .unwrap();
+    let conf = dir.path().join("qweb.toml");
+    std::fs::write(
+        &conf,
+        "workers = 1\n[[listener]]\naddress = \"127.0.0.1:0\"\n\
+         [[route]]\nprefix = \"/admin\"\nroot = \".\"\n\
+         basic_auth = { realm = \"ops\", users = \"ops.htpasswd\" }\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .arg("-t")
+        .arg("-c")
+        .arg(&conf)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let users = dir.path().join("ops.htpasswd");
+    assert!(
+        err.contains("route[0].basic_auth.users")
+            && err.contains(&format!("`{}` line 3", users.display()))
+            && err.contains("MD5"),
+        "{err}"
+    );
+}
+
 #[test]
 fn check_config_reports_file_line_and_key() {
     let dir = tempfile::tempdir().unwrap();

@@ -8,9 +8,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::proxy::{parse_upstream, Balance, ProxyConfig, UpstreamGauges};
 use super::units::{Dur, Size};
-use super::{ConfigError, Validator};
+use super::{parse_upstream, Balance, ConfigError, ProxyConfig, UpstreamGauges, Validator};
 
 /// `timeout` when the route does not say.
 pub const DEFAULT_FORWARD_AUTH_TIMEOUT: Duration = Duration::from_secs(5);

@@ -5,12 +5,13 @@
 //!
 //! Each section has its module, holding its typed settings and the part of `Validator` that
 //! checks them: `limits`, `log`, `offload`, `listener` (with `tls` for session resumption and
-//! OCSP), `route` (with `proxy` for proxy routes, `rate_limit`), `sites`, `compression`, `file_cache`, `cache`. The
+//! OCSP), `route` (with `proxy` for proxy routes, `rate_limit`, `basic_auth`), `sites`, `compression`, `file_cache`, `cache`. The
 //! file as written is `raw`. This module holds [`Config`], its entry points and defaults, and
 //! `Validator` with its shared helpers.
 
 mod access;
 mod acme;
+mod basic_auth;
 mod cache;
 mod certificates;
 mod compression;
@@ -38,6 +39,12 @@ pub use access::AccessRules;
 pub use acme::{
     AcmeChallenge, AcmeConfig, DEFAULT_ACME_DIRECTORY, DEFAULT_ACME_RETRY, MAX_ACME_RETRY,
 };
+pub use basic_auth::{
+    read_users, BasicAuth, PasswordHash, Users, VerifiedCache, DEFAULT_BASIC_AUTH_CACHE_SIZE,
+    DEFAULT_BASIC_AUTH_CACHE_TTL, DEFAULT_BASIC_AUTH_MAX_PENDING, MAX_ARGON2_MEMORY_KIB,
+    MAX_ARGON2_PASSES, MAX_BASIC_AUTH_CACHE_SIZE, MAX_BASIC_AUTH_CACHE_TTL,
+    MAX_BASIC_AUTH_MAX_PENDING,
+};
 pub use cache::{CacheConfig, RouteCache};
 pub use compression::CompressionConfig;
 pub use error::ConfigError;
@@ -56,6 +63,8 @@ pub use offload::{
     EngineConfig, EngineKind, KeyserverEngineConfig, ListenerOffload, OffloadConfig,
 };
 pub use proxy::{Balance, HashKey, HealthCheck, ProxyConfig, Upstream, UpstreamGauges};
+// for `forward_auth`'s one upstream (a module of its own would make a circle through raw.rs)
+use proxy::parse_upstream;
 pub use rate_limit::{
     RateLimit, RateLimiter, Verdict, DEFAULT_RATE_LIMIT_KEYS, MAX_RATE_LIMIT_BURST,
     MAX_RATE_LIMIT_KEYS,

@@ -199,6 +199,7 @@ pub(crate) struct RawRoute {
     pub deny: Option<Vec<Spanned<String>>>,
     pub rate_limit: Option<Spanned<super::rate_limit::RawRateLimit>>,
     pub forward_auth: Option<Spanned<super::forward_auth::RawForwardAuth>>,
+    pub basic_auth: Option<Spanned<super::basic_auth::RawBasicAuth>>,
     pub max_response_header_size: Option<Spanned<Size>>,
     pub headers: Option<Spanned<RawHeaderEdits>>,
     pub request_headers: Option<Spanned<RawHeaderEdits>>,
@@ -236,6 +237,7 @@ pub(crate) struct RawSite {
     pub acme: Option<Spanned<super::acme::RawAcme>>,
     pub allow: Option<Vec<Spanned<String>>>,
     pub deny: Option<Vec<Spanned<String>>>,
+    pub basic_auth: Option<Spanned<super::basic_auth::RawBasicAuth>>,
     #[serde(default, rename = "route")]
     pub routes: Vec<Spanned<RawRoute>>,
     pub headers: Option<Spanned<RawHeaderEdits>>,

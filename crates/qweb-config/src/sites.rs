@@ -104,6 +104,8 @@ pub struct RouteRules {
     pub rate_limit: Option<super::RateLimit>,
     /// `forward_auth`: an authentication service asked first (after `allow`/`deny`).
     pub forward_auth: Option<super::ForwardAuth>,
+    /// `basic_auth`: the credentials asked for, after `allow`/`deny` (over the site's).
+    pub basic_auth: Option<super::BasicAuth>,
 }
 
 /// A redirect (a route's or a whole listener's).
@@ -173,6 +175,8 @@ pub struct SiteConfig {
     pub charset: Option<String>,
     /// `allow`/`deny` for every route of the site (checked before the route's own).
     pub access: super::AccessRules,
+    /// `basic_auth` for every route of the site without one of its own.
+    pub basic_auth: Option<super::BasicAuth>,
 }
 
 /// Does the file have a site with certificates or `acme` (then a TLS listener may name
@@ -341,8 +345,13 @@ impl Validator<'_> {
                 None => None,
             };
             let access = self.access(&key, sr.allow.as_ref(), sr.deny.as_ref())?;
+            let basic_auth = match &sr.basic_auth {
+                Some(b) => Some(self.basic_auth(&key, b)?),
+                None => None,
+            };
             out.sites.push(SiteConfig {
                 access,
+                basic_auth,
                 charset,
                 error_pages,
                 rewrite,
@@ -615,6 +624,9 @@ impl Validator<'_> {
         }
         if let Some(f) = &rr.forward_auth {
             out.forward_auth = Some(self.forward_auth(&key, f)?);
+        }
+        if let Some(b) = &rr.basic_auth {
+            out.basic_auth = Some(self.basic_auth(&key, b)?);
         }
         if let Some(t) = &rr.try_files {
             if !matches!(action, super::RouteAction::Static(_)) {

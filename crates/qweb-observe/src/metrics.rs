@@ -114,6 +114,7 @@ pub struct Metrics {
     pub upstreams: Arc<UpstreamsCollector>,
     rate_limited: Family<RouteResultLabels, Counter>,
     rate_keys: Family<RouteLabels, Gauge>,
+    basic_auth: Family<RouteResultLabels, Counter>,
 }
 
 type RouteResultLabels = [(&'static str, String); 2];
@@ -127,6 +128,19 @@ pub struct RateLimitMetrics {
     pub limited: Counter,
     /// Keys the route's limiter holds now.
     pub keys: Gauge,
+}
+
+/// A route's `basic_auth` counters (its own block's or its site's), shared by the workers.
+#[derive(Clone, Debug, Default)]
+pub struct BasicAuthMetrics {
+    /// Credentials verified now (on the password engine).
+    pub passed: Counter,
+    /// Credentials verified lately (from the cache, no verification).
+    pub cached: Counter,
+    /// 401: missing, malformed or wrong credentials.
+    pub refused: Counter,
+    /// 503: `max_pending` verifications waiting, or the engine's queue full.
+    pub busy: Counter,
 }
 
 /// A route's counters, resolved once when a worker builds its routes: a request only bumps
@@ -406,6 +420,12 @@ impl Metrics {
             "Keys a route's rate_limit holds (at most its max_keys).",
             rate_keys.clone(),
         );
+        let basic_auth = Family::<RouteResultLabels, Counter>::default();
+        registry.register(
+            "qweb_basic_auth_requests",
+            "Requests checked by a route's basic_auth, by result (passed: verified; cached: verified lately; refused: 401; busy: 503 past max_pending).",
+            basic_auth.clone(),
+        );
         engines.register(&mut registry);
         compression.register(&mut registry);
         registry.register_collector(Box::new(crate::process_counters::ProcessCounters));
@@ -423,6 +443,21 @@ impl Metrics {
             upstreams,
             rate_limited,
             rate_keys,
+            basic_auth,
+        }
+    }
+
+    /// The `basic_auth` handles of route `prefix` (created with zero counts when new).
+    pub fn basic_auth(&self, prefix: &str) -> BasicAuthMetrics {
+        let result = |r: &str| {
+            self.basic_auth
+                .get_or_create_owned(&[("route", prefix.to_owned()), ("result", r.to_owned())])
+        };
+        BasicAuthMetrics {
+            passed: result("passed"),
+            cached: result("cached"),
+            refused: result("refused"),
+            busy: result("busy"),
         }
     }
 

@@ -223,7 +223,7 @@ mod tests {
     fn msg(op: &Op) -> u8 {
         match op {
             Op::Sign(s) => s.message[0],
-            Op::Compress(_) => 0,
+            Op::Compress(_) | Op::Check(_) => 0,
         }
     }
 

@@ -1,7 +1,8 @@
 //! qweb's offload framework (see DESIGN.md: Op, Engine, offload mode, Job).
 //!
 //! - [`Op`]: one unit of offloadable work: a private-key signature, or one chunk of a
-//!   compressed response ([`compress::CompressOp`]). Plain data in, plain data out.
+//!   compressed response ([`compress::CompressOp`]), a check of the caller's own ([`CheckOp`]:
+//!   a password hash verification). Plain data in, plain data out.
 //! - [`Engine`]: executes ops and reports completions; [`InlineEngine`] runs them on the
 //!   caller's thread (the software baseline), [`PoolEngine`] on dedicated threads behind a
 //!   bounded queue.
@@ -35,5 +36,5 @@ pub use engine::{
 pub use key::{KeyError, KeyKind, LocalKey};
 pub use metrics::EngineMetrics;
 pub use offloader::{BatchConfig, Offloader, Timed};
-pub use op::{KeyId, KeyRef, Op, OpError, OpOutput, OpResult, SignOp, SignScheme};
+pub use op::{CheckOp, KeyId, KeyRef, Op, OpError, OpOutput, OpResult, SignOp, SignScheme};
 pub use policy::{Fallback, Mode, Policy};

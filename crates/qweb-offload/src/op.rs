@@ -53,6 +53,23 @@ pub struct SignOp {
     pub message: Vec<u8>,
 }
 
+/// A yes-or-no check of the caller's own, run on an engine thread (a password hash
+/// verification: tens to hundreds of milliseconds of CPU that must not run on an event
+/// loop). The closure holds what it checks; nothing of it is printed by `Debug`.
+#[derive(Clone)]
+pub struct CheckOp {
+    /// A short name for logs and metrics (`"password_verify"`).
+    pub kind: &'static str,
+    /// The check.
+    pub check: Arc<dyn Fn() -> bool + Send + Sync>,
+}
+
+impl std::fmt::Debug for CheckOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckOp").field("kind", &self.kind).finish()
+    }
+}
+
 /// One unit of offloadable work.
 #[derive(Debug, Clone)]
 pub enum Op {
@@ -60,6 +77,8 @@ pub enum Op {
     Sign(SignOp),
     /// One chunk of a compressed response body.
     Compress(crate::compress::CompressOp),
+    /// A check of the caller's own (software engines only: a key server refuses it).
+    Check(CheckOp),
 }
 
 impl Op {
@@ -78,6 +97,7 @@ impl Op {
             Op::Compress(c) => (c.software)(c)
                 .map(OpOutput::Compressed)
                 .map_err(OpError::Failed),
+            Op::Check(c) => Ok(OpOutput::Checked((c.check)())),
         }
     }
 
@@ -91,6 +111,7 @@ impl Op {
                 crate::compress::Codec::Brotli => "compress_br",
                 crate::compress::Codec::Zstd => "compress_zstd",
             },
+            Op::Check(c) => c.kind,
         }
     }
 }
@@ -102,6 +123,8 @@ pub enum OpOutput {
     Signature(Vec<u8>),
     /// A compressed chunk.
     Compressed(crate::compress::CompressedChunk),
+    /// The answer of a [`CheckOp`].
+    Checked(bool),
 }
 
 /// Why an op did not produce a result.

@@ -1,5 +1,6 @@
 //! The request pipeline: the per-connection service and its phases (request rules, site selection, rewrite, routing, traffic control, authentication, the proxy cache, the handler, error pages, header rules, compression glue).
 
+pub(crate) mod auth;
 pub(crate) mod cache;
 pub(crate) mod compress;
 pub(crate) mod ctx;

@@ -29,15 +29,19 @@ pub(crate) struct Route {
     /// The `rate_limit` counters (`/metrics`), where the route has one.
     pub rate: Option<qweb_observe::metrics::RateLimitMetrics>,
     /// The proxy to the `forward_auth` service, where the route has one.
-    pub auth: Option<Rc<Proxy>>,
+    pub forward_auth: Option<Rc<Proxy>>,
+    /// The `basic_auth` counters (`/metrics`), where the route or its site has one.
+    pub auth: Option<qweb_observe::metrics::BasicAuthMetrics>,
 }
 
 /// Builds a route of this worker; its `/metrics` label is `label_prefix` (a site's first
-/// server name; empty for top-level routes) followed by the route's prefix.
+/// server name; empty for top-level routes) followed by the route's prefix. `site_auth`: its
+/// site has a `basic_auth`.
 pub(crate) fn build_route(
     r: &crate::config::RouteConfig,
     registry: &qweb_observe::metrics::Metrics,
     label_prefix: &str,
+    site_auth: bool,
 ) -> std::io::Result<Route> {
     let handler = match &r.action {
         RouteAction::Static(s) => Handler::Static(StaticFiles::new(s)?),
@@ -57,6 +61,7 @@ pub(crate) fn build_route(
             .rate_limit
             .as_ref()
             .map(|_| registry.rate_limit(&label)),
-        auth: r.rules.forward_auth.as_ref().map(|f| Proxy::new(&f.proxy)),
+        forward_auth: r.rules.forward_auth.as_ref().map(|f| Proxy::new(&f.proxy)),
+        auth: (site_auth || r.rules.basic_auth.is_some()).then(|| registry.basic_auth(&label)),
     })
 }

@@ -352,15 +352,29 @@ impl Service {
             crate::pipeline::headers_rules::respond(site_ref, route, &mut r);
             return r;
         }
+        // phase 8, authentication: after the access rules, before the cache and the handler
+        let auth = crate::pipeline::auth::applying(site_ref, route);
+        if let Some(a) = auth {
+            if let Err(r) =
+                crate::pipeline::auth::check(a, req.headers(), route.and_then(|r| r.auth.as_ref()))
+                    .await
+            {
+                tracing::debug!(peer = %self.conn.peer, path = %path, status = r.status().as_u16(), "refused by basic_auth");
+                let mut r =
+                    crate::pipeline::error_pages::apply(pages, routes, req.method(), r, &ahead);
+                crate::pipeline::headers_rules::respond(site_ref, route, &mut r);
+                return r;
+            }
+        }
         let Some(route) = route else {
             let r = response::status(StatusCode::NOT_FOUND);
             let mut r = crate::pipeline::error_pages::apply(pages, routes, req.method(), r, &ahead);
             crate::pipeline::headers_rules::respond(site_ref, None, &mut r);
             return r;
         };
-        // Phase 8, authentication: the route's `forward_auth` service decides (its refusal
+        // phase 8, then the route's `forward_auth` service decides (its refusal
         // is the answer, as it sent it)
-        if let (Some(auth), Some(proxy)) = (&route.rules.forward_auth, &route.auth) {
+        if let (Some(auth), Some(proxy)) = (&route.rules.forward_auth, &route.forward_auth) {
             let uri = match req.uri().query() {
                 Some(q) => format!("{path}?{q}"),
                 None => path.clone(),
@@ -396,6 +410,10 @@ impl Service {
                         tracing::debug!(peer = %self.conn.peer, "refused raw path: {e:?}");
                         return response::status(e.status());
                     }
+                }
+                if auth.is_some_and(|a| !a.forward_authorization) {
+                    // the credentials were for qweb (`forward_authorization` passes them on)
+                    req.headers_mut().remove(header::AUTHORIZATION);
                 }
                 crate::pipeline::headers_rules::forward(site_ref, route, req.headers_mut());
                 let pq = if proxy.pass_raw_path() {

@@ -26,6 +26,8 @@ pub(crate) struct Site {
     pub request_headers: HeaderEdits,
     /// `allow`/`deny` (before the route's).
     pub access: crate::config::AccessRules,
+    /// `basic_auth` of the routes without their own.
+    pub basic_auth: Option<crate::config::BasicAuth>,
 }
 
 /// Which site answers: `None` is the top-level routes.
@@ -63,7 +65,9 @@ impl Sites {
             let routes = s
                 .routes
                 .iter()
-                .map(|r| crate::pipeline::routes::build_route(r, registry, label))
+                .map(|r| {
+                    crate::pipeline::routes::build_route(r, registry, label, s.basic_auth.is_some())
+                })
                 .collect::<std::io::Result<Vec<_>>>()?;
             for n in &s.server_names {
                 match n.strip_prefix("*.") {
@@ -79,6 +83,7 @@ impl Sites {
                 headers: s.headers.clone(),
                 request_headers: s.request_headers.clone(),
                 access: s.access.clone(),
+                basic_auth: s.basic_auth.clone(),
                 certs: s.certificates.iter().map(|c| c.cert.clone()).collect(),
             });
         }

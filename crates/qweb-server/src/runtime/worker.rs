@@ -239,7 +239,7 @@ impl Worker {
         let routes = config
             .routes
             .iter()
-            .map(|r| build_route(r, &self.extras.registry, ""))
+            .map(|r| build_route(r, &self.extras.registry, "", false))
             .collect::<std::io::Result<Vec<_>>>()?;
         let sites = crate::pipeline::sites::Sites::new(&config.sites, &self.extras.registry)?;
         let ctx = Rc::new(WorkerCtx {

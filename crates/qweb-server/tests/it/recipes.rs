@@ -83,6 +83,12 @@ fn start(text: &str, upstream: Option<SocketAddr>) -> Recipe {
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, body).unwrap();
     }
+    // recipe 7's users: alice, password "s3cret" (bcrypt at its lowest cost, for speed)
+    std::fs::write(
+        d.join("etc/admin.htpasswd"),
+        format!("alice:{}\n", bcrypt::hash("s3cret", 4).unwrap()),
+    )
+    .unwrap();
     let mut text = text
         .replace("0.0.0.0:443", "127.0.0.1:0")
         .replace("0.0.0.0:80", "127.0.0.1:0")
@@ -134,8 +140,8 @@ fn header(r: &reqwest::Response, name: &str) -> String {
 }
 
 #[test]
-fn readme_has_six_recipes() {
-    assert_eq!(recipes().len(), 6);
+fn readme_has_seven_recipes() {
+    assert_eq!(recipes().len(), 7);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,6 +169,60 @@ async fn recipe_6_rate_limit_on_a_login_page() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 200, "other paths are not limited");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recipe_7_login_protected_admin_path_with_a_rate_limit() {
+    use base64::Engine as _;
+    let up = common::recorder::start().await;
+    let r = start(&recipes()[6], Some(up.addr));
+    let port = r.addrs[0].port();
+    let c = client(&r, r.addrs[0]);
+    let basic = |p: &str| {
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("alice:{p}"))
+        )
+    };
+    let url = format!("https://example.com:{port}/admin;x/users");
+    let resp = c.get(&url).send().await.unwrap();
+    assert_eq!(resp.status(), 401);
+    assert_eq!(
+        header(&resp, "www-authenticate"),
+        "Basic realm=\"admin\", charset=\"UTF-8\""
+    );
+    let resp = c
+        .get(&url)
+        .header("authorization", basic("s3cret"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let got = up.take();
+    assert_eq!(
+        got.len(),
+        1,
+        "only the authenticated request reached the app"
+    );
+    assert!(got[0].header("authorization").is_none(), "{}", got[0].head);
+    // 10 at once, then 429 before any password is checked
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        let resp = c
+            .get(&url)
+            .header("authorization", basic("guess"))
+            .send()
+            .await
+            .unwrap();
+        statuses.push(resp.status().as_u16());
+    }
+    assert_eq!(statuses, [401, 401, 401, 401, 401, 401, 401, 401, 429, 429]);
+    let resp = c
+        .get(format!("https://example.com:{port}/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "the rest of the site asks for nothing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
