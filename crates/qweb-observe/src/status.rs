@@ -332,6 +332,32 @@ fn compression(s: &Samples) -> Value {
     })
 }
 
+/// The proxy cache: what it answered, what it holds (`qweb_proxy_cache_*`).
+fn cache(s: &Samples) -> Value {
+    let sum = |name: &str| s.sum(name, "", "");
+    let (hits, misses, stale) = (
+        sum("qweb_proxy_cache_hits_total"),
+        sum("qweb_proxy_cache_misses_total"),
+        sum("qweb_proxy_cache_stale_total"),
+    );
+    let asked = hits + misses + stale;
+    json!({
+        "hits": num(hits),
+        "misses": num(misses),
+        "stale": num(stale),
+        // served without the origin, of what the cache was asked
+        "hit_ratio": if asked > 0.0 { Value::from((hits + stale) / asked) } else { Value::Null },
+        "revalidated": num(sum("qweb_proxy_cache_revalidated_total")),
+        "collapsed": num(sum("qweb_proxy_cache_collapsed_total")),
+        "bypass": num(sum("qweb_proxy_cache_bypass_total")),
+        "stored": num(sum("qweb_proxy_cache_stored_total")),
+        "evictions": num(sum("qweb_proxy_cache_evictions_total")),
+        "invalidations": num(sum("qweb_proxy_cache_invalidations_total")),
+        "objects": num(sum("qweb_proxy_cache_objects")),
+        "bytes": num(sum("qweb_proxy_cache_bytes")),
+    })
+}
+
 /// Per proxy upstream: up or down, in flight, failures; the down ones first.
 fn upstreams(s: &Samples) -> Value {
     let key = |x: &Sample| (x.label("route").to_owned(), x.label("upstream").to_owned());
@@ -417,6 +443,7 @@ pub fn document(text: &str, now: f64) -> Value {
         "workers": workers(&s),
         "engines": engines(&s),
         "compression": compression(&s),
+        "cache": cache(&s),
         "upstreams": upstreams(&s),
     })
 }

@@ -741,3 +741,34 @@ async fn a_cached_response_is_compressed_once_per_encoding() {
     assert!(r.headers().get("content-encoding").is_none());
     assert_eq!(r.text().await.unwrap(), html());
 }
+
+/// `/status.json` (and so the `/status` page) shows the proxy cache: hits, misses, the hit
+/// ratio, what it holds.
+#[tokio::test]
+async fn the_status_document_shows_the_cache() {
+    let up = origin().await;
+    let t = cached(up.addr, "");
+    let url = format!("{}/fresh/status", t.http());
+    for _ in 0..4 {
+        get(&url).await;
+    }
+    let admin = t.admin.unwrap();
+    let text = common::plain_client()
+        .get(format!("http://{admin}/status.json"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let c = &doc["cache"];
+    assert_eq!(
+        (c["hits"].as_f64(), c["misses"].as_f64()),
+        (Some(3.0), Some(1.0)),
+        "{c}"
+    );
+    assert_eq!(c["hit_ratio"].as_f64(), Some(0.75), "{c}");
+    assert_eq!(c["objects"].as_f64(), Some(1.0), "{c}");
+    assert!(c["bytes"].as_f64().unwrap_or(0.0) > 0.0, "{c}");
+}

@@ -237,6 +237,17 @@
       return tr;
     }));
   }
+  function cache(d) {
+    const c = d.cache;
+    set("cache-hits", num(c.hits), c.hits);
+    set("cache-misses", num(c.misses), c.misses);
+    set("cache-stale", num(c.stale), c.stale);
+    set("cache-ratio", c.hit_ratio === null ? "–" : (100 * c.hit_ratio).toFixed(1) + " %", c.hit_ratio);
+    set("cache-collapsed", num(c.collapsed), c.collapsed);
+    set("cache-objects", num(c.objects), c.objects);
+    set("cache-bytes", bytes(c.bytes), c.bytes);
+    set("cache-evictions", num(c.evictions), c.evictions);
+  }
   function upstreams(d) {
     const u = d.upstreams;
     $("upstreams-summary").textContent = u.total
@@ -272,6 +283,7 @@
       engines(d, o, dt);
       workers(d, o, dt);
       compression(d);
+      cache(d);
       upstreams(d);
       prev = { at: now, doc: d };
       state("live", "ok");
