@@ -43,7 +43,7 @@ pub use error::ConfigError;
 pub use file_cache::FileCacheConfig;
 pub use limits::{AdminLimits, Limits};
 pub use listener::{
-    CertificateConfig, ListenerConfig, TlsConfig, DEFAULT_ALT_SVC_MAX_AGE,
+    CertificateConfig, ListenerConfig, ProxyProtocol, TlsConfig, DEFAULT_ALT_SVC_MAX_AGE,
     DEFAULT_QUIC_RETRY_THRESHOLD,
 };
 pub use log::{AccessFormat, LogConfig};
