@@ -100,6 +100,33 @@ pub(crate) fn client_slot<H: Host>(
     }
 }
 
+/// `/metrics` of the server's client table: the addresses holding a connection now (at most
+/// the open connections, since an address's entry goes with its last one).
+pub(crate) struct ClientSlotsCollector(pub std::sync::Arc<qweb_session::client_slots::ClientSlots>);
+
+impl std::fmt::Debug for ClientSlotsCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("client slots collector")
+    }
+}
+
+impl prometheus_client::collector::Collector for ClientSlotsCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> std::fmt::Result {
+        use prometheus_client::encoding::EncodeMetric;
+        let n = i64::try_from(self.0.addresses()).unwrap_or(i64::MAX);
+        let g = prometheus_client::metrics::gauge::ConstGauge::new(n);
+        g.encode(encoder.encode_descriptor(
+            "qweb_client_addresses",
+            "Client addresses (IPv4, IPv6 /64) holding at least one connection, counted under connections_per_client (0 while it is unlimited).",
+            None,
+            g.metric_type(),
+        )?)
+    }
+}
+
 /// The client's address of a connection accepted from `peer`: `peer` itself, unless the
 /// listener trusts it for PROXY headers; then the header's source address (read within
 /// `header_read_timeout`). `None`: a trusted connection without a valid header in time,

@@ -172,6 +172,7 @@ impl Server {
                 Box::new(tls_sessions_collector.clone()),
                 Box::new(crate::files::cache::CacheCollector(file_cache.clone())),
                 Box::new(crate::pipeline::cache::Collector(cache.clone())),
+                Box::new(crate::conn::ClientSlotsCollector(client_slots.clone())),
             ],
         ));
         metrics.upstreams.set(qweb_proxy::upstream_gauges(&config));

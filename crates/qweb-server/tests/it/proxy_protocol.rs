@@ -372,6 +372,7 @@ async fn one_client_holds_at_connections_per_client_across_workers_while_another
         m.sum("qweb_connections_refused_per_client_total", &[]),
         40.0
     );
+    assert_eq!(m.value("qweb_client_addresses", &[]), 2.0);
     // closed connections give their slots back: 3 again
     drop(held);
     drop(other);
@@ -382,6 +383,7 @@ async fn one_client_holds_at_connections_per_client_across_workers_while_another
         || async { (t.metrics().await.sum("qweb_connections_open", &[]) == 0.0).then_some(()) },
     )
     .await;
+    assert_eq!(t.metrics().await.value("qweb_client_addresses", &[]), 0.0);
     let again = hold(lo(1), plain, b"", 3).await;
     assert!(refused(lo(1), plain, b"").await);
     drop(again);
