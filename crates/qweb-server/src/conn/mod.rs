@@ -127,19 +127,15 @@ impl prometheus_client::collector::Collector for ClientSlotsCollector {
     }
 }
 
-/// The client's address of a connection accepted from `peer`: `peer` itself, unless the
-/// listener trusts it for PROXY headers; then the header's source address (read within
-/// `header_read_timeout`). `None`: a trusted connection without a valid header in time,
-/// closed (counted, logged at most once a minute per address).
+/// The client's address of a connection from `peer`, which the listener trusts for PROXY
+/// headers: the header's source address (read within `header_read_timeout`). `None`: no
+/// valid header in time, the connection is to be closed (counted, logged at most once a
+/// minute per address).
 async fn client_address<H: Host>(
     stream: &mut TcpStream,
     peer: SocketAddr,
-    proxy: Option<&crate::config::ProxyProtocol>,
     worker: &H,
 ) -> Option<SocketAddr> {
-    if !proxy.is_some_and(|p| p.trusts(peer.ip())) {
-        return Some(peer);
-    }
     let limit = worker.limits().header_read_timeout;
     let e = match tokio::time::timeout(limit, proxy_protocol::read(stream)).await {
         Ok(Ok(proxy_protocol::Said::Client(a))) => return Some(canonical_peer(a)),
@@ -424,8 +420,14 @@ pub(crate) async fn serve<H: Host, S: Handle>(
     worker: &H,
     service: impl FnOnce(Rc<ConnState>) -> S,
 ) {
-    let Some(peer) = client_address(&mut stream, peer, proxy, worker).await else {
-        return;
+    let peer = if proxy.is_some_and(|p| p.trusts(peer.ip())) {
+        // boxed: its state (the header's timer) does not size every connection's task
+        match Box::pin(client_address(&mut stream, peer, worker)).await {
+            Some(client) => client,
+            None => return,
+        }
+    } else {
+        peer
     };
     let Some(_slot) = client_slot(worker, peer) else {
         return;
