@@ -55,6 +55,7 @@ fn server_on(
              [[listener]]\naddress = \"127.0.0.1:{port}\"\nproxy_protocol = {{ trusted = [{trusted}] }}\n\
              [[listener]]\naddress = \"127.0.0.1:0\"\nhttp3 = true\nproxy_protocol = {{ trusted = [{trusted}] }}\n\
              [listener.tls]\nself_signed = true\n\
+             [[route]]\nprefix = \"/rl\"\nrate_limit = {{ rate = \"1/m\", burst = 0 }}\nupstreams = [\"{up}\"]\n\
              [[route]]\nprefix = \"/only\"\nallow = [\"203.0.113.0/24\"]\nupstreams = [\"{up}\"]\n\
              [[route]]\nprefix = \"/\"\nupstreams = [\"{up}\"]\n"
         ),
@@ -110,6 +111,13 @@ async fn a_trusted_balancers_header_is_the_client_address_everywhere() {
     assert_eq!(a.header("x-real-ip").as_deref(), Some("203.0.113.7"));
     assert_eq!(a.header("x-forwarded-for").as_deref(), Some("203.0.113.7"));
     assert!(!seen.iter().any(|r| r.target() == "/only/b"));
+    // rate limits are kept per header address: the balancer's clients have a budget each
+    let (c1, c2) = (addr("203.0.113.1:1"), addr("203.0.113.2:1"));
+    for (who, status) in [(c1, 200), (c1, 429), (c2, 200), (c2, 429)] {
+        let s = status_via(lo(1), plain, &proxy_v1(who, plain), "/rl").await;
+        assert_eq!(s, status, "{who}");
+    }
+    up.take();
     // TLS: the header before the handshake (a v2 block with a TLV, which is skipped), then
     // HTTP/2 by ALPN, from an IPv6 client
     let mut tcp = TcpStream::connect(tls).await.unwrap();
