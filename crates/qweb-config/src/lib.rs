@@ -50,7 +50,9 @@ pub use log::{AccessFormat, LogConfig};
 pub use offload::{
     EngineConfig, EngineKind, KeyserverEngineConfig, ListenerOffload, OffloadConfig,
 };
-pub use proxy::{Balance, HashKey, HealthCheck, ProxyConfig, Upstream, UpstreamGauges};
+pub use proxy::{
+    Balance, HashKey, HealthCheck, ProxyConfig, Upstream, UpstreamGauges, UpstreamProxyProtocol,
+};
 pub use rate_limit::{
     RateLimit, RateLimiter, Verdict, DEFAULT_RATE_LIMIT_KEYS, MAX_RATE_LIMIT_BURST,
     MAX_RATE_LIMIT_KEYS,

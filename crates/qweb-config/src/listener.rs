@@ -530,3 +530,39 @@ mod proxy_protocol {
         }
     }
 }
+
+#[cfg(test)]
+mod upstream_proxy_protocol {
+    use crate::{Config, RouteAction, UpstreamProxyProtocol};
+
+    fn route(extra: &str) -> Result<Option<UpstreamProxyProtocol>, String> {
+        let text = format!("[[route]]\nprefix = \"/\"\n{extra}");
+        let c = Config::from_str_at(&text, None).map_err(|e| e.to_string())?;
+        match &c.routes[0].action {
+            RouteAction::Proxy(p) => Ok(p.upstream_proxy_protocol),
+            _ => Err("not a proxy route".into()),
+        }
+    }
+
+    #[test]
+    fn versions_are_read_and_http2_upstreams_refused_by_key() {
+        let up = "upstreams = [\"127.0.0.1:9\"]\n";
+        assert_eq!(route(up), Ok(None));
+        assert_eq!(
+            route(&format!("{up}upstream_proxy_protocol = \"v2\"\n")),
+            Ok(Some(UpstreamProxyProtocol::V2))
+        );
+        assert_eq!(
+            route(&format!("{up}upstream_proxy_protocol = \"v1\"\n")),
+            Ok(Some(UpstreamProxyProtocol::V1))
+        );
+        for bad in [
+            format!("{up}upstream_proxy_protocol = \"v3\"\n"),
+            "upstreams = [\"h2c://127.0.0.1:9\"]\nupstream_proxy_protocol = \"v2\"\n".into(),
+            "root = \"/srv\"\nupstream_proxy_protocol = \"v2\"\n".into(),
+        ] {
+            let e = route(&bad).unwrap_err();
+            assert!(e.contains("upstream_proxy_protocol"), "{bad}: {e}");
+        }
+    }
+}

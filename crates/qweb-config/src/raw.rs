@@ -221,6 +221,7 @@ pub(crate) struct RawRoute {
     pub buffer_request_body: Option<bool>,
     pub upstream_ca: Option<Spanned<PathBuf>>,
     pub upstream_server_name: Option<Spanned<String>>,
+    pub upstream_proxy_protocol: Option<Spanned<String>>,
     pub upstream_client_cert: Option<Spanned<PathBuf>>,
     pub upstream_client_key: Option<Spanned<PathBuf>>,
     pub balance: Option<Spanned<String>>,

@@ -545,3 +545,123 @@ impl AsyncWrite for Prefixed {
         std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
+
+/// An upstream that expects a PROXY header on each connection (v1 or v2), then requests
+/// (kept alive), and answers each with what the header said: a v1 line as written, a v2 block's source address, or
+/// `LOCAL`; each answer is also kept in the returned list.
+async fn header_upstream() -> (
+    SocketAddr,
+    Arc<std::sync::Mutex<Vec<String>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    use tokio::io::AsyncReadExt;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen2 = seen.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = l.accept().await else {
+                continue;
+            };
+            let seen = seen2.clone();
+            tokio::spawn(async move {
+                let _: Option<()> = async move {
+                    let mut first = [0u8; 1];
+                    s.read_exact(&mut first).await.ok()?;
+                    let said = if first[0] == b'P' {
+                        let mut line = vec![first[0]];
+                        while !line.ends_with(b"\r\n") {
+                            line.push(s.read_u8().await.ok()?);
+                        }
+                        String::from_utf8_lossy(&line[..line.len() - 2]).into_owned()
+                    } else {
+                        let mut head = [0u8; 15];
+                        s.read_exact(&mut head).await.ok()?;
+                        let mut payload =
+                            vec![0u8; usize::from(u16::from_be_bytes([head[13], head[14]]))];
+                        s.read_exact(&mut payload).await.ok()?;
+                        match (head[11] & 0x0f, head[12] >> 4) {
+                            (0, _) => "LOCAL".to_owned(),
+                            (_, 1) => {
+                                let ip =
+                                    Ipv4Addr::new(payload[0], payload[1], payload[2], payload[3]);
+                                format!("{ip}:{}", u16::from_be_bytes([payload[8], payload[9]]))
+                            }
+                            _ => {
+                                let ip: [u8; 16] = payload[..16].try_into().ok()?;
+                                let ip = std::net::Ipv6Addr::from(ip);
+                                let port = u16::from_be_bytes([payload[32], payload[33]]);
+                                SocketAddr::new(ip.into(), port).to_string()
+                            }
+                        }
+                    };
+                    // keep-alive: a proxy that reused this connection for another client would
+                    // get this header's answer
+                    loop {
+                        let mut req = Vec::new();
+                        while common::wire::find(&req, b"\r\n\r\n").is_none() {
+                            req.push(s.read_u8().await.ok()?);
+                        }
+                        seen.lock().unwrap().push(said.clone());
+                        let resp = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{said}",
+                            said.len()
+                        );
+                        s.write_all(resp.as_bytes()).await.ok()?;
+                    }
+                }
+                .await;
+            });
+        }
+    });
+    (addr, seen, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_proxy_protocol_tells_the_upstream_the_client_on_every_connection() {
+    let (up, seen, _task) = header_upstream().await;
+    let t = common::start_with(
+        &format!(
+            "[[listener]]\naddress = \"127.0.0.1:0\"\nproxy_protocol = {{ trusted = [\"127.0.0.1\"] }}\n\
+             [[route]]\nprefix = \"/v1\"\nupstreams = [\"{up}\"]\nupstream_proxy_protocol = \"v1\"\n\
+             [[route]]\nprefix = \"/\"\nupstreams = [\"{up}\"]\nupstream_proxy_protocol = \"v2\"\n\
+             health_check = {{ path = \"/healthz\", interval = \"200ms\", expect = 200 }}\n"
+        ),
+        |_| {},
+    );
+    let plain = t.addrs[0];
+    // behind the balancer: the header's client, on each request of the connection (an
+    // upstream connection that named one client is not reused for another)
+    let mut s = TcpStream::connect(plain).await.unwrap();
+    s.write_all(&proxy_v1(addr("203.0.113.7:40001"), plain))
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let r = get(&mut s, "/x", "").await.expect("an answer");
+        assert_eq!((r.status, &r.body[..]), (200, &b"203.0.113.7:40001"[..]));
+    }
+    let r = get(&mut s, "/v1/x", "").await.expect("an answer");
+    assert_eq!(
+        String::from_utf8_lossy(&r.body),
+        format!("PROXY TCP4 203.0.113.7 127.0.0.1 40001 {}", up.port())
+    );
+    // another client at once: its own address
+    let mut s2 = TcpStream::connect(plain).await.unwrap();
+    s2.write_all(&proxy_v2(addr("[2001:db8::5]:7"), plain, &[]))
+        .await
+        .unwrap();
+    let r = get(&mut s2, "/x", "").await.expect("an answer");
+    let said = String::from_utf8_lossy(&r.body).into_owned();
+    assert_eq!(said, "[2001:db8::5]:7");
+    let r = get(&mut s, "/x", "").await.expect("an answer");
+    assert_eq!(&r.body[..], b"203.0.113.7:40001");
+    // health checks name no client: v2 LOCAL
+    common::poll_until("a health check", T, Duration::from_millis(50), || {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .any(|s| s == "LOCAL")
+            .then_some(())
+    });
+}
