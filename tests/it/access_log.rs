@@ -211,3 +211,61 @@ async fn a_cached_route_logs_what_the_cache_did() {
         "{lines:?}"
     );
 }
+
+/// Behind a trusted L4 balancer (`proxy_protocol`), the access log names the address of the
+/// PROXY header (v1 and v2, plain and TLS), not the balancer's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_names_the_proxy_headers_client() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("site")).unwrap();
+    std::fs::create_dir_all(d.join("logs")).unwrap();
+    std::fs::write(d.join("site/hello.txt"), "hello").unwrap();
+    let (plain, tls) = (free_port(), free_port());
+    let text = format!(
+        "workers = 1\nstate_dir = \"{dd}/state\"\n[log]\naccess_file = \"logs/access.log\"\n\
+         format = \"combined\"\n\
+         [[listener]]\naddress = \"127.0.0.1:{plain}\"\nproxy_protocol = {{ trusted = [\"127.0.0.1\"] }}\n\
+         [[listener]]\naddress = \"127.0.0.1:{tls}\"\nproxy_protocol = {{ trusted = [\"127.0.0.1\"] }}\n\
+         [listener.tls]\nself_signed = true\n\
+         [[route]]\nprefix = \"/\"\nroot = \"{dd}/site\"\n",
+        dd = d.display()
+    );
+    let qweb = Qweb::serve_text(BIN, d, &text);
+    let plain: std::net::SocketAddr = ([127, 0, 0, 1], plain).into();
+    let tls: std::net::SocketAddr = ([127, 0, 0, 1], tls).into();
+    let src = |s: &str| s.parse::<std::net::SocketAddr>().unwrap();
+    let mut s = tokio::net::TcpStream::connect(plain).await.unwrap();
+    let mut req = qweb_testkit::wire::proxy_v1(src("203.0.113.7:40000"), plain);
+    req.extend_from_slice(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    s.write_all(&req).await.unwrap();
+    let r = qweb_testkit::wire::read_response(&mut s, Duration::from_secs(10)).await;
+    assert_eq!(r.map(|r| r.status), Some(200));
+    let mut tcp = tokio::net::TcpStream::connect(tls).await.unwrap();
+    tcp.write_all(&qweb_testkit::wire::proxy_v2(
+        src("[2001:db8::9]:40001"),
+        tls,
+        &[],
+    ))
+    .await
+    .unwrap();
+    let cfg = std::sync::Arc::new(tls_client_config(
+        &d.join("state/selfsigned.crt"),
+        Proto::H1,
+    ));
+    let mut t = tokio_rustls::TlsConnector::from(cfg)
+        .connect(qweb_testkit::tls::localhost(), tcp)
+        .await
+        .unwrap();
+    t.write_all(b"GET /hello.txt HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let r = qweb_testkit::wire::read_response(&mut t, Duration::from_secs(10)).await;
+    assert_eq!(r.map(|r| r.status), Some(200));
+    let lines = lines_of(&d.join("logs/access.log"), 2);
+    assert!(lines[0].starts_with("203.0.113.7 - - ["), "{lines:?}");
+    assert!(lines[1].starts_with("2001:db8::9 - - ["), "{lines:?}");
+    assert!(lines[1].ends_with(" TLSv1.3"), "{lines:?}");
+    drop(qweb);
+}

@@ -162,6 +162,40 @@ fn check_config_reports_file_line_and_key() {
     assert_eq!(out.status.code(), Some(1));
 }
 
+/// `qweb -t` names the key of a bad `proxy_protocol` block and of a `connections_per_client`
+/// that is not a number.
+#[test]
+fn check_config_names_bad_proxy_protocol_and_connection_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, line, key) in [
+        (
+            "[[listener]]\naddress = \"127.0.0.1:0\"\nproxy_protocol = { trusted = [\"10.0.0.0/8\", \"10.1/16\"] }\n",
+            3,
+            "listener[0].proxy_protocol.trusted[1]",
+        ),
+        (
+            "[[listener]]\naddress = \"127.0.0.1:0\"\nproxy_protocol = { trusted = [] }\n",
+            3,
+            "listener[0].proxy_protocol.trusted",
+        ),
+        (
+            "[limits]\nconnections_per_client = \"lots\"\n",
+            2,
+            "connections_per_client",
+        ),
+        ("[limits]\nconnections_per_client = -3\n", 2, "connections_per_client"),
+    ] {
+        let cfg = write_config(dir.path(), text);
+        let out = Command::new(BIN).arg("-t").arg("-c").arg(&cfg).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("{}:{line}:", cfg.display())) && err.contains(key),
+            "{text}: {err}"
+        );
+    }
+}
+
 #[test]
 fn check_config_refuses_a_server_name_claimed_by_two_sites() {
     let dir = tempfile::tempdir().unwrap();

@@ -141,6 +141,7 @@ impl Validator<'_> {
             max_fails: 0,
             fail_timeout: Duration::from_secs(10),
             health_check: None,
+            upstream_proxy_protocol: None,
         };
         Ok(ForwardAuth {
             proxy,

@@ -55,14 +55,16 @@ pub use forward_auth::{
 };
 pub use limits::{AdminLimits, Limits};
 pub use listener::{
-    CertificateConfig, ListenerConfig, TlsConfig, DEFAULT_ALT_SVC_MAX_AGE,
+    CertificateConfig, ListenerConfig, ProxyProtocol, TlsConfig, DEFAULT_ALT_SVC_MAX_AGE,
     DEFAULT_QUIC_RETRY_THRESHOLD,
 };
 pub use log::{AccessFormat, LogConfig};
 pub use offload::{
     EngineConfig, EngineKind, KeyserverEngineConfig, ListenerOffload, OffloadConfig,
 };
-pub use proxy::{Balance, HashKey, HealthCheck, ProxyConfig, Upstream, UpstreamGauges};
+pub use proxy::{
+    Balance, HashKey, HealthCheck, ProxyConfig, Upstream, UpstreamGauges, UpstreamProxyProtocol,
+};
 // for `forward_auth`'s one upstream (a module of its own would make a circle through raw.rs)
 use proxy::parse_upstream;
 pub use rate_limit::{

@@ -33,6 +33,10 @@ pub struct Limits {
     /// connections (as nginx's `sendfile_max_chunk`): a fast download cannot hold a worker
     /// for longer than it takes to encrypt and send this much.
     pub write_burst: usize,
+    /// Connections one client address may hold at once, across every worker (TCP and QUIC;
+    /// the address after a trusted PROXY header, IPv6 by its /64); a new one beyond is
+    /// closed at once. 0 (the default): unlimited, as nginx's `limit_conn` is until set.
+    pub connections_per_client: u32,
 }
 
 impl Default for Limits {
@@ -47,6 +51,7 @@ impl Default for Limits {
             send_timeout: Duration::from_secs(60),
             h2_control_frames_per_second: 1000,
             write_burst: 256 << 10,
+            connections_per_client: 0,
         }
     }
 }
@@ -88,6 +93,9 @@ impl Validator<'_> {
                 .write_burst
                 .map(|s| s.0 as usize)
                 .unwrap_or(defaults.write_burst),
+            connections_per_client: l
+                .connections_per_client
+                .unwrap_or(defaults.connections_per_client),
         };
         if !(16 << 10..=64 << 20).contains(&limits.write_burst) {
             let key = "limits.write_burst";

@@ -41,6 +41,28 @@ pub struct ListenerConfig {
     pub redirect: Option<RedirectConfig>,
     /// TLS session resumption (tickets, session cache).
     pub session: SessionConfig,
+    /// PROXY protocol (v1 or v2) from these balancers (`proxy_protocol = { trusted = [...] }`);
+    /// `None`: no header is read.
+    pub proxy_protocol: Option<ProxyProtocol>,
+}
+
+/// `proxy_protocol` of a TCP listener: a connection from a trusted address must begin with a
+/// PROXY header (HAProxy's v1 or v2), whose source address is then the client's; one from
+/// any other address is served with its own address, a PROXY header from it being a bad
+/// request. HTTP/3 (UDP) on the same listener reads none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyProtocol {
+    /// The balancers' addresses and blocks (at least one).
+    pub trusted: Vec<ipnet::IpNet>,
+}
+
+impl ProxyProtocol {
+    /// Must a connection from `ip` begin with a PROXY header? (An IPv4-mapped IPv6 address is
+    /// judged as the IPv4 one.)
+    pub fn trusts(&self, ip: std::net::IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        self.trusted.iter().any(|n| n.contains(&ip))
+    }
 }
 
 /// Where a TLS listener's certificates come from.
@@ -89,6 +111,7 @@ pub(super) fn default_listeners() -> Vec<ListenerConfig> {
             offload: None,
             redirect: None,
             session: SessionConfig::default(),
+            proxy_protocol: None,
         },
         ListenerConfig {
             address: ([127, 0, 0, 1], 8080).into(),
@@ -101,6 +124,7 @@ pub(super) fn default_listeners() -> Vec<ListenerConfig> {
             offload: None,
             redirect: None,
             session: SessionConfig::default(),
+            proxy_protocol: None,
         },
     ]
 }
@@ -297,7 +321,35 @@ impl Validator<'_> {
                 None => None,
             },
             session,
+            proxy_protocol: match &l.proxy_protocol {
+                Some(p) => Some(self.proxy_protocol(i, p)?),
+                None => None,
+            },
         })
+    }
+
+    /// `proxy_protocol` of listener `i`: each `trusted` entry an address or a CIDR block.
+    fn proxy_protocol(
+        &self,
+        i: usize,
+        p: &Spanned<super::raw::RawProxyProtocol>,
+    ) -> Result<ProxyProtocol, ConfigError> {
+        let key = format!("listener[{i}].proxy_protocol.trusted");
+        let list = &p.get_ref().trusted;
+        if list.get_ref().is_empty() {
+            return Err(self.err(
+                Some(list.span()),
+                key,
+                "name the balancers that send PROXY headers (e.g. [\"10.0.0.0/8\"]), or remove proxy_protocol",
+            ));
+        }
+        let mut trusted = Vec::new();
+        for (j, e) in list.get_ref().iter().enumerate() {
+            let net = super::proxy::parse_cidr(e.get_ref().trim())
+                .map_err(|m| self.err(Some(e.span()), format!("{key}[{j}]"), m))?;
+            trusted.push(net);
+        }
+        Ok(ProxyProtocol { trusted })
     }
 }
 
@@ -419,6 +471,98 @@ mod ipv6_only {
         ] {
             let err = listeners(text).expect_err(text);
             assert!(err.contains(key), "{text}: {err}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod proxy_protocol {
+    use crate::Config;
+    use std::path::Path;
+
+    fn err(text: &str) -> String {
+        Config::from_str_at(text, Some(Path::new("q.toml")))
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn trusted_balancers_are_read_and_bad_values_named_by_key() {
+        let text = "[[listener]]\naddress = \"127.0.0.1:0\"\nproxy_protocol = { trusted = [\"10.0.0.0/8\", \"127.0.0.1\"] }\n";
+        let c = Config::from_str_at(text, None).unwrap();
+        let p = c.listeners[0].proxy_protocol.as_ref().unwrap();
+        assert_eq!(p.trusted.len(), 2);
+        for (a, ok) in [
+            ("10.1.2.3", true),
+            ("127.0.0.1", true),
+            ("::ffff:127.0.0.1", true),
+            ("127.0.0.2", false),
+        ] {
+            assert_eq!(p.trusts(a.parse().unwrap()), ok, "{a}");
+        }
+        assert!(
+            Config::from_str_at("[[listener]]\naddress = \"127.0.0.1:0\"\n", None)
+                .unwrap()
+                .listeners[0]
+                .proxy_protocol
+                .is_none()
+        );
+        let e = err("[[listener]]\naddress = \"127.0.0.1:0\"\nproxy_protocol = { trusted = [\"10.0.0.0/8\", \"10.0.0.0/33\"] }\n");
+        assert!(e.contains("listener[0].proxy_protocol.trusted[1]"), "{e}");
+        assert!(e.contains("q.toml:3:"), "{e}");
+        let e = err("[[listener]]\naddress = \"127.0.0.1:0\"\nproxy_protocol = { trusted = [] }\n");
+        assert!(e.contains("listener[0].proxy_protocol.trusted"), "{e}");
+        let e = err("[[listener]]\naddress = \"127.0.0.1:0\"\nproxy_protocol = { trusted = \"10.0.0.0/8\" }\n");
+        assert!(e.contains("trusted"), "{e}");
+        let e = err("[[listener]]\naddress = \"127.0.0.1:0\"\nproxy_protocol = { trust = [\"10.0.0.0/8\"] }\n");
+        assert!(e.contains("trust"), "{e}");
+    }
+
+    #[test]
+    fn connections_per_client_defaults_to_unlimited_and_must_be_a_number() {
+        let c = Config::from_str_at("", None).unwrap();
+        assert_eq!(c.limits.connections_per_client, 0);
+        let c = Config::from_str_at("[limits]\nconnections_per_client = 16\n", None).unwrap();
+        assert_eq!(c.limits.connections_per_client, 16);
+        for bad in ["\"many\"", "-1", "1.5", "99999999999"] {
+            let e = err(&format!("[limits]\nconnections_per_client = {bad}\n"));
+            assert!(e.contains("connections_per_client"), "{bad}: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod upstream_proxy_protocol {
+    use crate::{Config, RouteAction, UpstreamProxyProtocol};
+
+    fn route(extra: &str) -> Result<Option<UpstreamProxyProtocol>, String> {
+        let text = format!("[[route]]\nprefix = \"/\"\n{extra}");
+        let c = Config::from_str_at(&text, None).map_err(|e| e.to_string())?;
+        match &c.routes[0].action {
+            RouteAction::Proxy(p) => Ok(p.upstream_proxy_protocol),
+            _ => Err("not a proxy route".into()),
+        }
+    }
+
+    #[test]
+    fn versions_are_read_and_http2_upstreams_refused_by_key() {
+        let up = "upstreams = [\"127.0.0.1:9\"]\n";
+        assert_eq!(route(up), Ok(None));
+        assert_eq!(
+            route(&format!("{up}upstream_proxy_protocol = \"v2\"\n")),
+            Ok(Some(UpstreamProxyProtocol::V2))
+        );
+        assert_eq!(
+            route(&format!("{up}upstream_proxy_protocol = \"v1\"\n")),
+            Ok(Some(UpstreamProxyProtocol::V1))
+        );
+        for bad in [
+            format!("{up}upstream_proxy_protocol = \"v3\"\n"),
+            "upstreams = [\"h2c://127.0.0.1:9\"]\nupstream_proxy_protocol = \"v2\"\n".into(),
+            "root = \"/srv\"\nupstream_proxy_protocol = \"v2\"\n".into(),
+        ] {
+            let e = route(&bad).unwrap_err();
+            assert!(e.contains("upstream_proxy_protocol"), "{bad}: {e}");
         }
     }
 }

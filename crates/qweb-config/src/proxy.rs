@@ -65,6 +65,18 @@ pub struct ProxyConfig {
     pub health_check: Option<HealthCheck>,
     /// Upstream health as all workers see it (not a key: filled for `/metrics`).
     pub gauges: std::sync::Arc<UpstreamGauges>,
+    /// A PROXY header written first on every new upstream connection
+    /// (`upstream_proxy_protocol`); `None`: none.
+    pub upstream_proxy_protocol: Option<UpstreamProxyProtocol>,
+}
+
+/// The PROXY protocol version qweb writes to upstreams (`upstream_proxy_protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamProxyProtocol {
+    /// HAProxy's text line (`"v1"`).
+    V1,
+    /// HAProxy's binary block (`"v2"`).
+    V2,
 }
 
 /// One upstream server.
@@ -223,7 +235,46 @@ impl Validator<'_> {
             underscores_in_headers: rr.underscores_in_headers.unwrap_or(false),
             trusted_proxies,
             max_response_header_size,
+            upstream_proxy_protocol: self.upstream_proxy_protocol(i, rr)?,
         })
+    }
+
+    /// `upstream_proxy_protocol` of route `i`: `"v1"` or `"v2"`, on HTTP/1.1 upstreams only
+    /// (an HTTP/2 upstream connection carries the requests of many clients).
+    fn upstream_proxy_protocol(
+        &self,
+        i: usize,
+        rr: &RawRoute,
+    ) -> Result<Option<UpstreamProxyProtocol>, ConfigError> {
+        let Some(v) = &rr.upstream_proxy_protocol else {
+            return Ok(None);
+        };
+        let key = format!("route[{i}].upstream_proxy_protocol");
+        let version = match v.get_ref().as_str() {
+            "v1" => UpstreamProxyProtocol::V1,
+            "v2" => UpstreamProxyProtocol::V2,
+            other => {
+                return Err(self.err(
+                    Some(v.span()),
+                    key,
+                    format!("`{other}`: use \"v1\" or \"v2\""),
+                ))
+            }
+        };
+        let h2 = rr.upstream_http2.as_ref().is_some_and(|h| *h.get_ref())
+            || rr.upstreams.as_ref().is_some_and(|u| {
+                u.get_ref()
+                    .iter()
+                    .any(|s| s.get_ref().trim_start().starts_with("h2c://"))
+            });
+        if h2 {
+            return Err(self.err(
+                Some(v.span()),
+                key,
+                "needs HTTP/1.1 upstreams: one HTTP/2 upstream connection carries many clients' requests (remove upstream_http2 / h2c://)",
+            ));
+        }
+        Ok(Some(version))
     }
 
     /// Refuses proxy-only keys on a static route.
@@ -249,6 +300,10 @@ impl Validator<'_> {
             ("buffer_request_body", rr.buffer_request_body.is_some()),
             ("upstream_ca", rr.upstream_ca.is_some()),
             ("upstream_server_name", rr.upstream_server_name.is_some()),
+            (
+                "upstream_proxy_protocol",
+                rr.upstream_proxy_protocol.is_some(),
+            ),
             ("upstream_client_cert", rr.upstream_client_cert.is_some()),
             ("upstream_client_key", rr.upstream_client_key.is_some()),
             ("balance", rr.balance.is_some()),

@@ -132,6 +132,7 @@ pub(crate) struct RawLimits {
     pub send_timeout: Option<Dur>,
     pub h2_control_frames_per_second: Option<u32>,
     pub write_burst: Option<Size>,
+    pub connections_per_client: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -155,6 +156,14 @@ pub(crate) struct RawListener {
     pub tls: Option<Spanned<RawTls>>,
     pub offload: Option<Spanned<RawListenerOffload>>,
     pub redirect: Option<Spanned<RawRedirect>>,
+    pub proxy_protocol: Option<Spanned<RawProxyProtocol>>,
+}
+
+/// `proxy_protocol = { trusted = [...] }` on a listener.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawProxyProtocol {
+    pub trusted: Spanned<Vec<Spanned<String>>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -214,6 +223,7 @@ pub(crate) struct RawRoute {
     pub buffer_request_body: Option<bool>,
     pub upstream_ca: Option<Spanned<PathBuf>>,
     pub upstream_server_name: Option<Spanned<String>>,
+    pub upstream_proxy_protocol: Option<Spanned<String>>,
     pub upstream_client_cert: Option<Spanned<PathBuf>>,
     pub upstream_client_key: Option<Spanned<PathBuf>>,
     pub balance: Option<Spanned<String>>,

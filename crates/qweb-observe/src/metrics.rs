@@ -55,6 +55,12 @@ pub struct WorkerMetrics {
     pub quic_retries: AtomicU64,
     /// Requests served (every protocol).
     pub requests: AtomicU64,
+    /// Connections closed at once because their client address held
+    /// `connections_per_client` already (TCP and QUIC).
+    pub refused_per_client: AtomicU64,
+    /// Connections from a trusted balancer closed for a missing, malformed, oversized or late
+    /// PROXY header.
+    pub proxy_protocol_refused: AtomicU64,
 }
 
 /// The HTTP protocol a connection serves.
@@ -216,7 +222,7 @@ impl std::fmt::Debug for WorkersCollector {
 impl Collector for WorkersCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         type Get = fn(&WorkerMetrics) -> i64;
-        let families: [(&str, MetricType, &str, Get); 7] = [
+        let families: [(&str, MetricType, &str, Get); 9] = [
             (
                 "qweb_tls_handshakes",
                 MetricType::Counter,
@@ -246,6 +252,18 @@ impl Collector for WorkersCollector {
                 MetricType::Counter,
                 "New QUIC connections answered with a Retry (quic_retry_threshold).",
                 |w| w.quic_retries.load(Relaxed) as i64,
+            ),
+            (
+                "qweb_connections_refused_per_client",
+                MetricType::Counter,
+                "Connections closed at once: their client address held connections_per_client already.",
+                |w| w.refused_per_client.load(Relaxed) as i64,
+            ),
+            (
+                "qweb_proxy_protocol_refused",
+                MetricType::Counter,
+                "Connections from a trusted balancer closed for a missing, malformed, oversized or late PROXY header.",
+                |w| w.proxy_protocol_refused.load(Relaxed) as i64,
             ),
             (
                 "qweb_connections_open",

@@ -58,7 +58,7 @@ impl Proxy {
             }
         }
         let up = &self.cfg.upstreams[idx];
-        let tcp = self.dial(idx).await?;
+        let tcp = self.dial(idx, None).await?;
         let sender = if up.tls {
             let tls = self.tls_handshake(idx, tcp).await?;
             if tls.get_ref().1.alpn_protocol() != Some(b"h2") {

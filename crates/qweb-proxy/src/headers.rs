@@ -143,6 +143,7 @@ mod tests {
             fail_timeout: Duration::from_secs(1),
             health_check: None,
             gauges: Default::default(),
+            upstream_proxy_protocol: None,
         }
     }
 

@@ -42,7 +42,7 @@ impl Proxy {
         };
         let up = &self.cfg.upstreams[idx];
         let check = async {
-            let mut conn = self.connect(idx).await.ok()?;
+            let mut conn = self.connect(idx, None).await.ok()?;
             let host = HeaderValue::from_str(&up.name).ok()?;
             let (body, _) = ClientBody::buffered(bytes::Bytes::new());
             let mut req = Request::new(body);

@@ -30,6 +30,7 @@ mod h2;
 mod headers;
 mod health;
 mod pool;
+mod proxy_header;
 mod response_body;
 mod tls;
 mod upgrade;
@@ -183,7 +184,16 @@ impl Proxy {
     /// The proxy of one route: its upstreams, balancer, pools and health state.
     pub fn new(cfg: &ProxyConfig) -> Rc<Self> {
         Rc::new(Proxy {
-            pool: Pool::new(cfg.upstreams.len(), cfg.keepalive),
+            // a connection that began with a client's PROXY header is that client's: not
+            // pooled for the next one
+            pool: Pool::new(
+                cfg.upstreams.len(),
+                if cfg.upstream_proxy_protocol.is_some() {
+                    0
+                } else {
+                    cfg.keepalive
+                },
+            ),
             cfg: cfg.clone(),
             balancer: Balancer::new(cfg),
             h2: h2::H2Conns::new(cfg.upstreams.len()),
@@ -251,7 +261,7 @@ impl Proxy {
                     .await
                     .map(|resp| Answer { resp, conn: None })
             } else {
-                match self.connection(idx, fresh).await {
+                match self.connection(idx, client.addr, fresh).await {
                     Ok((conn, reused)) => self.exchange(conn, reused, req, idx, &progress).await,
                     Err(f) => Err((f, Some(req))),
                 }
@@ -320,18 +330,24 @@ impl Proxy {
         response::status(StatusCode::BAD_GATEWAY)
     }
 
-    /// An idle pooled connection to upstream `idx` (`true`: reused), or a new one (always a
-    /// new one when `fresh`).
-    async fn connection(&self, idx: usize, fresh: bool) -> Result<(UpstreamConn, bool), Failure> {
+    /// An idle pooled connection to upstream `idx` (`true`: reused), or a new one for
+    /// `client` (always a new one when `fresh`).
+    async fn connection(
+        &self,
+        idx: usize,
+        client: SocketAddr,
+        fresh: bool,
+    ) -> Result<(UpstreamConn, bool), Failure> {
         if let Some(c) = self.pool.checkout(idx).filter(|_| !fresh) {
             return Ok((c, true));
         }
-        self.connect(idx).await.map(|c| (c, false))
+        self.connect(idx, Some(client)).await.map(|c| (c, false))
     }
 
     /// A TCP connection to upstream `idx` (`TCP_NODELAY` set: requests and small writes of a
-    /// streamed body go out at once, whatever the upstream's own Nagle does).
-    async fn dial(&self, idx: usize) -> Result<TcpStream, Failure> {
+    /// streamed body go out at once, whatever the upstream's own Nagle does), its PROXY
+    /// header for `client` written first under `upstream_proxy_protocol`.
+    async fn dial(&self, idx: usize, client: Option<SocketAddr>) -> Result<TcpStream, Failure> {
         let up = &self.cfg.upstreams[idx];
         let tcp = match tokio::time::timeout(self.cfg.connect_timeout, TcpStream::connect(up.addr))
             .await
@@ -350,12 +366,30 @@ impl Proxy {
             Ok(Ok(t)) => t,
         };
         let _ = tcp.set_nodelay(true);
+        if let Some(v) = self.cfg.upstream_proxy_protocol {
+            let mut tcp = tcp;
+            let h = proxy_header::header(v, client, up.addr);
+            let write = tokio::io::AsyncWriteExt::write_all(&mut tcp, &h);
+            if !matches!(
+                tokio::time::timeout(self.cfg.connect_timeout, write).await,
+                Ok(Ok(()))
+            ) {
+                tracing::warn!(upstream = %up.name, "upstream PROXY header not written");
+                return Err(Failure::new(StatusCode::BAD_GATEWAY, Retry::NextUpstream));
+            }
+            return Ok(tcp);
+        }
         Ok(tcp)
     }
 
-    /// A new pooled connection to upstream `idx` (TLS first for an `https://` upstream).
-    async fn connect(&self, idx: usize) -> Result<UpstreamConn, Failure> {
-        let socket = Rc::new(self.dial(idx).await?);
+    /// A new pooled connection to upstream `idx` for `client` (`None`: a health check), TLS
+    /// first for an `https://` upstream.
+    async fn connect(
+        &self,
+        idx: usize,
+        client: Option<SocketAddr>,
+    ) -> Result<UpstreamConn, Failure> {
+        let socket = Rc::new(self.dial(idx, client).await?);
         let io = SharedSocket(socket.clone());
         let sender = if self.cfg.upstreams[idx].tls {
             let tls = self.tls_handshake(idx, io).await?;

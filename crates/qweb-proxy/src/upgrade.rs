@@ -239,7 +239,7 @@ impl Proxy {
         let mut tcp = Err(StatusCode::BAD_GATEWAY);
         for &i in order {
             idx = i;
-            match self.dial(i).await {
+            match self.dial(i, Some(client.addr)).await {
                 Ok(t) => {
                     tcp = Ok(t);
                     break;

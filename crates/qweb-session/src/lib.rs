@@ -5,6 +5,7 @@
 //! Shared (through `Rc`) by the connection's I/O wrapper, its service and its response bodies,
 //! all on the worker's thread. Imports only `qweb-config`, `qweb-http` and `qweb-observe`.
 
+pub mod client_slots;
 pub mod closing;
 pub mod logged;
 pub mod tunnel;

@@ -168,3 +168,85 @@ async fn read(
     };
     Some(Response { status, head, body })
 }
+
+/// A PROXY protocol v1 line (HAProxy's text form) saying the connection comes from `src`
+/// to `dst` (both of one family).
+pub fn proxy_v1(src: std::net::SocketAddr, dst: std::net::SocketAddr) -> Vec<u8> {
+    let family = if src.is_ipv4() { "TCP4" } else { "TCP6" };
+    format!(
+        "PROXY {family} {} {} {} {}\r\n",
+        src.ip(),
+        dst.ip(),
+        src.port(),
+        dst.port()
+    )
+    .into_bytes()
+}
+
+/// The 12-byte signature that starts a PROXY protocol v2 block.
+pub const PROXY_V2_SIGNATURE: &[u8; 12] = b"\r\n\r\n\0\r\nQUIT\n";
+
+/// A PROXY protocol v2 block: command PROXY over TCP from `src` to `dst` (both of one
+/// family), followed by `tlvs` (raw type-length-value bytes).
+pub fn proxy_v2(src: std::net::SocketAddr, dst: std::net::SocketAddr, tlvs: &[u8]) -> Vec<u8> {
+    let mut payload = Vec::new();
+    let family = match (src.ip(), dst.ip()) {
+        (std::net::IpAddr::V4(s), std::net::IpAddr::V4(d)) => {
+            payload.extend_from_slice(&s.octets());
+            payload.extend_from_slice(&d.octets());
+            0x11
+        }
+        (s, d) => {
+            let v6 = |a: std::net::IpAddr| match a {
+                std::net::IpAddr::V4(a) => a.to_ipv6_mapped(),
+                std::net::IpAddr::V6(a) => a,
+            };
+            payload.extend_from_slice(&v6(s).octets());
+            payload.extend_from_slice(&v6(d).octets());
+            0x21
+        }
+    };
+    payload.extend_from_slice(&src.port().to_be_bytes());
+    payload.extend_from_slice(&dst.port().to_be_bytes());
+    payload.extend_from_slice(tlvs);
+    proxy_v2_raw(0x21, family, &payload)
+}
+
+/// A PROXY protocol v2 block of any version-command byte, family-protocol byte and payload
+/// (its length field is the payload's length).
+pub fn proxy_v2_raw(version_command: u8, family: u8, payload: &[u8]) -> Vec<u8> {
+    let mut b = PROXY_V2_SIGNATURE.to_vec();
+    b.push(version_command);
+    b.push(family);
+    b.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+    b.extend_from_slice(payload);
+    b
+}
+
+/// A TCP connection to `to` from the local address `from` (a loopback address other than
+/// 127.0.0.1 gives a test a second client address).
+pub async fn connect_from(
+    from: std::net::IpAddr,
+    to: std::net::SocketAddr,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let s = match from {
+        std::net::IpAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        std::net::IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    s.bind(std::net::SocketAddr::new(from, 0))?;
+    s.connect(to).await
+}
+
+/// Whether the peer closed `s` within `within` (a read gives 0 or an error); whatever it
+/// sent before is read and dropped.
+pub async fn closed_within(s: &mut (impl AsyncRead + Unpin + ?Sized), within: Duration) -> bool {
+    let mut b = [0u8; 1024];
+    let end = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(end, s.read(&mut b)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+        }
+    }
+}

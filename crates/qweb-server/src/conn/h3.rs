@@ -25,6 +25,9 @@ use qweb_session::{ConnState, Expiry, Timeouts};
 /// The ALPN protocol id of HTTP/3.
 pub(crate) const ALPN_H3: &[u8] = b"h3";
 
+/// HTTP/3's error code for a peer generating excessive load (RFC 9114 section 8.1).
+const H3_EXCESSIVE_LOAD: u32 = 0x0107;
+
 /// One HTTP/3 connection of the driver.
 type H3Conn = h3::server::Connection<h3_quinn::Connection, Bytes>;
 /// A request's stream, both halves.
@@ -64,6 +67,13 @@ pub(crate) async fn serve<H: Host, S: Handle>(
         return;
     };
     drop(handshaking);
+    // The client's slot under `connections_per_client`, taken only now: a completed
+    // handshake proves the address (RFC 9000 section 8.1), so Initials from forged
+    // addresses take no victim's slots. Past the limit: closed at once (H3_EXCESSIVE_LOAD).
+    let Some(_slot) = super::client_slot(worker, peer) else {
+        conn.close(H3_EXCESSIVE_LOAD.into(), b"connections_per_client");
+        return;
+    };
     let _open =
         qweb_observe::metrics::ProtocolOpen::new(m, qweb_observe::metrics::HttpProtocol::H3);
     let state = Rc::new(ConnState::new(peer));

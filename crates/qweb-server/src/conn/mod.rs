@@ -17,6 +17,7 @@ mod h3_tests;
 pub(crate) mod idle;
 pub(crate) mod lazy_timer;
 pub(crate) mod plain_on_tls;
+pub(crate) mod proxy_protocol;
 #[cfg(test)]
 mod test_kit;
 pub(crate) mod write_burst;
@@ -75,6 +76,81 @@ pub(crate) trait Host: 'static {
     fn refused_log(&self) -> Option<crate::config::AccessFormat>;
     /// The tunnels of the connection's generation (registered while they run).
     fn tunnels(&self) -> &Rc<qweb_session::tunnel::Tunnels>;
+    /// The connections each client address holds (the server's one table, kept across
+    /// reloads), counted under `[limits] connections_per_client`.
+    fn client_slots(&self) -> &std::sync::Arc<qweb_session::client_slots::ClientSlots>;
+}
+
+/// A slot of `peer` in the worker's client table, or `None` (counted, logged at most once a
+/// minute per address) when the address holds `connections_per_client` already.
+pub(crate) fn client_slot<H: Host>(
+    worker: &H,
+    peer: SocketAddr,
+) -> Option<qweb_session::client_slots::Slot> {
+    let limit = worker.limits().connections_per_client;
+    match worker.client_slots().take(peer.ip(), limit) {
+        Ok(slot) => Some(slot),
+        Err(_) => {
+            worker.metrics().refused_per_client.fetch_add(1, Relaxed);
+            if let Some(n) = worker.peer_log().hit(peer.ip()) {
+                tracing::warn!(%peer, suppressed = n, limit, "connection closed: its address holds connections_per_client already");
+            }
+            None
+        }
+    }
+}
+
+/// `/metrics` of the server's client table: the addresses holding a connection now (at most
+/// the open connections, since an address's entry goes with its last one).
+pub(crate) struct ClientSlotsCollector(pub std::sync::Arc<qweb_session::client_slots::ClientSlots>);
+
+impl std::fmt::Debug for ClientSlotsCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("client slots collector")
+    }
+}
+
+impl prometheus_client::collector::Collector for ClientSlotsCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> std::fmt::Result {
+        use prometheus_client::encoding::EncodeMetric;
+        let n = i64::try_from(self.0.addresses()).unwrap_or(i64::MAX);
+        let g = prometheus_client::metrics::gauge::ConstGauge::new(n);
+        g.encode(encoder.encode_descriptor(
+            "qweb_client_addresses",
+            "Client addresses (IPv4, IPv6 /64) holding at least one connection, counted under connections_per_client (0 while it is unlimited).",
+            None,
+            g.metric_type(),
+        )?)
+    }
+}
+
+/// The client's address of a connection from `peer`, which the listener trusts for PROXY
+/// headers: the header's source address (read within `header_read_timeout`). `None`: no
+/// valid header in time, the connection is to be closed (counted, logged at most once a
+/// minute per address).
+async fn client_address<H: Host>(
+    stream: &mut TcpStream,
+    peer: SocketAddr,
+    worker: &H,
+) -> Option<SocketAddr> {
+    let limit = worker.limits().header_read_timeout;
+    let e = match tokio::time::timeout(limit, proxy_protocol::read(stream)).await {
+        Ok(Ok(proxy_protocol::Said::Client(a))) => return Some(canonical_peer(a)),
+        Ok(Ok(proxy_protocol::Said::Keep)) => return Some(peer),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "no complete PROXY header within header_read_timeout".to_owned(),
+    };
+    worker
+        .metrics()
+        .proxy_protocol_refused
+        .fetch_add(1, Relaxed);
+    if let Some(n) = worker.peer_log().hit(peer.ip()) {
+        tracing::warn!(%peer, suppressed = n, "connection from a trusted balancer closed: {e}");
+    }
+    None
 }
 
 /// Answers the requests of one connection.
@@ -332,13 +408,30 @@ where
 /// `async fn` keeps a borrowed local in its state until the end of its scope, and the
 /// connection's task is as large as its largest state for as long as it lives (see
 /// `crate::conn::idle`).
+///
+/// Phase 0, before TLS: the client's address (a trusted balancer's PROXY header replaces
+/// the socket's peer, see [`proxy_protocol`]), then its slot under `connections_per_client`
+/// (held to the connection's end); a connection that fails either is closed at once.
 pub(crate) async fn serve<H: Host, S: Handle>(
-    stream: TcpStream,
+    mut stream: TcpStream,
     peer: SocketAddr,
     tls: Option<&TlsListener>,
+    proxy: Option<&crate::config::ProxyProtocol>,
     worker: &H,
     service: impl FnOnce(Rc<ConnState>) -> S,
 ) {
+    let peer = if proxy.is_some_and(|p| p.trusts(peer.ip())) {
+        // boxed: its state (the header's timer) does not size every connection's task
+        match Box::pin(client_address(&mut stream, peer, worker)).await {
+            Some(client) => client,
+            None => return,
+        }
+    } else {
+        peer
+    };
+    let Some(_slot) = client_slot(worker, peer) else {
+        return;
+    };
     let state = Rc::new(ConnState::new(peer));
     let write_burst = worker.limits().write_burst;
     let Some(tls) = tls else {

@@ -77,6 +77,7 @@ pub(super) struct TestHost {
     pub(super) shutdown: watch::Sender<bool>,
     pub(super) retire: watch::Sender<bool>,
     pub(super) tunnels: Rc<Tunnels>,
+    pub(super) client_slots: std::sync::Arc<qweb_session::client_slots::ClientSlots>,
 }
 
 impl Host for TestHost {
@@ -100,6 +101,9 @@ impl Host for TestHost {
     }
     fn tunnels(&self) -> &Rc<Tunnels> {
         &self.tunnels
+    }
+    fn client_slots(&self) -> &std::sync::Arc<qweb_session::client_slots::ClientSlots> {
+        &self.client_slots
     }
 }
 
@@ -196,6 +200,7 @@ pub(super) fn host(limits: Limits) -> Rc<TestHost> {
         shutdown: watch::channel(false).0,
         retire: watch::channel(false).0,
         tunnels: Rc::new(Tunnels::default()),
+        client_slots: Default::default(),
     })
 }
 

@@ -39,6 +39,8 @@ pub(crate) struct WorkerCtx {
     pub acme: Option<Arc<qweb_tls::Managed>>,
     /// The proxy cache of the routes with `cache` (the server's one store).
     pub cache: crate::pipeline::cache::CacheCtx,
+    /// The connections per client address (the server's one table, kept across reloads).
+    pub client_slots: Arc<qweb_session::client_slots::ClientSlots>,
 }
 
 impl crate::conn::Host for WorkerCtx {
@@ -68,5 +70,9 @@ impl crate::conn::Host for WorkerCtx {
 
     fn tunnels(&self) -> &Rc<qweb_session::tunnel::Tunnels> {
         &self.tunnels
+    }
+
+    fn client_slots(&self) -> &Arc<qweb_session::client_slots::ClientSlots> {
+        &self.client_slots
     }
 }

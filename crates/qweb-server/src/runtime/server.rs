@@ -162,6 +162,7 @@ impl Server {
             Arc::new(crate::runtime::tls::session::TlsSessionsCollector::default());
         let file_cache = Arc::new(crate::files::cache::Stats::default());
         let cache = qweb_cache::Store::new(crate::pipeline::cache::limits(&config.cache));
+        let client_slots = Arc::new(qweb_session::client_slots::ClientSlots::default());
         let metrics = Arc::new(Metrics::new(
             worker_metrics.clone(),
             EngineSet::new(engine_list(&built.engines)),
@@ -171,6 +172,7 @@ impl Server {
                 Box::new(tls_sessions_collector.clone()),
                 Box::new(crate::files::cache::CacheCollector(file_cache.clone())),
                 Box::new(crate::pipeline::cache::Collector(cache.clone())),
+                Box::new(crate::conn::ClientSlotsCollector(client_slots.clone())),
             ],
         ));
         metrics.upstreams.set(qweb_proxy::upstream_gauges(&config));
@@ -203,6 +205,7 @@ impl Server {
                 registry: metrics.clone(),
                 file_cache: file_cache.clone(),
                 cache: cache.clone(),
+                client_slots: client_slots.clone(),
             };
             let rx = rx.clone();
             let handle = std::thread::Builder::new()
@@ -462,6 +465,10 @@ fn generation_for_worker(
                 .map_or(crate::config::DEFAULT_QUIC_RETRY_THRESHOLD, |c| {
                     c.quic_retry_threshold
                 }),
+            proxy_protocol: config
+                .listeners
+                .get(i)
+                .and_then(|c| c.proxy_protocol.clone()),
         })
         .collect();
     Generation {

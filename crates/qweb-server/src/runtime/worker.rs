@@ -41,6 +41,8 @@ pub(crate) struct ListenerCtx {
     /// QUIC handshakes in progress on this worker past which a new connection from an
     /// unvalidated address gets a Retry (`quic_retry_threshold`).
     pub quic_retry_threshold: i64,
+    /// PROXY protocol: the balancers whose connections begin with a PROXY header (TCP).
+    pub proxy_protocol: Option<crate::config::ProxyProtocol>,
 }
 
 impl ListenerCtx {
@@ -80,6 +82,8 @@ pub(crate) struct GenListener {
     pub http3: Option<u64>,
     /// `quic_retry_threshold` of the listener.
     pub quic_retry_threshold: u32,
+    /// `proxy_protocol` of the listener.
+    pub proxy_protocol: Option<crate::config::ProxyProtocol>,
     /// HTTP/3: this worker's UDP socket and the channel to the process that handed it over
     /// (a binary upgrade; see `crate::runtime::quic::steer`).
     pub udp: Option<(std::net::UdpSocket, std::os::fd::OwnedFd)>,
@@ -115,6 +119,8 @@ pub(crate) struct WorkerExtras {
     pub file_cache: Arc<crate::files::cache::Stats>,
     /// The server's proxy cache store (every worker's, kept across reloads).
     pub cache: Arc<qweb_cache::Store>,
+    /// The connections per client address (every worker's, kept across reloads).
+    pub client_slots: Arc<qweb_session::client_slots::ClientSlots>,
 }
 
 /// One configuration generation on this worker: what its connections are served with, and
@@ -263,6 +269,7 @@ impl Worker {
                 store: self.extras.cache.clone(),
                 collapse_timeout: config.cache.collapse_timeout,
             },
+            client_slots: self.extras.client_slots.clone(),
         });
         let gen = Rc::new(Gen {
             ctx: ctx.clone(),
@@ -309,6 +316,7 @@ impl Worker {
                         .map(|age| crate::runtime::quic::alt_svc(l.bound.port(), age)),
                 ),
                 quic_retry_threshold: l.quic_retry_threshold.into(),
+                proxy_protocol: l.proxy_protocol,
             });
             let current = Current {
                 listener: lctx,
@@ -644,7 +652,8 @@ async fn accept_loop(
                 let task = tokio::task::spawn_local(async move {
                     let worker = ctx.ctx.clone();
                     let tls = listener.tls.as_ref();
-                    crate::conn::serve(stream, peer, tls, &*worker, |state| {
+                    let proxy = listener.proxy_protocol.as_ref();
+                    crate::conn::serve(stream, peer, tls, proxy, &*worker, |state| {
                         listener.service(&worker, state)
                     })
                     .await;

@@ -31,6 +31,7 @@ mod proxy_cache;
 mod proxy_grpc;
 mod proxy_h2;
 mod proxy_late_bytes;
+mod proxy_protocol;
 mod proxy_stale_pool;
 mod proxy_upgrade;
 mod quic_garbage;

@@ -140,8 +140,46 @@ fn header(r: &reqwest::Response, name: &str) -> String {
 }
 
 #[test]
-fn readme_has_seven_recipes() {
-    assert_eq!(recipes().len(), 7);
+fn readme_has_eight_recipes() {
+    assert_eq!(recipes().len(), 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recipe_8_behind_an_l4_load_balancer() {
+    use tokio::io::AsyncWriteExt;
+    let up = common::recorder::start().await;
+    // the test's balancer is 127.0.0.1
+    let text = recipes()[7].replace("10.0.0.0/8", "127.0.0.1");
+    let r = start(&text, Some(up.addr));
+    let addr = r.addrs[0];
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let header = common::wire::proxy_v2("203.0.113.7:51000".parse().unwrap(), addr, &[]);
+    tcp.write_all(&header).await.unwrap();
+    let cfg = Arc::new(tls_config(&r));
+    let name = rustls::pki_types::ServerName::try_from("example.com").unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(cfg)
+        .connect(name, tcp)
+        .await
+        .expect("TLS after the PROXY header");
+    tls.write_all(b"GET / HTTP/1.1\r\nHost: example.com\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let resp = common::wire::read_response(&mut tls, std::time::Duration::from_secs(10))
+        .await
+        .expect("an answer");
+    assert_eq!(resp.status, 200, "{}", resp.head);
+    let seen = up.take();
+    assert_eq!(seen[0].header("x-real-ip").as_deref(), Some("203.0.113.7"));
+    // the balancer's address without a header: closed, nothing served
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _ = tcp
+        .write_all(b"GET / HTTP/1.1\r\nHost: example.com\r\n\r\n")
+        .await;
+    assert!(
+        common::wire::closed_within(&mut tcp, std::time::Duration::from_secs(5)).await,
+        "a connection from the balancer without a header is closed"
+    );
+    assert!(up.take().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
