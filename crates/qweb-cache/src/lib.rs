@@ -8,7 +8,9 @@
 //! responses.
 
 pub mod directives;
+mod disk;
 pub mod fill;
+pub mod format;
 pub mod policy;
 pub mod status;
 pub mod store;
