@@ -100,8 +100,14 @@ impl Index {
 
     /// Removes least recently used keys until the bytes are within the bound; their names.
     pub fn evict(&mut self) -> Vec<Name> {
+        self.reserve(0)
+    }
+
+    /// Removes least recently used keys until `size` more bytes fit within the bound; their
+    /// names.
+    pub fn reserve(&mut self, size: u64) -> Vec<Name> {
         let mut gone = Vec::new();
-        while self.bytes > self.limit {
+        while self.bytes + size > self.limit {
             let Some((_, vs)) = self.keys.pop_lru() else {
                 break;
             };

@@ -451,7 +451,7 @@ impl Store {
             return;
         };
         let size = bytes.len() as u64;
-        let name = {
+        let (name, room) = {
             let mut inner = self.lock();
             if inner.purged_since(key, epoch) {
                 return;
@@ -462,11 +462,25 @@ impl Store {
             if size > ix.limit {
                 return;
             }
-            match ix.same_variant(key, &entry.meta.vary) {
+            let name = match ix.same_variant(key, &entry.meta.vary) {
                 Some(n) => n,
                 None => ix.fresh_name(),
-            }
+            };
+            // room first: the folder never holds more than the bound, even while writing
+            let before = ix.evicted;
+            let room = ix.reserve(size);
+            let evicted = ix.evicted - before;
+            self.stats
+                .disk_evictions
+                .fetch_add(evicted, Ordering::Relaxed);
+            self.publish(&inner);
+            (name, room)
         };
+        for n in room {
+            if let Err(e) = disk::remove_file(dir, n) {
+                self.disk_error("removing an entry file", &e);
+            }
+        }
         if let Err(e) = disk::write_file(dir, name, &bytes) {
             self.disk_error(&format!("writing to {}", dir.display()), &e);
             return;
