@@ -284,8 +284,10 @@ fn cache_on_a_proxy_route_and_its_store() {
     assert_eq!(cached("/"), Some(RouteCache::default()));
     assert_eq!(cached("/nc"), None);
     let d = parse("").unwrap();
-    let mut want = CacheConfig::default();
-    want.path = Some(d.state_dir.join("cache"));
+    let want = CacheConfig {
+        path: Some(d.state_dir.join("cache")),
+        ..CacheConfig::default()
+    };
     assert_eq!(d.cache, want);
     assert_eq!(d.cache.disk, 1 << 30);
     let c = parse("[cache]\ndisk = \"0\"\npath = \"/var/cache/qweb\"\n").unwrap();
