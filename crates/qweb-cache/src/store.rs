@@ -1227,6 +1227,27 @@ mod tests {
         assert!(store.lookup("http://h/a", &HeaderMap::new()).is_some());
     }
 
+    /// How long a start-up scan takes (docs/CONFIGURATION.md quotes it): 20 000 entries of
+    /// 1 KiB. `cargo test -p qweb-cache --release -- --ignored --nocapture scan_time`.
+    #[test]
+    #[ignore = "a measurement"]
+    fn scan_time() {
+        let d = tempfile::tempdir().unwrap();
+        let store = disk_store(d.path(), 1 << 30);
+        for i in 0..20_000 {
+            store.insert(&format!("http://h/{i}"), entry(1024, None));
+            if i % 200 == 199 {
+                assert!(store.sync_disk(SYNC));
+            }
+        }
+        drop(store);
+        let t = std::time::Instant::now();
+        let store = disk_store(d.path(), 1 << 30);
+        let took = t.elapsed();
+        assert_eq!(stat(&store.stats().disk_objects), 20_000);
+        println!("scan of 20000 entries: {took:?}");
+    }
+
     #[tokio::test]
     async fn a_fill_wakes_its_waiters_when_it_ends() {
         let store = Store::new(Limits::new(1 << 20, 1 << 16));
