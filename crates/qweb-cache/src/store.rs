@@ -8,7 +8,7 @@
 //! a purge has answered, nothing fetched before it is served ([`Store::epoch`],
 //! [`Store::insert_since`]).
 //!
-//! **The disk tier** ([`Store::open`]; [`crate::disk`], [`crate::format`]) is written
+//! **The disk tier** ([`Store::open`]; `disk`, [`crate::format`]) is written
 //! through: every response stored in memory is also queued for the disk, so what a restart
 //! finds is everything stored, not only what memory had evicted (a write-back tier would lose
 //! the hottest objects, the ones still in memory, at every restart or crash). One writer
