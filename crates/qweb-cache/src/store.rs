@@ -1127,6 +1127,52 @@ mod tests {
         assert!(files(d.path()).is_empty());
     }
 
+    /// An entry file of another format version (an older or newer qweb) is dropped by the
+    /// scan: removed, counted, not served.
+    #[tokio::test]
+    async fn an_entry_of_another_version_is_dropped() {
+        let d = tempfile::tempdir().unwrap();
+        let store = disk_store(d.path(), 1 << 20);
+        store.insert("http://h/a", entry(10, None));
+        assert!(store.sync_disk(SYNC));
+        drop(store);
+        let f = files(d.path()).pop().unwrap();
+        let mut bytes = std::fs::read(&f).unwrap();
+        bytes[8] = bytes[8].wrapping_add(1);
+        std::fs::write(&f, &bytes).unwrap();
+        let store = disk_store(d.path(), 1 << 20);
+        assert_eq!(stat(&store.stats().disk_dropped), 1);
+        assert!(store
+            .lookup_disk("http://h/a", &HeaderMap::new())
+            .await
+            .is_none());
+        assert!(!f.exists());
+    }
+
+    /// Stores faster than the writer can write: the writer's queue stays bounded, the writes
+    /// beyond it are skipped and counted, every store is either written or counted, and
+    /// memory serves them all the same.
+    #[test]
+    fn a_full_writer_queue_skips_and_counts() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(Limits::new(64 << 20, 100_000).with_disk(1 << 30), d.path());
+        let n = 3000;
+        for i in 0..n {
+            assert!(store.insert(&format!("http://h/{i}"), entry(10_000, None)));
+            let w = store.writer.as_ref().unwrap();
+            assert!(w.queued.load(Ordering::Relaxed) <= MAX_QUEUED_WRITES);
+        }
+        assert!(store.sync_disk(SYNC));
+        let stored = stat(&store.stats().disk_stored);
+        let skipped = stat(&store.stats().disk_skipped);
+        assert_eq!(stored + skipped, n, "{stored} written, {skipped} skipped");
+        assert!(skipped > 0, "the writer kept up with {n} stores");
+        assert_eq!(files(d.path()).len() as u64, stored);
+        assert!(store
+            .lookup(&format!("http://h/{}", n - 1), &HeaderMap::new())
+            .is_some());
+    }
+
     /// A purged key (by URL or prefix) is not found on disk, neither by the same store nor
     /// after a restart; a fill older than the purge is not written either, even when it was
     /// queued before the purge.
