@@ -207,12 +207,21 @@ pub(crate) struct Read {
     pub body: Bytes,
 }
 
-/// Reads entry file `name` of `dir` whole and checks it; a corrupt one is removed.
-pub(crate) fn read_file(dir: &Path, name: Name) -> Result<Read, Corrupt> {
+/// Reads entry file `name` of `dir` whole and checks it; a corrupt one is removed. A file
+/// whose size is not `size` (what the index knew) is not read at all: a file swapped for a
+/// huge one is not taken into memory.
+pub(crate) fn read_file(dir: &Path, name: Name, size: u64) -> Result<Read, Corrupt> {
     let path = file_path(dir, name);
-    let bytes = std::fs::read(&path)?;
-    match format::decode(&bytes) {
-        Ok((h, body)) => {
+    let checked = File::open(&path).map_err(Corrupt::Io).and_then(|mut f| {
+        if f.metadata()?.len() != size {
+            return Err(Corrupt::Length);
+        }
+        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        std::io::Read::read_to_end(&mut f, &mut bytes)?;
+        format::decode(&bytes).map(|(h, body)| (h, body, bytes))
+    });
+    match checked {
+        Ok((h, body, bytes)) => {
             let bytes = Bytes::from(bytes);
             Ok(Read {
                 key: h.key,
@@ -220,6 +229,7 @@ pub(crate) fn read_file(dir: &Path, name: Name) -> Result<Read, Corrupt> {
                 body: bytes.slice(body),
             })
         }
+        Err(Corrupt::Io(e)) => Err(Corrupt::Io(e)),
         Err(e) => {
             let _ = std::fs::remove_file(&path);
             Err(e)

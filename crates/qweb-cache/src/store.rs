@@ -523,7 +523,7 @@ impl Store {
     /// without a disk tier, when there is none, or when the file failed its checks (then it
     /// is removed and never served). A purge of `key` while it is read wins: not served.
     pub async fn lookup_disk(self: &Arc<Self>, key: &str, req: &HeaderMap) -> Option<Arc<Entry>> {
-        let (name, vary, epoch, dir) = {
+        let (name, size, vary, epoch, dir) = {
             let mut inner = self.lock();
             let max = inner.limits.max_object_size as u64;
             let epoch = inner.epoch;
@@ -535,9 +535,9 @@ impl Store {
                 .iter()
                 .rev()
                 .find(|v| v.body_len <= max && v.sel.vary_matches(req))?;
-            (v.name, v.sel.vary.clone(), epoch, dir)
+            (v.name, v.size, v.sel.vary.clone(), epoch, dir)
         };
-        let read = tokio::task::spawn_blocking(move || disk::read_file(&dir, name)).await;
+        let read = tokio::task::spawn_blocking(move || disk::read_file(&dir, name, size)).await;
         let mut inner = self.lock();
         let drop_variant = |inner: &mut Inner| {
             if let Some(ix) = inner.disk.as_mut() {
@@ -1125,6 +1125,26 @@ mod tests {
             .await
             .is_none());
         assert!(files(d.path()).is_empty());
+    }
+
+    /// An entry file that grew after the scan (swapped for a huge one) is not read into
+    /// memory: its size is not the index's; dropped, not served.
+    #[tokio::test]
+    async fn an_entry_that_grew_is_not_read() {
+        let d = tempfile::tempdir().unwrap();
+        let store = disk_store(d.path(), 1 << 20);
+        store.insert("http://h/a", entry(10, None));
+        assert!(store.sync_disk(SYNC));
+        let f = files(d.path()).pop().unwrap();
+        let mut bytes = std::fs::read(&f).unwrap();
+        bytes.extend(std::iter::repeat_n(0u8, 1 << 20));
+        std::fs::write(&f, &bytes).unwrap();
+        assert!(store
+            .lookup_disk("http://h/a", &HeaderMap::new())
+            .await
+            .is_none());
+        assert_eq!(stat(&store.stats().disk_dropped), 1);
+        assert!(!f.exists());
     }
 
     /// An entry file of another format version (an older or newer qweb) is dropped by the
