@@ -7,16 +7,33 @@
 //! before a key was purged (its fill began before) is not stored after the purge, so that once
 //! a purge has answered, nothing fetched before it is served ([`Store::epoch`],
 //! [`Store::insert_since`]).
+//!
+//! **The disk tier** ([`Store::open`]; `disk`, [`crate::format`]) is written
+//! through: every response stored in memory is also queued for the disk, so what a restart
+//! finds is everything stored, not only what memory had evicted (a write-back tier would lose
+//! the hottest objects, the ones still in memory, at every restart or crash). One writer
+//! thread per store takes the queue (a channel whose writes are bounded by
+//! [`MAX_QUEUED_WRITES`] and [`MAX_QUEUED_BYTES`]: beyond, the write is skipped and counted in
+//! [`Stats::disk_skipped`]; removals are never skipped), writes each entry to a temporary
+//! file, renames it into place and only then adds it to the disk index, unless the key was
+//! purged since its fill began (then the file is removed: the purge epoch holds for disk too).
+//! A memory miss asks [`Store::lookup_disk`]: the index (under the same lock) names a file,
+//! which a blocking task reads whole and checks ([`crate::format::decode`]); a good one is
+//! promoted to memory, a bad one removed and never served. Purges remove index entries at
+//! once (nothing purged is served from disk from then) and their files through the writer.
+//! No file IO runs on a worker's event loop and none under the lock.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, Weak};
 
 use bytes::Bytes;
 use http::HeaderMap;
 use lru::LruCache;
 use tokio::sync::watch;
 
+use crate::disk::{self, Index, Name, Variant};
 use crate::policy::Meta;
 
 /// What every entry costs beyond its body and fields (the key's slot, the map, the `Arc`s).
@@ -25,6 +42,13 @@ const ENTRY_OVERHEAD: usize = 256;
 /// How many of the latest purges and invalidations the store remembers for the fills in flight;
 /// a fill older than all of them is not stored (it may have missed one).
 const PURGE_LOG: usize = 1024;
+
+/// Disk writes queued at most; a store beyond it is not written to disk (counted).
+pub const MAX_QUEUED_WRITES: usize = 256;
+
+/// Body bytes of the queued disk writes at most (the queue holds the bodies alive even when
+/// memory evicted them).
+pub const MAX_QUEUED_BYTES: usize = 64 << 20;
 
 /// What a purge or invalidation removed.
 #[derive(Debug)]
@@ -50,15 +74,24 @@ pub struct Limits {
     pub memory: usize,
     /// The largest body stored; larger responses stream through unstored.
     pub max_object_size: usize,
+    /// Bytes of entry files held on disk at most (a store opened without a disk tier
+    /// ignores it).
+    pub disk: u64,
 }
 
 impl Limits {
-    /// Limits of `memory` bytes with bodies up to `max_object_size`.
+    /// Limits of `memory` bytes with bodies up to `max_object_size`, no disk.
     pub fn new(memory: usize, max_object_size: usize) -> Limits {
         Limits {
             memory,
             max_object_size,
+            disk: 0,
         }
+    }
+
+    /// These limits with `disk` bytes on disk.
+    pub fn with_disk(self, disk: u64) -> Limits {
+        Limits { disk, ..self }
     }
 }
 
@@ -158,6 +191,22 @@ pub struct Stats {
     pub bytes: AtomicU64,
     /// Fills not stored because their key was purged or invalidated while they were in flight.
     pub superseded: AtomicU64,
+    /// Requests answered from a disk entry (promoted to memory).
+    pub disk_hits: AtomicU64,
+    /// Entries written to disk.
+    pub disk_stored: AtomicU64,
+    /// Disk writes skipped because the writer's queue was full.
+    pub disk_skipped: AtomicU64,
+    /// Disk entries dropped (removed, never served): corrupt, truncated, another version.
+    pub disk_dropped: AtomicU64,
+    /// Disk errors: the folder not made or read, a write, read or removal that failed.
+    pub disk_errors: AtomicU64,
+    /// Disk entries evicted to stay within [`Limits::disk`].
+    pub disk_evictions: AtomicU64,
+    /// Entries on disk now.
+    pub disk_objects: AtomicU64,
+    /// Bytes of entry files on disk now.
+    pub disk_bytes: AtomicU64,
 }
 
 /// The variants of one key.
@@ -176,6 +225,8 @@ struct Inner {
     epoch: u64,
     /// The latest of them ([`PURGE_LOG`] at most), with the epoch each one made.
     purges: VecDeque<(u64, Purged)>,
+    /// The disk tier's index, when there is one.
+    disk: Option<Index>,
 }
 
 impl Inner {
@@ -203,10 +254,47 @@ impl Inner {
     }
 }
 
-/// The shared memory store.
+/// What the disk writer thread does, in the order asked.
+enum Job {
+    Write {
+        key: String,
+        entry: Arc<Entry>,
+        epoch: u64,
+    },
+    Remove(Vec<Name>),
+    /// Answered when every job before it is done.
+    Sync(mpsc::SyncSender<()>),
+}
+
+/// The disk writer's end of the store.
+struct Writer {
+    tx: mpsc::Sender<Job>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    queued: AtomicUsize,
+    queued_bytes: AtomicUsize,
+}
+
+/// The shared store: memory, and the disk tier when opened with one.
 pub struct Store {
     inner: Mutex<Inner>,
     stats: Stats,
+    writer: Option<Writer>,
+    /// A disk error was logged (later ones are only counted).
+    logged: AtomicBool,
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        // the writer finishes what was queued (removals included) and ends with the channel
+        if let Some(w) = self.writer.take() {
+            drop(w.tx);
+            if let Some(t) = w.thread {
+                if t.thread().id() != std::thread::current().id() {
+                    let _ = t.join();
+                }
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Store {
@@ -240,9 +328,13 @@ impl Drop for FillGuard {
 }
 
 impl Store {
-    /// An empty store bounded by `limits`.
+    /// An empty store bounded by `limits`, in memory only.
     pub fn new(limits: Limits) -> Arc<Store> {
-        Arc::new(Store {
+        Arc::new(Store::bare(limits, None, None))
+    }
+
+    fn bare(limits: Limits, disk: Option<Index>, writer: Option<Writer>) -> Store {
+        Store {
             inner: Mutex::new(Inner {
                 keys: LruCache::unbounded(),
                 bytes: 0,
@@ -251,9 +343,288 @@ impl Store {
                 limits,
                 epoch: 0,
                 purges: VecDeque::new(),
+                disk,
             }),
             stats: Stats::default(),
-        })
+            writer,
+            logged: AtomicBool::new(false),
+        }
+    }
+
+    /// A store bounded by `limits` with a disk tier in `dir` of [`Limits::disk`] bytes (none
+    /// when that is 0). The index is rebuilt from the entry files' headers (call it before the
+    /// event loops run: it reads one header per file); entries that fail their checks are
+    /// removed. When the folder cannot be made or read, or the writer thread not started, the
+    /// store works in memory alone (logged, counted in [`Stats::disk_errors`]).
+    pub fn open(limits: Limits, dir: &Path) -> Arc<Store> {
+        if limits.disk == 0 {
+            return Store::new(limits);
+        }
+        let scan = match disk::scan(dir) {
+            Ok(s) => s,
+            Err(e) => {
+                let store = Store::new(limits);
+                store.disk_error(&format!("the folder {}", dir.display()), &e);
+                return store;
+            }
+        };
+        let mut index = Index::new(dir.to_path_buf(), limits.disk);
+        let mut gone = Vec::new();
+        for (name, size, h) in scan.entries {
+            let v = Variant {
+                sel: disk::selector(&h.meta),
+                name,
+                size,
+                body_len: h.body_len,
+            };
+            gone.extend(index.insert(&h.key, v));
+        }
+        let mut errors = scan.errors;
+        for n in gone {
+            if disk::remove_file(dir, n).is_err() {
+                errors += 1;
+            }
+        }
+        let (tx, rx) = mpsc::channel();
+        let thread_dir = dir.to_path_buf();
+        let mut failed = None;
+        let store = Arc::new_cyclic(|weak: &Weak<Store>| {
+            let weak = weak.clone();
+            let thread = std::thread::Builder::new()
+                .name("qweb-cache-disk".into())
+                .spawn(move || writer(weak, rx, thread_dir));
+            match thread {
+                Ok(t) => {
+                    let w = Writer {
+                        tx,
+                        thread: Some(t),
+                        queued: AtomicUsize::new(0),
+                        queued_bytes: AtomicUsize::new(0),
+                    };
+                    Store::bare(limits, Some(index), Some(w))
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    Store::bare(limits, None, None)
+                }
+            }
+        });
+        if let Some(e) = failed {
+            store.disk_error("the writer thread", &e);
+        }
+        store
+            .stats
+            .disk_dropped
+            .fetch_add(scan.dropped, Ordering::Relaxed);
+        store.stats.disk_errors.fetch_add(errors, Ordering::Relaxed);
+        let inner = store.lock();
+        store.publish(&inner);
+        drop(inner);
+        store
+    }
+
+    /// Counts a disk error; logs the first one (the store goes on without that write).
+    fn disk_error(&self, what: &str, e: &dyn std::fmt::Display) {
+        self.stats.disk_errors.fetch_add(1, Ordering::Relaxed);
+        if !self.logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "proxy cache disk tier: {what}: {e} (responses are still served; \
+                 later disk errors are counted in qweb_proxy_cache_disk_errors_total)"
+            );
+        } else {
+            tracing::debug!("proxy cache disk tier: {what}: {e}");
+        }
+    }
+
+    /// Queues files for removal (never skipped).
+    fn remove_files(&self, names: Vec<Name>) {
+        if names.is_empty() {
+            return;
+        }
+        if let Some(w) = &self.writer {
+            let _ = w.tx.send(Job::Remove(names));
+        }
+    }
+
+    /// Queues `entry` for the disk, unless the queue is full (counted).
+    fn queue_write(&self, inner: &Inner, key: &str, entry: Arc<Entry>) {
+        let (Some(w), Some(ix)) = (&self.writer, &inner.disk) else {
+            return;
+        };
+        let len = entry.body.len();
+        if len as u64 > ix.limit {
+            return;
+        }
+        let n = w.queued.fetch_add(1, Ordering::Relaxed);
+        let b = w.queued_bytes.fetch_add(len, Ordering::Relaxed);
+        if n >= MAX_QUEUED_WRITES || b + len > MAX_QUEUED_BYTES {
+            w.queued.fetch_sub(1, Ordering::Relaxed);
+            w.queued_bytes.fetch_sub(len, Ordering::Relaxed);
+            self.stats.disk_skipped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let job = Job::Write {
+            key: key.to_owned(),
+            entry,
+            epoch: inner.epoch,
+        };
+        if w.tx.send(job).is_err() {
+            w.queued.fetch_sub(1, Ordering::Relaxed);
+            w.queued_bytes.fetch_sub(len, Ordering::Relaxed);
+        }
+    }
+
+    /// The writer thread's part of a write: the file, then the index (unless purged since).
+    fn write_to_disk(&self, dir: &Path, key: &str, entry: &Entry, epoch: u64) {
+        let Some(bytes) = crate::format::encode(key, &entry.meta, &entry.body) else {
+            return;
+        };
+        let size = bytes.len() as u64;
+        let (name, room) = {
+            let mut inner = self.lock();
+            if inner.purged_since(key, epoch) {
+                return;
+            }
+            let Some(ix) = inner.disk.as_mut() else {
+                return;
+            };
+            if size > ix.limit {
+                return;
+            }
+            let name = match ix.same_variant(key, &entry.meta.vary) {
+                Some(n) => n,
+                None => ix.fresh_name(),
+            };
+            // room first: the folder never holds more than the bound, even while writing
+            let before = ix.evicted;
+            let room = ix.reserve(size);
+            let evicted = ix.evicted - before;
+            self.stats
+                .disk_evictions
+                .fetch_add(evicted, Ordering::Relaxed);
+            self.publish(&inner);
+            (name, room)
+        };
+        for n in room {
+            if let Err(e) = disk::remove_file(dir, n) {
+                self.disk_error("removing an entry file", &e);
+            }
+        }
+        if let Err(e) = disk::write_file(dir, name, &bytes) {
+            self.disk_error(&format!("writing to {}", dir.display()), &e);
+            return;
+        }
+        let gone = {
+            let mut inner = self.lock();
+            if inner.purged_since(key, epoch) {
+                None
+            } else if let Some(ix) = inner.disk.as_mut() {
+                let before = ix.evicted;
+                let v = Variant {
+                    sel: disk::selector(&entry.meta),
+                    name,
+                    size,
+                    body_len: entry.body.len() as u64,
+                };
+                let gone = ix.insert(key, v);
+                let evicted = ix.evicted - before;
+                self.stats.disk_stored.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .disk_evictions
+                    .fetch_add(evicted, Ordering::Relaxed);
+                self.publish(&inner);
+                Some(gone)
+            } else {
+                None
+            }
+        };
+        // purged meanwhile: the file goes (the purge's own removal did not know it)
+        let gone = gone.unwrap_or_else(|| vec![name]);
+        for n in gone {
+            if let Err(e) = disk::remove_file(dir, n) {
+                self.disk_error("removing an entry file", &e);
+            }
+        }
+    }
+
+    /// The most recent disk variant of `key` whose `Vary` fields match `req`, read (in a
+    /// blocking task: call it on a tokio runtime), checked and promoted to memory; `None`
+    /// without a disk tier, when there is none, or when the file failed its checks (then it
+    /// is removed and never served). A purge of `key` while it is read wins: not served.
+    pub async fn lookup_disk(self: &Arc<Self>, key: &str, req: &HeaderMap) -> Option<Arc<Entry>> {
+        let (name, size, vary, epoch, dir) = {
+            let mut inner = self.lock();
+            let max = inner.limits.max_object_size as u64;
+            let epoch = inner.epoch;
+            let ix = inner.disk.as_mut()?;
+            let dir = ix.dir.clone();
+            let v = ix
+                .keys
+                .get(key)?
+                .iter()
+                .rev()
+                .find(|v| v.body_len <= max && v.sel.vary_matches(req))?;
+            (v.name, v.size, v.sel.vary.clone(), epoch, dir)
+        };
+        let read = tokio::task::spawn_blocking(move || disk::read_file(&dir, name, size)).await;
+        let mut inner = self.lock();
+        let drop_variant = |inner: &mut Inner| {
+            if let Some(ix) = inner.disk.as_mut() {
+                ix.remove_where(key, |v| v.name == name);
+            }
+        };
+        match read {
+            Ok(Ok(r)) if r.key == key && r.meta.vary == vary => {
+                if inner.purged_since(key, epoch) {
+                    return None;
+                }
+                let entry = Entry::new(r.meta, r.body);
+                let stored = self.put(&mut inner, key, entry);
+                if stored.is_some() {
+                    self.stats.disk_hits.fetch_add(1, Ordering::Relaxed);
+                }
+                self.publish(&inner);
+                stored
+            }
+            Ok(Ok(_)) => {
+                // another entry's file (a name collision replaced it): not this key's
+                drop_variant(&mut inner);
+                self.publish(&inner);
+                None
+            }
+            Ok(Err(e)) => {
+                drop_variant(&mut inner);
+                self.publish(&inner);
+                drop(inner);
+                match e {
+                    crate::format::Corrupt::Io(e) => self.disk_error("reading an entry", &e),
+                    e => {
+                        self.stats.disk_dropped.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(key, error = %e, "proxy cache: dropped a corrupt disk entry");
+                    }
+                }
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Waits until the disk writer has done every job queued before (at most `timeout`);
+    /// false when it did not in time. Blocks: for shutdown and tests, never an event loop.
+    pub fn sync_disk(&self, timeout: std::time::Duration) -> bool {
+        let Some(w) = &self.writer else {
+            return true;
+        };
+        let (tx, rx) = mpsc::sync_channel(1);
+        if w.tx.send(Job::Sync(tx)).is_err() {
+            return true;
+        }
+        rx.recv_timeout(timeout).is_ok()
+    }
+
+    /// The disk tier's folder, when there is one.
+    pub fn disk_dir(&self) -> Option<PathBuf> {
+        self.lock().disk.as_ref().map(|ix| ix.dir.clone())
     }
 
     /// The counters.
@@ -282,6 +653,26 @@ impl Store {
         for k in keys {
             self.remove_where(&mut inner, &k, |e| e.body.len() > max);
         }
+        let mut gone = Vec::new();
+        if let Some(ix) = inner.disk.as_mut() {
+            ix.limit = limits.disk;
+            let before = ix.evicted;
+            gone = ix.evict();
+            let evicted = ix.evicted - before;
+            let keys: Vec<String> = ix
+                .keys
+                .iter()
+                .filter(|(_, vs)| vs.iter().any(|v| v.body_len > max as u64))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in keys {
+                gone.extend(ix.remove_where(&k, |v| v.body_len > max as u64));
+            }
+            self.stats
+                .disk_evictions
+                .fetch_add(evicted, Ordering::Relaxed);
+        }
+        self.remove_files(gone);
         self.publish(&inner);
     }
 
@@ -293,6 +684,10 @@ impl Store {
     /// The most recent stored variant of `key` whose `Vary` fields match `req`.
     pub fn lookup(&self, key: &str, req: &HeaderMap) -> Option<Arc<Entry>> {
         let mut inner = self.lock();
+        if let Some(ix) = inner.disk.as_mut() {
+            // a memory hit keeps the disk copy recent too
+            ix.keys.promote(key);
+        }
         let slot = inner.keys.get(key)?;
         slot.variants
             .iter()
@@ -335,22 +730,33 @@ impl Store {
             self.stats.superseded.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        let cost = entry.cost(key);
-        if entry.body.len() > inner.limits.max_object_size || cost > inner.limits.memory {
+        let Some(stored) = self.put(&mut inner, key, entry) else {
             self.stats.too_large.fetch_add(1, Ordering::Relaxed);
             return false;
-        }
-        let vary = entry.meta.vary.clone();
-        self.remove_where(&mut inner, key, |e| e.meta.vary == vary);
-        let need = (inner.bytes + cost).saturating_sub(inner.limits.memory);
-        self.evict(&mut inner, need);
-        let slot = inner.keys.get_or_insert_mut(key.to_owned(), Slot::default);
-        slot.variants.push((Arc::new(entry), cost));
-        inner.bytes += cost;
-        inner.objects += 1;
+        };
         self.stats.stored.fetch_add(1, Ordering::Relaxed);
+        self.queue_write(&inner, key, stored);
         self.publish(&inner);
         true
+    }
+
+    /// Puts `entry` in memory (replacing the variant with the same `Vary` values); `None`
+    /// when it is over the limits.
+    fn put(&self, inner: &mut Inner, key: &str, entry: Entry) -> Option<Arc<Entry>> {
+        let cost = entry.cost(key);
+        if entry.body.len() > inner.limits.max_object_size || cost > inner.limits.memory {
+            return None;
+        }
+        let vary = entry.meta.vary.clone();
+        self.remove_where(inner, key, |e| e.meta.vary == vary);
+        let need = (inner.bytes + cost).saturating_sub(inner.limits.memory);
+        self.evict(inner, need);
+        let slot = inner.keys.get_or_insert_mut(key.to_owned(), Slot::default);
+        let entry = Arc::new(entry);
+        slot.variants.push((entry.clone(), cost));
+        inner.bytes += cost;
+        inner.objects += 1;
+        Some(entry)
     }
 
     /// Replaces the stored `old` of `key` (when it is still there) by the same body with
@@ -364,12 +770,18 @@ impl Store {
         });
         let mut inner = self.lock();
         let mut delta: isize = 0;
+        let mut found = false;
         if let Some(slot) = inner.keys.get_mut(key) {
             if let Some(v) = slot.variants.iter_mut().find(|(e, _)| Arc::ptr_eq(e, old)) {
                 let cost = new.cost(key);
                 delta = cost as isize - v.1 as isize;
                 *v = (new.clone(), cost);
+                found = true;
             }
+        }
+        if found {
+            // the disk copy gets the new head too (a restart would otherwise revalidate)
+            self.queue_write(&inner, key, new.clone());
         }
         inner.bytes = inner.bytes.saturating_add_signed(delta);
         let over = inner.bytes.saturating_sub(inner.limits.memory);
@@ -383,6 +795,14 @@ impl Store {
         let mut inner = self.lock();
         inner.purged(Purged::Key(key.to_owned()));
         let n = self.remove_where(&mut inner, key, |_| true);
+        let gone = inner
+            .disk
+            .as_mut()
+            .map(|ix| ix.remove_where(key, |_| true))
+            .unwrap_or_default();
+        // what only the disk held counts too (a purge answers how many it removed)
+        let n = n.max(gone.len());
+        self.remove_files(gone);
         self.stats
             .invalidated
             .fetch_add(n as u64, Ordering::Relaxed);
@@ -396,6 +816,13 @@ impl Store {
         let mut inner = self.lock();
         let target = Arc::as_ptr(entry);
         let n = self.remove_where(&mut inner, key, |e| std::ptr::eq(e, target));
+        let vary = &entry.meta.vary;
+        let gone = inner
+            .disk
+            .as_mut()
+            .map(|ix| ix.remove_where(key, |v| v.sel.vary == *vary))
+            .unwrap_or_default();
+        self.remove_files(gone);
         self.stats
             .invalidated
             .fetch_add(n as u64, Ordering::Relaxed);
@@ -416,6 +843,13 @@ impl Store {
             .iter()
             .map(|k| self.remove_where(&mut inner, k, |_| true))
             .sum::<usize>();
+        let gone = inner
+            .disk
+            .as_mut()
+            .map(|ix| ix.remove_prefix(prefix))
+            .unwrap_or_default();
+        let n = n.max(gone.len());
+        self.remove_files(gone);
         self.stats
             .invalidated
             .fetch_add(n as u64, Ordering::Relaxed);
@@ -469,6 +903,42 @@ impl Store {
         self.stats
             .bytes
             .store(inner.bytes as u64, Ordering::Relaxed);
+        if let Some(ix) = &inner.disk {
+            self.stats.disk_objects.store(ix.objects, Ordering::Relaxed);
+            self.stats.disk_bytes.store(ix.bytes, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The disk writer thread: takes the jobs in order until the store is gone and the channel
+/// closed.
+fn writer(store: Weak<Store>, rx: mpsc::Receiver<Job>, dir: PathBuf) {
+    for job in rx {
+        match job {
+            Job::Write { key, entry, epoch } => {
+                let Some(store) = store.upgrade() else {
+                    continue;
+                };
+                store.write_to_disk(&dir, &key, &entry, epoch);
+                if let Some(w) = &store.writer {
+                    w.queued.fetch_sub(1, Ordering::Relaxed);
+                    w.queued_bytes
+                        .fetch_sub(entry.body.len(), Ordering::Relaxed);
+                }
+            }
+            Job::Sync(done) => {
+                let _ = done.send(());
+            }
+            Job::Remove(names) => {
+                for n in names {
+                    if let Err(e) = disk::remove_file(&dir, n) {
+                        if let Some(s) = store.upgrade() {
+                            s.disk_error("removing an entry file", &e);
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -556,6 +1026,323 @@ mod tests {
         assert_eq!(store.purge_prefix("http://h/a"), 3);
         assert_eq!(store.stats().objects.load(Ordering::Relaxed), 0);
         assert_eq!(store.stats().bytes.load(Ordering::Relaxed), 0);
+    }
+
+    const SYNC: std::time::Duration = std::time::Duration::from_secs(10);
+
+    fn disk_store(dir: &Path, disk: u64) -> Arc<Store> {
+        Store::open(Limits::new(1 << 20, 100_000).with_disk(disk), dir)
+    }
+
+    fn files(dir: &Path) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "qc"))
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn stat(s: &AtomicU64) -> u64 {
+        s.load(Ordering::Relaxed)
+    }
+
+    /// What was stored is found by a new store on the same folder, with its times (so its
+    /// age) and its body; a memory miss on the old one finds it on disk too.
+    #[tokio::test]
+    async fn a_restart_finds_what_was_stored() {
+        let d = tempfile::tempdir().unwrap();
+        let store = disk_store(d.path(), 1 << 20);
+        let e = entry(1000, Some("1"));
+        let times = (e.meta.request_time, e.meta.response_time);
+        assert!(store.insert("http://h/a", e));
+        assert!(store.sync_disk(SYNC));
+        assert_eq!(stat(&store.stats().disk_objects), 1);
+        drop(store);
+        let store = disk_store(d.path(), 1 << 20);
+        assert_eq!(stat(&store.stats().disk_objects), 1);
+        let mut req = HeaderMap::new();
+        assert!(
+            store.lookup("http://h/a", &req).is_none(),
+            "memory starts empty"
+        );
+        assert!(
+            store.lookup_disk("http://h/a", &req).await.is_none(),
+            "another variant"
+        );
+        req.insert("x-v", HeaderValue::from_static("1"));
+        let got = store
+            .lookup_disk("http://h/a", &req)
+            .await
+            .expect("on disk");
+        assert_eq!(got.body.len(), 1000);
+        assert_eq!((got.meta.request_time, got.meta.response_time), times);
+        assert!(
+            store.lookup("http://h/a", &req).is_some(),
+            "promoted to memory"
+        );
+        assert_eq!(stat(&store.stats().disk_hits), 1);
+    }
+
+    /// A byte flipped in the body on disk (the header still good: the scan keeps it) is caught
+    /// when read: not served, the file removed, counted.
+    #[tokio::test]
+    async fn a_corrupt_entry_is_dropped_and_never_served() {
+        let d = tempfile::tempdir().unwrap();
+        let store = disk_store(d.path(), 1 << 20);
+        store.insert("http://h/a", entry(1000, None));
+        assert!(store.sync_disk(SYNC));
+        let f = files(d.path()).pop().unwrap();
+        let mut bytes = std::fs::read(&f).unwrap();
+        let at = bytes.len() - 100;
+        bytes[at] ^= 1;
+        std::fs::write(&f, &bytes).unwrap();
+        // the same store, past its memory tier
+        assert!(store
+            .lookup_disk("http://h/a", &HeaderMap::new())
+            .await
+            .is_none());
+        assert!(!f.exists(), "removed");
+        assert_eq!(stat(&store.stats().disk_dropped), 1);
+        assert_eq!(stat(&store.stats().disk_objects), 0);
+        // and after a restart
+        store.insert("http://h/b", entry(1000, None));
+        assert!(store.sync_disk(SYNC));
+        drop(store);
+        let f = files(d.path()).pop().unwrap();
+        let mut bytes = std::fs::read(&f).unwrap();
+        bytes[at] ^= 1;
+        std::fs::write(&f, &bytes).unwrap();
+        let store = disk_store(d.path(), 1 << 20);
+        assert!(store
+            .lookup_disk("http://h/b", &HeaderMap::new())
+            .await
+            .is_none());
+        assert!(files(d.path()).is_empty());
+    }
+
+    /// A truncated entry file is dropped by the scan at start (its length is not its
+    /// header's) and by a read.
+    #[tokio::test]
+    async fn a_truncated_entry_is_dropped_and_never_served() {
+        let d = tempfile::tempdir().unwrap();
+        let store = disk_store(d.path(), 1 << 20);
+        store.insert("http://h/a", entry(1000, None));
+        store.insert("http://h/b", entry(1000, None));
+        assert!(store.sync_disk(SYNC));
+        let all = files(d.path());
+        for f in &all {
+            let len = std::fs::metadata(f).unwrap().len();
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(f)
+                .unwrap()
+                .set_len(len - 10)
+                .unwrap();
+        }
+        let first = store.lookup_disk("http://h/a", &HeaderMap::new()).await;
+        assert!(first.is_none());
+        drop(store);
+        let store = disk_store(d.path(), 1 << 20);
+        assert_eq!(
+            stat(&store.stats().disk_dropped),
+            1,
+            "the other one, at the scan"
+        );
+        assert_eq!(stat(&store.stats().disk_objects), 0);
+        assert!(store
+            .lookup_disk("http://h/b", &HeaderMap::new())
+            .await
+            .is_none());
+        assert!(files(d.path()).is_empty());
+    }
+
+    /// An entry file that grew after the scan (swapped for a huge one) is not read into
+    /// memory: its size is not the index's; dropped, not served.
+    #[tokio::test]
+    async fn an_entry_that_grew_is_not_read() {
+        let d = tempfile::tempdir().unwrap();
+        let store = disk_store(d.path(), 1 << 20);
+        store.insert("http://h/a", entry(10, None));
+        assert!(store.sync_disk(SYNC));
+        let f = files(d.path()).pop().unwrap();
+        let mut bytes = std::fs::read(&f).unwrap();
+        bytes.extend(std::iter::repeat_n(0u8, 1 << 20));
+        std::fs::write(&f, &bytes).unwrap();
+        assert!(store
+            .lookup_disk("http://h/a", &HeaderMap::new())
+            .await
+            .is_none());
+        assert_eq!(stat(&store.stats().disk_dropped), 1);
+        assert!(!f.exists());
+    }
+
+    /// An entry file of another format version (an older or newer qweb) is dropped by the
+    /// scan: removed, counted, not served.
+    #[tokio::test]
+    async fn an_entry_of_another_version_is_dropped() {
+        let d = tempfile::tempdir().unwrap();
+        let store = disk_store(d.path(), 1 << 20);
+        store.insert("http://h/a", entry(10, None));
+        assert!(store.sync_disk(SYNC));
+        drop(store);
+        let f = files(d.path()).pop().unwrap();
+        let mut bytes = std::fs::read(&f).unwrap();
+        bytes[8] = bytes[8].wrapping_add(1);
+        std::fs::write(&f, &bytes).unwrap();
+        let store = disk_store(d.path(), 1 << 20);
+        assert_eq!(stat(&store.stats().disk_dropped), 1);
+        assert!(store
+            .lookup_disk("http://h/a", &HeaderMap::new())
+            .await
+            .is_none());
+        assert!(!f.exists());
+    }
+
+    /// Stores faster than the writer can write: the writer's queue stays bounded, the writes
+    /// beyond it are skipped and counted, every store is either written or counted, and
+    /// memory serves them all the same.
+    #[test]
+    fn a_full_writer_queue_skips_and_counts() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(Limits::new(64 << 20, 100_000).with_disk(1 << 30), d.path());
+        let n = 3000;
+        for i in 0..n {
+            assert!(store.insert(&format!("http://h/{i}"), entry(10_000, None)));
+            let w = store.writer.as_ref().unwrap();
+            assert!(w.queued.load(Ordering::Relaxed) <= MAX_QUEUED_WRITES);
+        }
+        assert!(store.sync_disk(SYNC));
+        let stored = stat(&store.stats().disk_stored);
+        let skipped = stat(&store.stats().disk_skipped);
+        assert_eq!(stored + skipped, n, "{stored} written, {skipped} skipped");
+        assert!(skipped > 0, "the writer kept up with {n} stores");
+        assert_eq!(files(d.path()).len() as u64, stored);
+        assert!(store
+            .lookup(&format!("http://h/{}", n - 1), &HeaderMap::new())
+            .is_some());
+    }
+
+    /// A purged key (by URL or prefix) is not found on disk, neither by the same store nor
+    /// after a restart; a fill older than the purge is not written either, even when it was
+    /// queued before the purge.
+    #[tokio::test]
+    async fn a_purge_reaches_the_disk_and_survives_a_restart() {
+        let d = tempfile::tempdir().unwrap();
+        let store = disk_store(d.path(), 1 << 20);
+        for k in ["http://h/a", "http://h/p/1", "http://h/p/2", "http://h/q"] {
+            store.insert(k, entry(100, None));
+        }
+        assert!(store.sync_disk(SYNC));
+        assert_eq!(store.invalidate("http://h/a"), 1);
+        assert_eq!(store.purge_prefix("http://h/p/"), 2);
+        assert!(store
+            .lookup_disk("http://h/a", &HeaderMap::new())
+            .await
+            .is_none());
+        // queued, then purged before the writer may have taken it
+        let before = store.epoch();
+        store.insert("http://h/late", entry(100, None));
+        store.invalidate("http://h/late");
+        assert!(!store.insert_since("http://h/late", entry(100, None), before));
+        assert!(store.sync_disk(SYNC));
+        assert_eq!(files(d.path()).len(), 1);
+        drop(store);
+        let store = disk_store(d.path(), 1 << 20);
+        assert_eq!(stat(&store.stats().disk_objects), 1);
+        for k in [
+            "http://h/a",
+            "http://h/p/1",
+            "http://h/p/2",
+            "http://h/late",
+        ] {
+            assert!(
+                store.lookup_disk(k, &HeaderMap::new()).await.is_none(),
+                "{k}"
+            );
+        }
+        assert!(store
+            .lookup_disk("http://h/q", &HeaderMap::new())
+            .await
+            .is_some());
+    }
+
+    /// Many keys through a small disk tier: the files on disk never sum over the bound, the
+    /// most recent are kept, and a restart with a smaller bound evicts down to it.
+    #[test]
+    fn the_disk_stays_within_its_bound_with_many_keys() {
+        let d = tempfile::tempdir().unwrap();
+        let bound = 1 << 20;
+        let store = disk_store(d.path(), bound);
+        let on_disk = |d: &Path| -> u64 {
+            files(d)
+                .iter()
+                .map(|f| std::fs::metadata(f).map_or(0, |m| m.len()))
+                .sum()
+        };
+        for i in 0..3000 {
+            store.insert(&format!("http://h/{i}"), entry(2000, None));
+            if i % 100 == 99 {
+                assert!(store.sync_disk(SYNC));
+                assert!(on_disk(d.path()) <= bound, "{i}: {}", on_disk(d.path()));
+                assert!(stat(&store.stats().disk_bytes) <= bound);
+            }
+        }
+        let objects = stat(&store.stats().disk_objects);
+        assert!(objects > 300 && objects < 520, "{objects}");
+        assert_eq!(files(d.path()).len() as u64, objects);
+        assert!(stat(&store.stats().disk_evictions) > 2000);
+        drop(store);
+        let store = disk_store(d.path(), 1 << 20);
+        assert_eq!(stat(&store.stats().disk_objects), objects);
+        store.set_limits(Limits::new(1 << 20, 100_000).with_disk(bound / 2));
+        assert!(store.sync_disk(SYNC));
+        assert!(on_disk(d.path()) <= bound / 2);
+    }
+
+    /// A folder that cannot be made (a file where it should be: root's writes ignore modes)
+    /// leaves a store that works in memory, with the error counted.
+    #[test]
+    fn an_unusable_folder_leaves_the_memory_tier_working() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("cache");
+        std::fs::write(&path, b"a file").unwrap();
+        let store = disk_store(&path, 1 << 20);
+        assert_eq!(stat(&store.stats().disk_errors), 1);
+        assert!(store.insert("http://h/a", entry(100, None)));
+        assert!(store.lookup("http://h/a", &HeaderMap::new()).is_some());
+        // a folder removed under a running store: writes fail, counted, memory serves
+        let sub = d.path().join("sub");
+        let store = disk_store(&sub, 1 << 20);
+        std::fs::remove_dir(&sub).unwrap();
+        std::fs::write(&sub, b"a file").unwrap();
+        assert!(store.insert("http://h/a", entry(100, None)));
+        assert!(store.sync_disk(SYNC));
+        assert_eq!(stat(&store.stats().disk_errors), 1);
+        assert_eq!(stat(&store.stats().disk_objects), 0);
+        assert!(store.lookup("http://h/a", &HeaderMap::new()).is_some());
+    }
+
+    /// How long a start-up scan takes (docs/CONFIGURATION.md quotes it): 20 000 entries of
+    /// 1 KiB. `cargo test -p qweb-cache --release -- --ignored --nocapture scan_time`.
+    #[test]
+    #[ignore = "a measurement"]
+    fn scan_time() {
+        let d = tempfile::tempdir().unwrap();
+        let store = disk_store(d.path(), 1 << 30);
+        for i in 0..20_000 {
+            store.insert(&format!("http://h/{i}"), entry(1024, None));
+            if i % 200 == 199 {
+                assert!(store.sync_disk(SYNC));
+            }
+        }
+        drop(store);
+        let t = std::time::Instant::now();
+        let store = disk_store(d.path(), 1 << 30);
+        let took = t.elapsed();
+        assert_eq!(stat(&store.stats().disk_objects), 20_000);
+        println!("scan of 20000 entries: {took:?}");
     }
 
     #[tokio::test]

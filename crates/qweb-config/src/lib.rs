@@ -304,7 +304,7 @@ impl Validator<'_> {
         let compression = self.compression(raw.compression.as_ref(), &offload)?;
         let sites = self.sites(&raw, &mut listeners, &offload)?;
         let file_cache = self.file_cache(&raw.file_cache)?;
-        let cache = self.cache(&raw.cache)?;
+        let cache = self.cache(&raw.cache, &state_dir)?;
         let admin_limits = self.admin_limits(raw.admin.as_ref())?;
         Ok(Config {
             source: self.file.map(absolute),

@@ -283,7 +283,19 @@ fn cache_on_a_proxy_route_and_its_store() {
     let cached = |p: &str| c.routes.iter().find(|r| r.prefix == p).unwrap().cache;
     assert_eq!(cached("/"), Some(RouteCache::default()));
     assert_eq!(cached("/nc"), None);
-    assert_eq!(parse("").unwrap().cache, CacheConfig::default());
+    let d = parse("").unwrap();
+    let want = CacheConfig {
+        path: Some(d.state_dir.join("cache")),
+        ..CacheConfig::default()
+    };
+    assert_eq!(d.cache, want);
+    assert_eq!(d.cache.disk, 1 << 30);
+    let c = parse("[cache]\ndisk = \"0\"\npath = \"/var/cache/qweb\"\n").unwrap();
+    assert_eq!(c.cache.disk, 0);
+    assert_eq!(
+        c.cache.path.as_deref(),
+        Some(std::path::Path::new("/var/cache/qweb"))
+    );
 }
 
 #[test]
@@ -307,6 +319,12 @@ fn cache_errors_name_the_key() {
         e.contains(":3:") && e.contains("key `cache.max_object_size`"),
         "{e}"
     );
+    let e = err("[cache]\ndisk = \"10KiB\"\n");
+    assert!(e.contains(":2:") && e.contains("key `cache.disk`"), "{e}");
+    let e = err("[cache]\nmax_object_size = \"4MiB\"\ndisk = \"2MiB\"\n");
+    assert!(e.contains("key `cache.disk`"), "{e}");
+    let e = err("[cache]\npath = \"\"\n");
+    assert!(e.contains("key `cache.path`"), "{e}");
     let e = err("[[site]]\nserver_names = [\"a\"]\n[[site.route]]\nprefix = \"/\"\nroot = \"/\"\ncache = {}\n");
     assert!(e.contains("cache") && e.contains("for proxy routes"), "{e}");
 }

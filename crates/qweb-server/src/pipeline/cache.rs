@@ -34,7 +34,16 @@ pub(crate) struct CacheCtx {
 /// The store's limits of a `[cache]`.
 pub(crate) fn limits(c: &crate::config::CacheConfig) -> qweb_cache::Limits {
     let size = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
-    qweb_cache::Limits::new(size(c.memory), size(c.max_object_size))
+    qweb_cache::Limits::new(size(c.memory), size(c.max_object_size)).with_disk(c.disk)
+}
+
+/// The server's store of `config`: memory, and the disk tier in `[cache] path` (its index
+/// rebuilt from the entry files there: called at start, before the workers run). A reload
+/// keeps it and changes only its limits ([`limits`]); a new `path`, or a disk tier turned on
+/// from `disk = "0"`, needs a restart.
+pub(crate) fn open_store(config: &crate::config::Config) -> Arc<Store> {
+    let dir = config.cache.disk_path(&config.state_dir);
+    Store::open(limits(&config.cache), &dir)
 }
 
 /// The store's counters on `/metrics` (`qweb_proxy_cache_*`).
@@ -68,6 +77,12 @@ impl prometheus_client::collector::Collector for Collector {
             ("qweb_proxy_cache_evictions", "Stored responses evicted to stay within cache.memory.", &s.evictions),
             ("qweb_proxy_cache_invalidations", "Stored responses removed by unsafe methods, purges and replacements.", &s.invalidated),
             ("qweb_proxy_cache_superseded", "Fills not stored because their key was purged or invalidated while they were in flight.", &s.superseded),
+            ("qweb_proxy_cache_disk_hits", "Requests answered from the disk tier (the entry read, checked and promoted to memory).", &s.disk_hits),
+            ("qweb_proxy_cache_disk_stored", "Entries written to the disk tier.", &s.disk_stored),
+            ("qweb_proxy_cache_disk_skipped", "Disk writes skipped because the disk writer's queue was full (the response stays in memory only).", &s.disk_skipped),
+            ("qweb_proxy_cache_disk_dropped", "Disk entries removed and never served: corrupt, truncated or of another format version.", &s.disk_dropped),
+            ("qweb_proxy_cache_disk_errors", "Disk tier errors (folder not made or read, a write, read or removal failed); the response is served and stays in memory only.", &s.disk_errors),
+            ("qweb_proxy_cache_disk_evictions", "Disk entries evicted to stay within cache.disk.", &s.disk_evictions),
         ];
         for (name, help, v) in counters {
             let c = ConstCounter::new(v.load(Relaxed));
@@ -76,6 +91,8 @@ impl prometheus_client::collector::Collector for Collector {
         let gauges = [
             ("qweb_proxy_cache_objects", "Responses held in the proxy cache's memory store.", &s.objects),
             ("qweb_proxy_cache_bytes", "Bytes held in the proxy cache's memory store (bodies, fields, a fixed overhead per entry).", &s.bytes),
+            ("qweb_proxy_cache_disk_objects", "Responses held in the proxy cache's disk tier.", &s.disk_objects),
+            ("qweb_proxy_cache_disk_bytes", "Bytes of entry files in the proxy cache's disk tier (headers and bodies).", &s.disk_bytes),
         ];
         for (name, help, v) in gauges {
             let g = ConstGauge::new(i64::try_from(v.load(Relaxed)).unwrap_or(i64::MAX));
@@ -408,8 +425,12 @@ async fn lookup(
     let stats = store.stats();
     let mut waited = false;
     loop {
+        let mut found = store.lookup(key, req.headers());
+        if found.is_none() {
+            // the disk tier: read in a blocking task, checked, promoted to memory
+            found = store.lookup_disk(key, req.headers()).await;
+        }
         let now = SystemTime::now();
-        let found = store.lookup(key, req.headers());
         if let Some(e) = &found {
             match policy::reuse(&e.meta, req.headers(), now) {
                 Reuse::Fresh => {

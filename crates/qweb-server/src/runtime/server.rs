@@ -161,7 +161,7 @@ impl Server {
         let tls_sessions_collector =
             Arc::new(crate::runtime::tls::session::TlsSessionsCollector::default());
         let file_cache = Arc::new(crate::files::cache::Stats::default());
-        let cache = qweb_cache::Store::new(crate::pipeline::cache::limits(&config.cache));
+        let cache = crate::pipeline::cache::open_store(&config);
         let client_slots = Arc::new(qweb_session::client_slots::ClientSlots::default());
         let metrics = Arc::new(Metrics::new(
             worker_metrics.clone(),
