@@ -131,6 +131,7 @@ cache = {{}}
     elif name == "nginx":
         os.makedirs(f"{work}/nginx/cache", exist_ok=True)
         conf = f"""worker_processes 1;
+user root;
 daemon off;
 master_process on;
 pid {work}/nginx/nginx.pid;
