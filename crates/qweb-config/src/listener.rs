@@ -41,6 +41,8 @@ pub struct ListenerConfig {
     pub redirect: Option<RedirectConfig>,
     /// TLS session resumption (tickets, session cache).
     pub session: SessionConfig,
+    /// Client certificates (`[listener.tls] client_auth`; `None`: none asked for).
+    pub client_auth: Option<super::ClientAuthConfig>,
 }
 
 /// Where a TLS listener's certificates come from.
@@ -89,6 +91,7 @@ pub(super) fn default_listeners() -> Vec<ListenerConfig> {
             offload: None,
             redirect: None,
             session: SessionConfig::default(),
+            client_auth: None,
         },
         ListenerConfig {
             address: ([127, 0, 0, 1], 8080).into(),
@@ -101,6 +104,7 @@ pub(super) fn default_listeners() -> Vec<ListenerConfig> {
             offload: None,
             redirect: None,
             session: SessionConfig::default(),
+            client_auth: None,
         },
     ]
 }
@@ -257,6 +261,14 @@ impl Validator<'_> {
             Some(t) => self.session(i, t.get_ref(), engines)?,
             None => SessionConfig::default(),
         };
+        let client_auth = match l
+            .tls
+            .as_ref()
+            .and_then(|t| t.get_ref().client_auth.as_ref())
+        {
+            Some(c) => Some(self.client_auth(&format!("listener[{i}].tls.client_auth"), c)?),
+            None => None,
+        };
         // h2c is not served: an explicit `http2 = true` on a plain listener is a mistake
         if let (Some(h), None) = (&l.http2, &tls) {
             if *h.get_ref() {
@@ -297,6 +309,7 @@ impl Validator<'_> {
                 None => None,
             },
             session,
+            client_auth,
         })
     }
 }

@@ -169,6 +169,15 @@ pub(crate) struct RawTls {
     pub session_cache: Option<Spanned<usize>>,
     pub ticket_rotation: Option<Spanned<Dur>>,
     pub ticket_keys: Option<Spanned<String>>,
+    // client certificates (validated in config/tls.rs)
+    pub client_auth: Option<Spanned<RawClientAuth>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawClientAuth {
+    pub ca: Spanned<PathBuf>,
+    pub required: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]

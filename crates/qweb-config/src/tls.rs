@@ -1,12 +1,12 @@
-//! `[listener.tls]` session resumption keys: `resumption`, `session_cache`,
-//! `ticket_rotation`, `ticket_keys`.
+//! `[listener.tls]` session resumption keys (`resumption`, `session_cache`,
+//! `ticket_rotation`, `ticket_keys`) and client certificates (`client_auth`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use toml::Spanned;
 
-use super::raw::RawTls;
+use super::raw::{RawClientAuth, RawTls};
 use super::{ConfigError, EngineKind, OffloadConfig, Validator};
 
 /// Default `session_cache`.
@@ -40,6 +40,17 @@ impl Default for SessionConfig {
             ticket_keys: TicketKeys::Local,
         }
     }
+}
+
+/// `client_auth = { ca = "ca.pem", required = true }`: the listener asks clients for a
+/// certificate and verifies it against `ca`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientAuthConfig {
+    /// PEM file of the CA certificates a client certificate must chain to.
+    pub ca: PathBuf,
+    /// A client without a certificate fails the handshake (default `true`); `false`: it is
+    /// let through without an identity (a certificate it sends is still verified).
+    pub required: bool,
 }
 
 /// `ocsp` of a certificate.
@@ -108,6 +119,23 @@ impl Validator<'_> {
             cfg.ticket_keys = self.ticket_keys(tk, &key("ticket_keys"), engines)?;
         }
         Ok(cfg)
+    }
+
+    /// Validates a `client_auth` table at `key`: its CA file is read and must hold
+    /// certificates rustls can verify with.
+    pub(super) fn client_auth(
+        &self,
+        key: &str,
+        raw: &Spanned<RawClientAuth>,
+    ) -> Result<ClientAuthConfig, ConfigError> {
+        let r = raw.get_ref();
+        let path = self.path(r.ca.get_ref(), r.ca.span());
+        qweb_tls::ClientAuth::from_ca_file(&path, true)
+            .map_err(|e| self.err(Some(r.ca.span()), format!("{key}.ca"), e.to_string()))?;
+        Ok(ClientAuthConfig {
+            ca: path,
+            required: r.required.unwrap_or(true),
+        })
     }
 
     fn ticket_keys(

@@ -189,6 +189,9 @@ pub struct ConnState {
     pub changed: Notify,
     /// The server name the TLS client sent (SNI), lower case.
     pub sni: std::cell::OnceCell<Box<str>>,
+    /// The client's verified certificate (`[listener.tls] client_auth`), taken once at the
+    /// end of the handshake (a resumed session's from its ticket); unset: none.
+    pub client_cert: std::cell::OnceCell<std::sync::Arc<qweb_tls::ClientCert>>,
     /// An upgrade the proxy accepted: run once the HTTP/1 exchange is over.
     pub tunnel: tunnel::TunnelSlot,
     /// The task that serves the connection (it made this state): an HTTP/2 WebSocket,
@@ -217,6 +220,7 @@ impl ConnState {
             closing: Cell::new(closing::Closing::Open),
             changed: Notify::new(),
             sni: std::cell::OnceCell::new(),
+            client_cert: std::cell::OnceCell::new(),
             tunnel: Default::default(),
             task: tokio::task::try_id(),
             idle_reader: Cell::new(None),

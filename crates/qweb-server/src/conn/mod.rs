@@ -435,7 +435,8 @@ pub(crate) fn handshake_outcome<T, E: std::fmt::Display>(
     }
 }
 
-/// Notes what the handshake chose (protocol version, SNI) and wraps the stream; `true`:
+/// Notes what the handshake chose (protocol version, SNI, the client's verified
+/// certificate) and wraps the stream; `true`:
 /// HTTP/2 by ALPN.
 fn tls_io(
     mut tls: qweb_tls::TlsStream,
@@ -452,6 +453,9 @@ fn tls_io(
         });
     if let Some(name) = tls.connection().server_name() {
         let _ = state.sni.set(name.into());
+    }
+    if let Some(c) = qweb_tls::ClientCert::of_chain(tls.connection().peer_certificates()) {
+        let _ = state.client_cert.set(std::sync::Arc::new(c));
     }
     // HTTP/2: the frames of every stream ready in one turn go out in one write
     tls.set_flush_after_yield(h2);

@@ -377,7 +377,8 @@ impl Service {
                         return response::status(e.status());
                     }
                 }
-                crate::pipeline::headers_rules::forward(site_ref, route, req.headers_mut());
+                let cert = self.conn.client_cert.get().map(|c| &**c);
+                crate::pipeline::headers_rules::forward(site_ref, route, cert, req.headers_mut());
                 let pq = if proxy.pass_raw_path() {
                     req.uri()
                         .path_and_query()

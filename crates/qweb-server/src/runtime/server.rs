@@ -406,7 +406,12 @@ fn listener_setup(
                     qweb_tls::TlsError::Generate("no certificate for a TLS listener".into())
                 })?,
             };
-            let mut sc = qweb_tls::server_config(Arc::new(resolver), l.http2)?;
+            let client_auth = match &l.client_auth {
+                Some(c) => Some(qweb_tls::ClientAuth::from_ca_file(&c.ca, c.required)?),
+                None => None,
+            };
+            let mut sc =
+                qweb_tls::server_config(Arc::new(resolver), l.http2, client_auth.as_ref())?;
             if acme.is_some() {
                 // last: only a client offering `acme-tls/1` alone (a CA validating
                 // TLS-ALPN-01) gets it
@@ -414,6 +419,10 @@ fn listener_setup(
             }
             let (s, refresher) =
                 crate::runtime::tls::session::setup(l, config, &certs, &mut sc, previous)?;
+            if let Some(c) = &client_auth {
+                // a session resumes only under the policy that issued it
+                qweb_tls::client_auth::bind_sessions(&mut sc, c.tag);
+            }
             session = Some(Arc::new(s));
             refreshers.extend(refresher);
             Some(Arc::new(sc))
