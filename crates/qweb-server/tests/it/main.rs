@@ -5,6 +5,7 @@
 
 mod access_rules;
 mod admin_listener;
+mod client_auth;
 mod compression;
 mod file_cache;
 mod h1_wire;

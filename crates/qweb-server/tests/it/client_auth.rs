@@ -1,0 +1,342 @@
+//! Client certificates (`[listener.tls] client_auth`) with real clients against a real qweb
+//! on 127.0.0.1:0 proxying to a recording upstream: reqwest over HTTP/1.1 and HTTP/2 (rustls
+//! with a client certificate), curl (`--cert/--key`), `openssl s_client` (the alerts, session
+//! resumption) and python's aioquic over HTTP/3. The certificates are made here with rcgen
+//! (`qweb_testkit::tls::client_pki`): the CA, alice (`CN=alice,O=ops`), a client of another
+//! CA, an expired one and one whose key usage is serverAuth only.
+//!
+//! Hostile: no certificate where one is required, another CA's, an expired one, one for
+//! servers only, a forged `X-Client-Subject` from the client, a session resumed on a server
+//! whose policy differs.
+
+use qweb_testkit as common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+
+use common::openssl::{SClient, TlsVersion as Tls};
+use common::tls::{client_pki, ClientPki, ClientTls, Proto, BOTH};
+use qweb_server::RunningServer;
+
+/// The subject qweb forwards for alice.
+const ALICE: &str = "CN=alice,O=ops";
+
+struct Setup {
+    dir: tempfile::TempDir,
+    pki: ClientPki,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        common::tls::write_self_signed(dir.path(), "site", &["localhost"]);
+        let pki = client_pki(dir.path());
+        Setup { dir, pki }
+    }
+
+    fn site_cert(&self) -> std::path::PathBuf {
+        self.dir.path().join("site.crt")
+    }
+
+    /// Starts qweb: one TLS listener (HTTP/3 on too) with `client_auth = { ca, required }`
+    /// and `tls` more `[listener.tls]` keys, proxying `/` to `up` with the two placeholders
+    /// in `request_headers`.
+    fn serve(
+        &self,
+        name: &str,
+        ca: &Path,
+        required: bool,
+        tls: &str,
+        up: SocketAddr,
+    ) -> (RunningServer, SocketAddr) {
+        let d = self.dir.path().display();
+        let text = format!(
+            "workers = 1\nstate_dir = \"{d}/state-{name}\"\n[log]\naccess = false\n\
+             [[listener]]\naddress = \"127.0.0.1:0\"\nhttp3 = true\n[listener.tls]\n\
+             certificates = [{{ cert = \"{d}/site.crt\", key = \"{d}/site.key\" }}]\n\
+             client_auth = {{ ca = \"{}\", required = {required} }}\n{tls}\n\
+             [[route]]\nprefix = \"/\"\nupstreams = [\"{up}\"]\n\
+             request_headers = {{ set = {{ \"X-Client-Subject\" = \"{{tls_client_subject}}\", \
+             \"X-Client-Fingerprint\" = \"{{tls_client_fingerprint}}\" }} }}\n",
+            ca.display()
+        );
+        common::start_text(self.dir.path(), name, &text)
+    }
+
+    /// reqwest over `proto`, trusting the site, presenting `client` (a [`ClientPki`] stem).
+    fn reqwest(&self, proto: Proto, client: Option<&str>) -> reqwest::Client {
+        let mut tls = ClientTls::trusting(&self.site_cert()).proto(proto);
+        if let Some(stem) = client {
+            let (c, k) = self.pki.client(stem);
+            tls = tls.client_cert(&c, &k);
+        }
+        common::tls::proto_builder(tls.build(), proto)
+            .build()
+            .unwrap()
+    }
+}
+
+/// SHA-256 of `cert`'s DER as openssl computes it, lower-case hex without colons.
+fn openssl_fingerprint(cert: &Path) -> String {
+    let out = Command::new("openssl")
+        .args(["x509", "-noout", "-fingerprint", "-sha256", "-in"])
+        .arg(cert)
+        .output()
+        .expect("openssl runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let hex = text.trim().rsplit('=').next().unwrap_or("");
+    hex.replace(':', "").to_ascii_lowercase()
+}
+
+/// One `s_client` run presenting `client` (a [`ClientPki`] stem); what it printed, lower
+/// case (the alert openssl reports is in it).
+fn s_client(s: &Setup, addr: SocketAddr, v: Tls, client: Option<&str>) -> String {
+    let mut c = SClient::new(addr, v);
+    if let Some(stem) = client {
+        let (cert, key) = s.pki.client(stem);
+        c = c
+            .arg("-cert")
+            .arg(cert.to_str().unwrap())
+            .arg("-key")
+            .arg(key.to_str().unwrap());
+    }
+    let run = c.run();
+    format!("{}\n{}", run.stdout, run.stderr).to_ascii_lowercase()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h1_and_h2_forward_the_verified_subject_and_fingerprint_and_not_the_clients_own() {
+    let s = Setup::new();
+    let up = common::recorder::start().await;
+    let (_server, addr) = s.serve("ok", &s.pki.ca, true, "", up.addr);
+    let fingerprint = openssl_fingerprint(&s.pki.client("alice").0);
+    assert_eq!(fingerprint.len(), 64);
+    for proto in BOTH {
+        let c = s.reqwest(proto, Some("alice"));
+        let r = c
+            .get(format!("https://localhost:{}/who", addr.port()))
+            .header("x-client-subject", "CN=admin,O=root")
+            .header("x-client-fingerprint", "00")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{proto:?}");
+        assert_eq!(r.text().await.unwrap(), "up:/who");
+        let got = up.take();
+        assert_eq!(got.len(), 1, "{proto:?}");
+        assert_eq!(got[0].header_all("x-client-subject"), [ALICE], "{proto:?}");
+        assert_eq!(
+            got[0].header_all("x-client-fingerprint"),
+            [fingerprint.as_str()],
+            "{proto:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_certificate_where_one_is_required_the_handshake_fails() {
+    let s = Setup::new();
+    let up = common::recorder::start().await;
+    let (_server, addr) = s.serve("required", &s.pki.ca, true, "", up.addr);
+    for proto in BOTH {
+        let r = s
+            .reqwest(proto, None)
+            .get(format!("https://localhost:{}/x", addr.port()))
+            .send()
+            .await;
+        assert!(r.is_err(), "{proto:?}: {r:?}");
+    }
+    for v in [Tls::V13, Tls::V12] {
+        let out = tokio::task::block_in_place(|| s_client(&s, addr, v, None));
+        assert!(out.contains("alert certificate required"), "{v:?}: {out}");
+        assert!(!out.contains("up:/"), "{v:?}: {out}");
+    }
+    assert!(up.take().is_empty(), "nothing reached the upstream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_cas_expired_and_server_only_certificates_fail_with_their_alerts() {
+    let s = Setup::new();
+    let up = common::recorder::start().await;
+    // required = false checks an offered certificate all the same
+    for required in [true, false] {
+        let (server, addr) = s.serve(&format!("bad-{required}"), &s.pki.ca, required, "", up.addr);
+        for (stem, alert) in [
+            ("stranger", "alert unknown ca"),
+            ("expired", "alert certificate expired"),
+            ("server_only", "alert unsupported certificate"),
+        ] {
+            for v in [Tls::V13, Tls::V12] {
+                let out = tokio::task::block_in_place(|| s_client(&s, addr, v, Some(stem)));
+                assert!(
+                    out.contains(alert),
+                    "{stem} {v:?} required={required}: {out}"
+                );
+                assert!(!out.contains("up:/"), "{stem}: {out}");
+            }
+            let r = s
+                .reqwest(Proto::H2, Some(stem))
+                .get(format!("https://localhost:{}/x", addr.port()))
+                .send()
+                .await;
+            assert!(r.is_err(), "{stem}: {r:?}");
+        }
+        tokio::task::block_in_place(|| server.shutdown());
+    }
+    assert!(up.take().is_empty(), "nothing reached the upstream");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn optional_lets_an_anonymous_client_through_without_the_header() {
+    let s = Setup::new();
+    let up = common::recorder::start().await;
+    let (_server, addr) = s.serve("optional", &s.pki.ca, false, "", up.addr);
+    for proto in BOTH {
+        let r = s
+            .reqwest(proto, None)
+            .get(format!("https://localhost:{}/anon", addr.port()))
+            .header("x-client-subject", "CN=alice,O=ops")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{proto:?}");
+        let got = up.take();
+        assert_eq!(got.len(), 1);
+        // absent, not empty: the client's own is removed
+        assert_eq!(got[0].header("x-client-subject"), None, "{proto:?}");
+        assert_eq!(got[0].header("x-client-fingerprint"), None, "{proto:?}");
+        // and alice, on the same listener, is named
+        let r = s
+            .reqwest(proto, Some("alice"))
+            .get(format!("https://localhost:{}/alice", addr.port()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(up.take()[0].header_all("x-client-subject"), [ALICE]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_with_cert_and_key_is_named_and_without_is_refused() {
+    let s = Setup::new();
+    let up = common::recorder::start().await;
+    let (_server, addr) = s.serve("curl", &s.pki.ca, true, "", up.addr);
+    let (cert, key) = s.pki.client("alice");
+    let url = format!("https://localhost:{}/c", addr.port());
+    let site = s.site_cert();
+    let run = |with: bool| {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sS", "--max-time", "20", "--cacert"]).arg(&site);
+        if with {
+            cmd.arg("--cert").arg(&cert).arg("--key").arg(&key);
+        }
+        cmd.args(["-H", "X-Client-Subject: CN=admin", &url])
+            .output()
+            .expect("curl runs")
+    };
+    let out = tokio::task::block_in_place(|| run(true));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "up:/c");
+    assert_eq!(up.take()[0].header_all("x-client-subject"), [ALICE]);
+    let out = tokio::task::block_in_place(|| run(false));
+    assert!(!out.status.success());
+    assert!(up.take().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http3_forwards_the_subject_and_refuses_a_client_without_a_certificate() {
+    if !common::h3::aioquic_available() {
+        eprintln!("SKIPPED: python3 with aioquic is needed (pip install aioquic)");
+        return;
+    }
+    let s = Setup::new();
+    let up = common::recorder::start().await;
+    let (_server, addr) = s.serve("h3", &s.pki.ca, true, "", up.addr);
+    let (cert, key) = s.pki.client("alice");
+    let site = s.site_cert();
+    let req = common::h3::H3Request::get("/h3").header("x-client-subject", "CN=admin");
+    let out = tokio::task::block_in_place(|| {
+        common::h3::aioquic_as(addr, &site, Some((&cert, &key)), &[req.clone()], false)
+    })
+    .expect("aioquic connects");
+    let r = out[0].as_ref().expect("answered");
+    assert_eq!(r.status, 200);
+    let got = up.take();
+    assert_eq!(got[0].header_all("x-client-subject"), [ALICE]);
+    assert_eq!(
+        got[0].header_all("x-client-fingerprint"),
+        [openssl_fingerprint(&cert)]
+    );
+    let anon =
+        tokio::task::block_in_place(|| common::h3::aioquic_as(addr, &site, None, &[req], false));
+    let refused = match &anon {
+        Err(_) => true,
+        Ok(list) => list.iter().all(|r| r.is_err()),
+    };
+    assert!(refused, "{anon:?}");
+    assert!(up.take().is_empty());
+}
+
+fn key_file(path: &Path) {
+    let k: Vec<u8> = (0..80u8).collect();
+    std::fs::write(path, k).unwrap();
+}
+
+/// `s_client` with alice's certificate saving the session, then offering it without a
+/// certificate; `(resumed, printed)` of the second.
+fn resume(s: &Setup, first: SocketAddr, second: SocketAddr, v: Tls, sess: &Path) -> (bool, String) {
+    let (cert, key) = s.pki.client("alice");
+    let r = SClient::new(first, v)
+        .arg("-cert")
+        .arg(cert.to_str().unwrap())
+        .arg("-key")
+        .arg(key.to_str().unwrap())
+        .sess_out(sess)
+        .run();
+    r.answered("up:/");
+    assert!(!r.resumed());
+    let r = SClient::new(second, v).sess_in(sess).run();
+    (r.resumed(), r.stdout.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_session_keeps_its_identity_and_resumes_only_under_the_same_policy() {
+    let s = Setup::new();
+    let up = common::recorder::start().await;
+    let keys = s.dir.path().join("keys.bin");
+    key_file(&keys);
+    let tk = format!("ticket_keys = \"{}\"", keys.display());
+    // A and B: the same policy and keys; C: the same keys, a policy trusting another CA
+    let (_a, a) = s.serve("a", &s.pki.ca, false, &tk, up.addr);
+    let (_b, b) = s.serve("b", &s.pki.ca, false, &tk, up.addr);
+    let other = s.dir.path().join("other-ca.crt");
+    let (_c, c) = s.serve("c", &other, false, &tk, up.addr);
+    for v in [Tls::V13, Tls::V12] {
+        let sess = s.dir.path().join(format!("{v:?}.sess"));
+        let (resumed, out) = tokio::task::block_in_place(|| resume(&s, a, a, v, &sess));
+        assert!(resumed, "{v:?}: resumes on A\n{out}");
+        assert!(out.contains("up:/"), "{out}");
+        let got = up.take();
+        assert_eq!(got.len(), 2, "{v:?}");
+        assert_eq!(
+            got[1].header_all("x-client-subject"),
+            [ALICE],
+            "{v:?}: kept"
+        );
+        let (resumed, _) = tokio::task::block_in_place(|| resume(&s, a, b, v, &sess));
+        assert!(resumed, "{v:?}: the same policy and keys resume on B");
+        assert_eq!(up.take()[1].header_all("x-client-subject"), [ALICE]);
+        // C does not trust alice's CA: her session must not bring her name there
+        let (resumed, out) = tokio::task::block_in_place(|| resume(&s, a, c, v, &sess));
+        assert!(!resumed, "{v:?}: A's session must not resume on C\n{out}");
+        let got = up.take();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[1].header("x-client-subject"), None, "{v:?}");
+    }
+}
