@@ -271,13 +271,13 @@ fn text(tag: u8, v: &[u8]) -> Option<String> {
     match tag {
         0x0c | 0x13 | 0x16 => std::str::from_utf8(v).ok().map(str::to_owned),
         0x14 => Some(v.iter().map(|&b| char::from(b)).collect()),
-        0x1e if v.len() % 2 == 0 => {
+        0x1e if v.len().is_multiple_of(2) => {
             let units = v.chunks(2).map(|c| u16::from_be_bytes([c[0], c[1]]));
             char::decode_utf16(units)
                 .collect::<Result<String, _>>()
                 .ok()
         }
-        0x1c if v.len() % 4 == 0 => v
+        0x1c if v.len().is_multiple_of(4) => v
             .chunks(4)
             .map(|c| char::from_u32(u32::from_be_bytes([c[0], c[1], c[2], c[3]])))
             .collect(),

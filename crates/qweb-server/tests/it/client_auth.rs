@@ -262,7 +262,13 @@ async fn http3_forwards_the_subject_and_refuses_a_client_without_a_certificate()
     let site = s.site_cert();
     let req = common::h3::H3Request::get("/h3").header("x-client-subject", "CN=admin");
     let out = tokio::task::block_in_place(|| {
-        common::h3::aioquic_as(addr, &site, Some((&cert, &key)), &[req.clone()], false)
+        common::h3::aioquic_as(
+            addr,
+            &site,
+            Some((&cert, &key)),
+            std::slice::from_ref(&req),
+            false,
+        )
     })
     .expect("aioquic connects");
     let r = out[0].as_ref().expect("answered");
