@@ -50,10 +50,23 @@ impl Setup {
         tls: &str,
         up: SocketAddr,
     ) -> (RunningServer, SocketAddr) {
+        self.serve_at("127.0.0.1:0", name, ca, required, tls, up)
+    }
+
+    /// [`Setup::serve`] on `address`.
+    fn serve_at(
+        &self,
+        address: &str,
+        name: &str,
+        ca: &Path,
+        required: bool,
+        tls: &str,
+        up: SocketAddr,
+    ) -> (RunningServer, SocketAddr) {
         let d = self.dir.path().display();
         let text = format!(
             "workers = 1\nstate_dir = \"{d}/state-{name}\"\n[log]\naccess = false\n\
-             [[listener]]\naddress = \"127.0.0.1:0\"\nhttp3 = true\n[listener.tls]\n\
+             [[listener]]\naddress = \"{address}\"\nhttp3 = true\n[listener.tls]\n\
              certificates = [{{ cert = \"{d}/site.crt\", key = \"{d}/site.key\" }}]\n\
              client_auth = {{ ca = \"{}\", required = {required} }}\n{tls}\n\
              [[route]]\nprefix = \"/\"\nupstreams = [\"{up}\"]\n\
@@ -345,4 +358,73 @@ async fn a_resumed_session_keeps_its_identity_and_resumes_only_under_the_same_po
         assert_eq!(got.len(), 2);
         assert_eq!(got[1].header("x-client-subject"), None, "{v:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_the_ca_resumes_no_session_of_the_old_policy() {
+    let s = Setup::new();
+    let up = common::recorder::start().await;
+    // a fixed port: a listener on port 0 is bound anew by a reload and keeps no sessions
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let at = format!("127.0.0.1:{port}");
+    let (mut server, addr) = s.serve_at(&at, "reload", &s.pki.ca, false, "", up.addr);
+    let (cert, key) = s.pki.client("alice");
+    // TLS 1.3: a ticket (the listener's local keys survive the reload); TLS 1.2 without
+    // tickets: a session id (the session cache survives it)
+    let runs = [(Tls::V13, None), (Tls::V12, Some("-no_ticket"))];
+    let first = |v: Tls, extra: Option<&str>, sess: &Path, at: SocketAddr| {
+        let mut c = SClient::new(at, v);
+        if let Some(a) = extra {
+            c = c.arg(a);
+        }
+        let r = c
+            .arg("-cert")
+            .arg(cert.to_str().unwrap())
+            .arg("-key")
+            .arg(key.to_str().unwrap())
+            .sess_out(sess)
+            .run();
+        r.answered("up:/");
+    };
+    let again = |v: Tls, extra: Option<&str>, sess: &Path, at: SocketAddr| {
+        let mut c = SClient::new(at, v);
+        if let Some(a) = extra {
+            c = c.arg(a);
+        }
+        let r = c.sess_in(sess).run();
+        r.answered("up:/");
+        r.resumed()
+    };
+    for (v, extra) in runs {
+        let sess = s.dir.path().join(format!("reload-{v:?}.sess"));
+        tokio::task::block_in_place(|| first(v, extra, &sess, addr));
+        assert!(
+            tokio::task::block_in_place(|| again(v, extra, &sess, addr)),
+            "{v:?}: resumes before the reload"
+        );
+    }
+    up.take();
+    // the same listener, trusting another CA now
+    let file = s.dir.path().join("reload.toml");
+    let text = std::fs::read_to_string(&file).unwrap().replace(
+        &s.pki.ca.display().to_string(),
+        &s.dir.path().join("other-ca.crt").display().to_string(),
+    );
+    std::fs::write(&file, text).unwrap();
+    tokio::task::block_in_place(|| server.reload_from(None)).unwrap();
+    let addr = server.local_addrs()[0];
+    for (v, extra) in runs {
+        let sess = s.dir.path().join(format!("reload-{v:?}.sess"));
+        let resumed = tokio::task::block_in_place(|| again(v, extra, &sess, addr));
+        assert!(
+            !resumed,
+            "{v:?}: a session of the old CA resumed after the reload"
+        );
+        let got = up.take();
+        assert_eq!(got[0].header("x-client-subject"), None, "{v:?}");
+    }
+    tokio::task::block_in_place(|| server.shutdown());
 }
