@@ -135,6 +135,11 @@ async fn h1_and_h2_forward_the_verified_subject_and_fingerprint_and_not_the_clie
             .await
             .unwrap();
         assert_eq!(r.status(), 200, "{proto:?}");
+        let version = match proto {
+            Proto::H1 => reqwest::Version::HTTP_11,
+            Proto::H2 => reqwest::Version::HTTP_2,
+        };
+        assert_eq!(r.version(), version);
         assert_eq!(r.text().await.unwrap(), "up:/who");
         let got = up.take();
         assert_eq!(got.len(), 1, "{proto:?}");
