@@ -230,7 +230,8 @@ const NAMES: &[(&[u8], &str)] = &[
 /// A Name (the DER of its SEQUENCE) as RFC 4514 writes it: RDNs last first, joined by `,`;
 /// the attributes of a multi-valued RDN joined by `+`; known types by their short names,
 /// others by dotted OID with the value as `#` and its DER in hex; `,+"\<>;`, a leading
-/// `#` or space, a trailing space and NUL escaped.
+/// `#` or space, a trailing space escaped with `\`, control and non-ASCII characters as
+/// `\` and the hex of each UTF-8 byte.
 fn rfc4514(name: &[u8]) -> Result<String, DerError> {
     let bad = DerError::Certificate;
     let mut seq = Der(Der(name).expect(SEQ, "name").map_err(|_| bad("subject"))?);
@@ -299,8 +300,9 @@ fn escape(out: &mut String, v: &str) {
             }
             ' ' if i == last => out.push_str("\\ "),
             '\0' => out.push_str("\\00"),
-            // a header value or log line never carries a control byte from here
-            c if c.is_control() => {
+            // hex pairs (RFC 4514 section 2.4) for control and non-ASCII characters: the
+            // subject is printable ASCII, fit for a header value and a log line
+            c if c.is_control() || !c.is_ascii() => {
                 let mut b = [0u8; 4];
                 for x in c.encode_utf8(&mut b).bytes() {
                     let _ = write!(out, "\\{x:02x}");
@@ -391,6 +393,14 @@ mod tests {
         assert!(keys.decrypt(&t).unwrap().starts_with(&BOUND));
         let plain = keys.encrypt(b"session").unwrap();
         assert_eq!(bound(1).decrypt(&plain), None);
+    }
+
+    #[test]
+    fn non_ascii_is_escaped_as_utf8_hex_pairs() {
+        let der = cert(&[(rcgen::DnType::CommonName, "José")]);
+        let s = ClientCert::of(&der).subject;
+        assert_eq!(s, "CN=Jos\\c3\\a9");
+        assert!(s.bytes().all(|b| (0x20..0x7f).contains(&b)));
     }
 
     #[test]
