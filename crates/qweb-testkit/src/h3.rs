@@ -382,8 +382,6 @@ host, port, ca, every, within = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(
 async def main():
     cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
     cfg.load_verify_locations(ca)
-    if os.environ.get("QWEB_H3_CERT"):
-        cfg.load_cert_chain(os.environ["QWEB_H3_CERT"], os.environ["QWEB_H3_KEY"])
     async with connect(host, port, configuration=cfg, wait_connected=True) as c:
         start = time.monotonic()
         closed = asyncio.ensure_future(c.wait_closed())
@@ -497,8 +495,6 @@ class Client(QuicConnectionProtocol):
 async def main():
     cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
     cfg.load_verify_locations(ca)
-    if os.environ.get("QWEB_H3_CERT"):
-        cfg.load_cert_chain(os.environ["QWEB_H3_CERT"], os.environ["QWEB_H3_KEY"])
     async with connect(host, port, configuration=cfg, create_protocol=Client, wait_connected=True) as c:
         sid = c._quic.get_next_available_stream_id()
         c.h3.send_headers(sid, [(b":method", spec["method"].encode()), (b":scheme", b"https"),
