@@ -299,6 +299,13 @@ impl Validator<'_> {
         for (s, site) in raw.sites.iter().enumerate() {
             let sr = site.get_ref();
             let key = format!("site[{s}]");
+            if let Some(c) = &sr.client_auth {
+                return Err(self.err(
+                    Some(c.span()),
+                    format!("{key}.client_auth"),
+                    "client certificates are asked for per listener (`[listener.tls] client_auth`), not per site yet: serve the site on a listener of its own with client_auth",
+                ));
+            }
             let mut names = Vec::new();
             if let Some(list) = &sr.server_names {
                 for (j, n) in list.get_ref().iter().enumerate() {

@@ -342,6 +342,19 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("client_auth"), "{e}");
+        // nor per site, yet
+        let e = Config::from_str_at(
+            &format!(
+                "{HEAD}[[site]]\nserver_names = [\"a.test\"]\nclient_auth = {{ ca = \"ca.pem\" }}\n[[site.route]]\nprefix = \"/\"\nupstreams = [\"127.0.0.1:1\"]\n"
+            ),
+            Some(&file),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains(":7:15: key `site[0].client_auth`") && e.contains("per listener"),
+            "{e}"
+        );
     }
 
     #[test]
