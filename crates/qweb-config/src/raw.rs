@@ -251,8 +251,8 @@ pub(crate) struct RawSite {
     pub rewrite: Option<Spanned<Vec<RawRewrite>>>,
     pub error_pages: Option<Spanned<std::collections::BTreeMap<String, String>>>,
     pub charset: Option<Spanned<String>>,
-    // read only to be refused with a pointer to `[listener.tls] client_auth`
-    pub client_auth: Option<Spanned<toml::Value>>,
+    // client certificates of the site's own TLS (validated in config/tls.rs)
+    pub client_auth: Option<Spanned<RawClientAuth>>,
 }
 
 /// `rewrite = [{ from = "^/old/(.*)$", to = "/new/$1" }]` as written.

@@ -242,6 +242,9 @@ pub struct SiteConfig {
     pub charset: Option<String>,
     /// `allow`/`deny` for every route of the site (checked before the route's own).
     pub access: super::AccessRules,
+    /// The site's own client-certificate policy (`client_auth`; `None`: the listener's):
+    /// handshakes whose SNI names the site use it, and its requests are served only on them.
+    pub client_auth: Option<super::ClientAuthConfig>,
 }
 
 /// Does the file have a site with certificates or `acme` (then a TLS listener may name
@@ -299,13 +302,17 @@ impl Validator<'_> {
         for (s, site) in raw.sites.iter().enumerate() {
             let sr = site.get_ref();
             let key = format!("site[{s}]");
-            if let Some(c) = &sr.client_auth {
-                return Err(self.err(
-                    Some(c.span()),
-                    format!("{key}.client_auth"),
-                    "client certificates are asked for per listener (`[listener.tls] client_auth`), not per site yet: serve the site on a listener of its own with client_auth",
-                ));
-            }
+            let client_auth = match &sr.client_auth {
+                Some(_) if sr.certificates.is_empty() => {
+                    return Err(self.err(
+                        sr.client_auth.as_ref().map(|c| c.span()),
+                        format!("{key}.client_auth"),
+                        "a site's client_auth needs the site's own `certificates` (its handshake is chosen by SNI); or set `[listener.tls] client_auth`",
+                    ))
+                }
+                Some(c) => Some(self.client_auth(&format!("{key}.client_auth"), c)?),
+                None => None,
+            };
             let mut names = Vec::new();
             if let Some(list) = &sr.server_names {
                 for (j, n) in list.get_ref().iter().enumerate() {
@@ -428,6 +435,7 @@ impl Validator<'_> {
                 certificates,
                 acme,
                 routes,
+                client_auth,
             });
         }
         if let Some(p) = &raw.error_pages {

@@ -342,17 +342,18 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("client_auth"), "{e}");
-        // nor per site, yet
-        let e = Config::from_str_at(
-            &format!(
-                "{HEAD}[[site]]\nserver_names = [\"a.test\"]\nclient_auth = {{ ca = \"ca.pem\" }}\n[[site.route]]\nprefix = \"/\"\nupstreams = [\"127.0.0.1:1\"]\n"
-            ),
-            Some(&file),
-        )
-        .unwrap_err()
-        .to_string();
+        // a site's own policy needs the site's own certificates
+        let site = |extra: &str| {
+            Config::from_str_at(
+                &format!(
+                    "{HEAD}[[site]]\nserver_names = [\"a.test\"]\n{extra}client_auth = {{ ca = \"ca.pem\" }}\n[[site.route]]\nprefix = \"/\"\nupstreams = [\"127.0.0.1:1\"]\n"
+                ),
+                Some(&file),
+            )
+        };
+        let e = site("").unwrap_err().to_string();
         assert!(
-            e.contains(":7:15: key `site[0].client_auth`") && e.contains("per listener"),
+            e.contains(":7:15: key `site[0].client_auth`") && e.contains("own `certificates`"),
             "{e}"
         );
     }

@@ -110,6 +110,46 @@ impl ClientCert {
     }
 }
 
+/// The configurations of sites with a client-certificate policy of their own, by the server
+/// names that choose them (SNI): a handshake whose ClientHello names one of them runs with its
+/// configuration; the others with the listener's. Names are lower case; `*.example.com`
+/// matches one label before `example.com`, as sites' `server_names` do.
+#[derive(Debug, Default)]
+pub struct SitePolicies {
+    exact: std::collections::HashMap<String, (usize, Arc<rustls::ServerConfig>)>,
+    wildcard: std::collections::HashMap<String, (usize, Arc<rustls::ServerConfig>)>,
+}
+
+impl SitePolicies {
+    /// Adds site `site`'s configuration for `names` (a name already taken keeps its first).
+    pub fn add(&mut self, site: usize, names: &[String], config: Arc<rustls::ServerConfig>) {
+        for n in names {
+            let n = n.to_ascii_lowercase();
+            let entry = (site, config.clone());
+            match n.strip_prefix("*.") {
+                Some(parent) => self.wildcard.entry(parent.to_owned()).or_insert(entry),
+                None => self.exact.entry(n).or_insert(entry),
+            };
+        }
+    }
+
+    /// No site has a policy of its own.
+    pub fn is_empty(&self) -> bool {
+        self.exact.is_empty() && self.wildcard.is_empty()
+    }
+
+    /// The site and configuration for the ClientHello's server name (`None`: the
+    /// listener's).
+    pub fn pick(&self, sni: Option<&str>) -> Option<&(usize, Arc<rustls::ServerConfig>)> {
+        let name = sni?.trim_end_matches('.').to_ascii_lowercase();
+        if let Some(e) = self.exact.get(&name) {
+            return Some(e);
+        }
+        let (_, parent) = name.split_once('.')?;
+        self.wildcard.get(parent)
+    }
+}
+
 /// Binds `config`'s resumption to `tag` (a [`ClientAuth::tag`]): its tickets carry the tag
 /// inside their encryption and its cached sessions are kept under it, so that a session
 /// resumes only where the policy that verified (or did not ask for) its client certificate is

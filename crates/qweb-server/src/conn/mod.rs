@@ -89,6 +89,8 @@ pub(crate) trait Handle: 'static {
 /// A TLS listener's handshake setup on this worker.
 pub(crate) struct TlsListener {
     pub config: std::sync::Arc<rustls::ServerConfig>,
+    /// The configurations of sites with their own `client_auth`, chosen by SNI.
+    pub site_policies: Option<std::sync::Arc<qweb_tls::SitePolicies>>,
     /// Async offload: this worker's handle on the engine (handshakes run as jobs).
     pub offloader: Option<Rc<qweb_offload::Offloader>>,
     /// Full/resumed handshake counters of the listener.
@@ -399,9 +401,15 @@ async fn handshake<H: Host>(
     };
     // A handshake in progress (perhaps paused on an offloaded signature) is not cut by
     // a shutdown: it may finish within its own timeout, bounded by the drain deadline.
-    let accept = qweb_tls::handshake::accept(stream, tls.config.clone(), driver);
+    let accept = qweb_tls::handshake::accept_for_sites(
+        stream,
+        tls.config.clone(),
+        tls.site_policies.as_deref(),
+        driver,
+    );
     let hs = tokio::time::timeout_at(deadline, accept).await;
-    let stream = handshake_outcome(worker.metrics(), peer, "TLS handshake", hs)?;
+    let (stream, site) = handshake_outcome(worker.metrics(), peer, "TLS handshake", hs)?;
+    state.tls_policy_site.set(site);
     if let Some(s) = &tls.sessions {
         s.record(stream.connection());
     }

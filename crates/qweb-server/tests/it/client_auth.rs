@@ -433,3 +433,126 @@ async fn a_reload_that_changes_the_ca_resumes_no_session_of_the_old_policy() {
     }
     tokio::task::block_in_place(|| server.shutdown());
 }
+
+/// One listener, two sites with their own certificates: `secure.test` with `client_auth`
+/// (required), `public.test` without; both proxy to `up` with the subject placeholder.
+fn two_sites(s: &Setup, up: SocketAddr) -> (RunningServer, SocketAddr) {
+    let d = s.dir.path();
+    common::tls::write_self_signed(d, "secure", &["secure.test"]);
+    common::tls::write_self_signed(d, "public", &["public.test"]);
+    let d = d.display();
+    let site = |name: &str, auth: &str| {
+        format!(
+            "[[site]]\nserver_names = [\"{name}.test\"]\n\
+             certificates = [{{ cert = \"{d}/{name}.crt\", key = \"{d}/{name}.key\" }}]\n{auth}\
+             request_headers = {{ set = {{ \"X-Client-Subject\" = \"{{tls_client_subject}}\" }} }}\n\
+             [[site.route]]\nprefix = \"/\"\nupstreams = [\"{up}\"]\n"
+        )
+    };
+    let text = format!(
+        "workers = 1\nstate_dir = \"{d}/state-sites\"\n[log]\naccess = false\n\
+         [[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\n\
+         certificates = [{{ cert = \"{d}/site.crt\", key = \"{d}/site.key\" }}]\n\
+         [[listener]]\naddress = \"127.0.0.1:0\"\n{}{}",
+        site(
+            "secure",
+            &format!(
+                "client_auth = {{ ca = \"{}\", required = true }}\n",
+                s.pki.ca.display()
+            )
+        ),
+        site("public", "")
+    );
+    common::start_text(s.dir.path(), "sites", &text)
+}
+
+/// reqwest for `https://<name>:port`, resolving every test name to `addr`, trusting the
+/// sites' certificates, presenting `client`.
+fn site_client(s: &Setup, addr: SocketAddr, client: Option<&str>) -> reqwest::Client {
+    let d = s.dir.path();
+    let mut tls = ClientTls::trusting_all(&[d.join("secure.crt"), d.join("public.crt")]);
+    if let Some(stem) = client {
+        let (c, k) = s.pki.client(stem);
+        tls = tls.client_cert(&c, &k);
+    }
+    common::tls::https_builder(tls.build())
+        .resolve("secure.test", addr)
+        .resolve("public.test", addr)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sites_on_one_listener_keep_their_own_policies() {
+    let s = Setup::new();
+    let up = common::recorder::start().await;
+    let (_server, addr) = two_sites(&s, up.addr);
+    let port = addr.port();
+    let secure = format!("https://secure.test:{port}/s");
+    let public = format!("https://public.test:{port}/p");
+    // the secure site: alice is named, nobody else gets through the handshake
+    let r = site_client(&s, addr, Some("alice"))
+        .get(&secure)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(up.take()[0].header_all("x-client-subject"), [ALICE]);
+    for stem in [None, Some("stranger"), Some("expired")] {
+        let r = site_client(&s, addr, stem).get(&secure).send().await;
+        assert!(r.is_err(), "{stem:?}: {r:?}");
+    }
+    let out = tokio::task::block_in_place(|| {
+        let run = SClient::new(addr, Tls::V13).servername("secure.test").run();
+        format!("{}\n{}", run.stdout, run.stderr).to_ascii_lowercase()
+    });
+    assert!(out.contains("alert certificate required"), "{out}");
+    // the public site asks for no certificate
+    let r = site_client(&s, addr, None)
+        .get(&public)
+        .header("x-client-subject", "CN=forged")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(up.take()[0].header("x-client-subject"), None);
+    assert!(up.take().is_empty());
+    // a handshake under one site's policy does not serve the other site's requests
+    let r = site_client(&s, addr, None)
+        .get(&public)
+        .header("host", format!("secure.test:{port}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        421,
+        "public.test's handshake, secure.test's Host"
+    );
+    let r = site_client(&s, addr, Some("alice"))
+        .get(&secure)
+        .header("host", format!("public.test:{port}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        421,
+        "secure.test's handshake, public.test's Host"
+    );
+    // no SNI: the listener's policy, not the secure site's
+    let anon = common::tls::https_builder(ClientTls::accept_any().build())
+        .build()
+        .unwrap();
+    let r = anon
+        .get(format!("https://127.0.0.1:{port}/n"))
+        .header("host", format!("secure.test:{port}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 421, "no SNI, secure.test's Host");
+    assert!(
+        up.take().is_empty(),
+        "no misdirected request reached the upstream"
+    );
+}
