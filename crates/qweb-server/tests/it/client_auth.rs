@@ -486,7 +486,7 @@ fn site_client(s: &Setup, addr: SocketAddr, client: Option<&str>) -> reqwest::Cl
 async fn sites_on_one_listener_keep_their_own_policies() {
     let s = Setup::new();
     let up = common::recorder::start().await;
-    let (_server, addr) = two_sites(&s, up.addr);
+    let (server, addr) = two_sites(&s, up.addr);
     let port = addr.port();
     let secure = format!("https://secure.test:{port}/s");
     let public = format!("https://public.test:{port}/p");
@@ -551,6 +551,14 @@ async fn sites_on_one_listener_keep_their_own_policies() {
         .await
         .unwrap();
     assert_eq!(r.status(), 421, "no SNI, secure.test's Host");
+    // nor plain HTTP
+    let r = common::plain_client()
+        .get(format!("http://{}/h", server.local_addrs()[1]))
+        .header("host", "secure.test")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 421, "plain HTTP, secure.test's Host");
     assert!(
         up.take().is_empty(),
         "no misdirected request reached the upstream"
