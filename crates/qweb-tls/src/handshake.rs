@@ -189,26 +189,27 @@ pub async fn accept_for_sites<IO: Transport>(
                 Some((i, c)) => (Some(*i), c.clone()),
                 None => (None, config),
             };
-            // the ClientHello's step (the signature) runs here, as `process_new_packets` does
+            // the ClientHello's step (the signature) runs here, as `process_new_packets` does;
+            // boxed in and out: a job's closure and result must be small
+            let accepted = Box::new(accepted);
+            let step = move || {
+                accepted
+                    .into_connection(cfg)
+                    .map(Box::new)
+                    .map_err(Box::new)
+            };
             let r = match &driver {
-                Driver::Direct => accepted.into_connection(cfg),
+                Driver::Direct => step(),
                 Driver::Fair(turns) => {
                     let _turn = turns.take().await;
-                    accepted.into_connection(cfg)
+                    step()
                 }
-                Driver::Job { offloader, gauges } => {
-                    run_job(
-                        move || accepted.into_connection(cfg),
-                        &io,
-                        offloader,
-                        gauges,
-                    )
-                    .await?
-                }
+                Driver::Job { offloader, gauges } => run_job(step, &io, offloader, gauges).await?,
             };
             match r {
-                Ok(c) => (Box::new(c), site),
-                Err((e, mut alert)) => {
+                Ok(c) => (c, site),
+                Err(e) => {
+                    let (e, mut alert) = *e;
                     send_alert(&mut alert, &mut io).await;
                     return Err(HandshakeError::Tls(e));
                 }

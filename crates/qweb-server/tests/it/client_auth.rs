@@ -437,6 +437,17 @@ async fn a_reload_that_changes_the_ca_resumes_no_session_of_the_old_policy() {
 /// One listener, two sites with their own certificates: `secure.test` with `client_auth`
 /// (required), `public.test` without; both proxy to `up` with the subject placeholder.
 fn two_sites(s: &Setup, up: SocketAddr) -> (RunningServer, SocketAddr) {
+    two_sites_with(s, up, "", "")
+}
+
+/// [`two_sites`] with `top` keys before the listeners and `listener` keys after the first
+/// listener's `[listener.tls]`.
+fn two_sites_with(
+    s: &Setup,
+    up: SocketAddr,
+    top: &str,
+    listener: &str,
+) -> (RunningServer, SocketAddr) {
     let d = s.dir.path();
     common::tls::write_self_signed(d, "secure", &["secure.test"]);
     common::tls::write_self_signed(d, "public", &["public.test"]);
@@ -450,9 +461,9 @@ fn two_sites(s: &Setup, up: SocketAddr) -> (RunningServer, SocketAddr) {
         )
     };
     let text = format!(
-        "workers = 1\nstate_dir = \"{d}/state-sites\"\n[log]\naccess = false\n\
+        "workers = 1\nstate_dir = \"{d}/state-sites\"\n[log]\naccess = false\n{top}\n\
          [[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\n\
-         certificates = [{{ cert = \"{d}/site.crt\", key = \"{d}/site.key\" }}]\n\
+         certificates = [{{ cert = \"{d}/site.crt\", key = \"{d}/site.key\" }}]\n{listener}\n\
          [[listener]]\naddress = \"127.0.0.1:0\"\n{}{}",
         site(
             "secure",
@@ -563,4 +574,32 @@ async fn sites_on_one_listener_keep_their_own_policies() {
         up.take().is_empty(),
         "no misdirected request reached the upstream"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_policy_with_async_offload_signs_on_the_engine() {
+    let s = Setup::new();
+    let up = common::recorder::start().await;
+    let (_server, addr) = two_sites_with(
+        &s,
+        up.addr,
+        "[offload.engines.pool]\nkind = \"pool\"\nthreads = 1\n",
+        "[listener.offload]\nengine = \"pool\"\nmode = \"async\"\n",
+    );
+    let port = addr.port();
+    for (stem, url) in [
+        (Some("alice"), format!("https://secure.test:{port}/s")),
+        (None, format!("https://public.test:{port}/p")),
+    ] {
+        let r = site_client(&s, addr, stem).get(&url).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{url}");
+    }
+    let got = up.take();
+    assert_eq!(got[0].header_all("x-client-subject"), [ALICE]);
+    assert_eq!(got[1].header("x-client-subject"), None);
+    let r = site_client(&s, addr, None)
+        .get(format!("https://secure.test:{port}/s"))
+        .send()
+        .await;
+    assert!(r.is_err(), "{r:?}");
 }
