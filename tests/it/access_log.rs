@@ -269,3 +269,49 @@ async fn the_access_log_names_the_proxy_headers_client() {
     assert!(lines[1].ends_with(" TLSv1.3"), "{lines:?}");
     drop(qweb);
 }
+
+/// `[listener.tls] client_auth`: a request on a connection with a verified client
+/// certificate logs its subject and fingerprint (JSON fields; absent for an anonymous one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_is_logged_by_subject_and_fingerprint() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("site")).unwrap();
+    std::fs::create_dir_all(d.join("logs")).unwrap();
+    std::fs::write(d.join("site/hello.txt"), "hello").unwrap();
+    qweb_testkit::tls::write_self_signed(d, "server", &["localhost"]);
+    let pki = qweb_testkit::tls::client_pki(d);
+    let file = d.join("qweb.toml");
+    let port = free_port();
+    let text = config(d, port, "json").replace(
+        "self_signed = true\n",
+        &format!(
+            "certificates = [{{ cert = \"{0}/server.crt\", key = \"{0}/server.key\" }}]\n\
+             client_auth = {{ ca = \"{1}\", required = false }}\n",
+            d.display(),
+            pki.ca.display()
+        ),
+    );
+    std::fs::write(&file, text).unwrap();
+    let qweb = Qweb::serve(BIN, &file);
+    let url = format!(
+        "https://localhost:{}/hello.txt",
+        qweb.addrs()[0].rsplit(':').next().unwrap()
+    );
+    let (cert, key) = pki.client("alice");
+    let tls = qweb_testkit::tls::ClientTls::trusting(&d.join("server.crt"))
+        .proto(Proto::H2)
+        .client_cert(&cert, &key)
+        .build();
+    let alice = proto_builder(tls, Proto::H2).build().unwrap();
+    assert_eq!(alice.get(&url).send().await.unwrap().status(), 200);
+    let anon = client(&d.join("server.crt"));
+    assert_eq!(anon.get(&url).send().await.unwrap().status(), 200);
+    let lines = lines_of(&d.join("logs/access.log"), 2);
+    let v: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(v["tls_client_subject"], "CN=alice,O=ops");
+    let fp = v["tls_client_fingerprint"].as_str().unwrap();
+    assert_eq!(fp.len(), 64, "{fp}");
+    let v: serde_json::Value = serde_json::from_str(&lines[1]).unwrap();
+    assert!(v.get("tls_client_subject").is_none(), "{v}");
+}

@@ -75,9 +75,10 @@ use raw::{RawConfig, Workers};
 pub use route::{OpenMethod, RouteAction, RouteConfig, StaticConfig, Symlinks};
 pub use sites::{
     ErrorPages, HeaderEdits, RedirectConfig, RewriteRule, RouteRules, SiteConfig, SitesConfig,
+    ValuePart,
 };
 pub use source::{MAX_CONFIG_FILES, MAX_CONFIG_FILE_SIZE, MAX_INCLUDE_DEPTH};
-pub use tls::{OcspSource, SessionConfig, TicketKeys};
+pub use tls::{ClientAuthConfig, OcspSource, SessionConfig, TicketKeys};
 
 /// A validated configuration.
 #[derive(Debug, Clone)]

@@ -44,6 +44,8 @@ pub struct ListenerConfig {
     /// PROXY protocol (v1 or v2) from these balancers (`proxy_protocol = { trusted = [...] }`);
     /// `None`: no header is read.
     pub proxy_protocol: Option<ProxyProtocol>,
+    /// Client certificates (`[listener.tls] client_auth`; `None`: none asked for).
+    pub client_auth: Option<super::ClientAuthConfig>,
 }
 
 /// `proxy_protocol` of a TCP listener: a connection from a trusted address must begin with a
@@ -112,6 +114,7 @@ pub(super) fn default_listeners() -> Vec<ListenerConfig> {
             redirect: None,
             session: SessionConfig::default(),
             proxy_protocol: None,
+            client_auth: None,
         },
         ListenerConfig {
             address: ([127, 0, 0, 1], 8080).into(),
@@ -125,6 +128,7 @@ pub(super) fn default_listeners() -> Vec<ListenerConfig> {
             redirect: None,
             session: SessionConfig::default(),
             proxy_protocol: None,
+            client_auth: None,
         },
     ]
 }
@@ -281,6 +285,14 @@ impl Validator<'_> {
             Some(t) => self.session(i, t.get_ref(), engines)?,
             None => SessionConfig::default(),
         };
+        let client_auth = match l
+            .tls
+            .as_ref()
+            .and_then(|t| t.get_ref().client_auth.as_ref())
+        {
+            Some(c) => Some(self.client_auth(&format!("listener[{i}].tls.client_auth"), c)?),
+            None => None,
+        };
         // h2c is not served: an explicit `http2 = true` on a plain listener is a mistake
         if let (Some(h), None) = (&l.http2, &tls) {
             if *h.get_ref() {
@@ -325,6 +337,7 @@ impl Validator<'_> {
                 Some(p) => Some(self.proxy_protocol(i, p)?),
                 None => None,
             },
+            client_auth,
         })
     }
 

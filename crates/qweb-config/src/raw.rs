@@ -178,6 +178,15 @@ pub(crate) struct RawTls {
     pub session_cache: Option<Spanned<usize>>,
     pub ticket_rotation: Option<Spanned<Dur>>,
     pub ticket_keys: Option<Spanned<String>>,
+    // client certificates (validated in config/tls.rs)
+    pub client_auth: Option<Spanned<RawClientAuth>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawClientAuth {
+    pub ca: Spanned<PathBuf>,
+    pub required: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -255,6 +264,8 @@ pub(crate) struct RawSite {
     pub rewrite: Option<Spanned<Vec<RawRewrite>>>,
     pub error_pages: Option<Spanned<std::collections::BTreeMap<String, String>>>,
     pub charset: Option<Spanned<String>>,
+    // client certificates of the site's own TLS (validated in config/tls.rs)
+    pub client_auth: Option<Spanned<RawClientAuth>>,
 }
 
 /// `rewrite = [{ from = "^/old/(.*)$", to = "/new/$1" }]` as written.

@@ -59,16 +59,84 @@ pub struct HeaderEdits {
     pub add: Vec<(http::HeaderName, http::HeaderValue)>,
     /// Names removed.
     pub remove: Vec<http::HeaderName>,
+    /// `request_headers` `set` values with placeholders (`{tls_client_subject}`,
+    /// `{tls_client_fingerprint}`), built per request; they replace any present too.
+    pub set_placeholders: Vec<(http::HeaderName, Vec<ValuePart>)>,
+}
+
+/// A piece of a header value with placeholders.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ValuePart {
+    /// Text as written.
+    Text(String),
+    /// `{tls_client_subject}`: the verified client certificate's subject (RFC 4514).
+    ClientSubject,
+    /// `{tls_client_fingerprint}`: its SHA-256 fingerprint (lower-case hex of the DER).
+    ClientFingerprint,
+}
+
+/// The placeholders of header values, by what they are written as.
+const HEADER_PLACEHOLDERS: &[(&str, ValuePart)] = &[
+    ("{tls_client_subject}", ValuePart::ClientSubject),
+    ("{tls_client_fingerprint}", ValuePart::ClientFingerprint),
+];
+
+/// `v` cut at its placeholders; `None`: it has none.
+fn value_parts(v: &str) -> Option<Vec<ValuePart>> {
+    let mut parts = Vec::new();
+    let mut rest = v;
+    while let Some((at, name, part)) = HEADER_PLACEHOLDERS
+        .iter()
+        .filter_map(|(n, p)| rest.find(n).map(|at| (at, *n, p)))
+        .min_by_key(|(at, _, _)| *at)
+    {
+        if at > 0 {
+            parts.push(ValuePart::Text(rest[..at].to_owned()));
+        }
+        parts.push(part.clone());
+        rest = &rest[at + name.len()..];
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    if !rest.is_empty() {
+        parts.push(ValuePart::Text(rest.to_owned()));
+    }
+    Some(parts)
 }
 
 impl HeaderEdits {
-    /// Applies the edits to `h`.
+    /// Applies the edits to `h` (a response's: there are no placeholders in them).
     pub fn apply(&self, h: &mut http::HeaderMap) {
+        self.apply_request(h, None);
+    }
+
+    /// Applies the edits to a request forwarded upstream whose connection's client
+    /// certificate is `cert`: a value with placeholders replaces the client's header of its
+    /// name, and without a certificate the header is removed (absent, not empty).
+    pub fn apply_request(&self, h: &mut http::HeaderMap, cert: Option<&qweb_tls::ClientCert>) {
         for n in &self.remove {
             h.remove(n);
         }
         for (n, v) in &self.set {
             h.insert(n.clone(), v.clone());
+        }
+        for (n, parts) in &self.set_placeholders {
+            h.remove(n);
+            let Some(c) = cert else { continue };
+            let mut v = String::new();
+            for p in parts {
+                v.push_str(match p {
+                    ValuePart::Text(t) => t,
+                    ValuePart::ClientSubject => &c.subject,
+                    ValuePart::ClientFingerprint => &c.fingerprint,
+                });
+            }
+            // the subject is escaped (no control bytes): only an odd certificate fails here
+            if let Ok(v) = http::HeaderValue::from_str(&v) {
+                h.insert(n.clone(), v);
+            }
         }
         for (n, v) in &self.add {
             h.append(n.clone(), v.clone());
@@ -77,7 +145,10 @@ impl HeaderEdits {
 
     /// No edits.
     pub fn is_empty(&self) -> bool {
-        self.set.is_empty() && self.add.is_empty() && self.remove.is_empty()
+        self.set.is_empty()
+            && self.add.is_empty()
+            && self.remove.is_empty()
+            && self.set_placeholders.is_empty()
     }
 }
 
@@ -177,6 +248,9 @@ pub struct SiteConfig {
     pub access: super::AccessRules,
     /// `basic_auth` for every route of the site without one of its own.
     pub basic_auth: Option<super::BasicAuth>,
+    /// The site's own client-certificate policy (`client_auth`; `None`: the listener's):
+    /// handshakes whose SNI names the site use it, and its requests are served only on them.
+    pub client_auth: Option<super::ClientAuthConfig>,
 }
 
 /// Does the file have a site with certificates or `acme` (then a TLS listener may name
@@ -234,6 +308,17 @@ impl Validator<'_> {
         for (s, site) in raw.sites.iter().enumerate() {
             let sr = site.get_ref();
             let key = format!("site[{s}]");
+            let client_auth = match &sr.client_auth {
+                Some(_) if sr.certificates.is_empty() => {
+                    return Err(self.err(
+                        sr.client_auth.as_ref().map(|c| c.span()),
+                        format!("{key}.client_auth"),
+                        "a site's client_auth needs the site's own `certificates` (its handshake is chosen by SNI); or set `[listener.tls] client_auth`",
+                    ))
+                }
+                Some(c) => Some(self.client_auth(&format!("{key}.client_auth"), c)?),
+                None => None,
+            };
             let mut names = Vec::new();
             if let Some(list) = &sr.server_names {
                 for (j, n) in list.get_ref().iter().enumerate() {
@@ -325,11 +410,11 @@ impl Validator<'_> {
                 )?);
             }
             let headers = match &sr.headers {
-                Some(h) => self.header_edits(&format!("{key}.headers"), h)?,
+                Some(h) => self.header_edits(&format!("{key}.headers"), h, false)?,
                 None => HeaderEdits::default(),
             };
             let request_headers = match &sr.request_headers {
-                Some(h) => self.header_edits(&format!("{key}.request_headers"), h)?,
+                Some(h) => self.header_edits(&format!("{key}.request_headers"), h, true)?,
                 None => HeaderEdits::default(),
             };
             let rewrite = match &sr.rewrite {
@@ -361,6 +446,7 @@ impl Validator<'_> {
                 certificates,
                 acme,
                 routes,
+                client_auth,
             });
         }
         if let Some(p) = &raw.error_pages {
@@ -377,10 +463,13 @@ impl Validator<'_> {
     }
 
     /// Validates header edits under `key`.
+    /// `request`: edits of requests forwarded upstream, whose `set` values may hold
+    /// placeholders.
     pub(super) fn header_edits(
         &self,
         key: &str,
         raw: &Spanned<RawHeaderEdits>,
+        request: bool,
     ) -> Result<HeaderEdits, ConfigError> {
         let r = raw.get_ref();
         let span = || Some(raw.span());
@@ -406,9 +495,32 @@ impl Validator<'_> {
                 )
             })
         };
+        let placeholder = |part: &str, n: &str, v: &str| -> Result<(), ConfigError> {
+            if value_parts(v).is_none() {
+                return Ok(());
+            }
+            let why = if request {
+                "placeholders go in `set`, which replaces a header of that name the client sent (`add` would let the client add its own)"
+            } else {
+                "placeholders (`{tls_client_subject}`, `{tls_client_fingerprint}`) are for `request_headers`"
+            };
+            Err(self.err(span(), format!("{key}.{part}"), format!("`{n}`: {why}")))
+        };
         let mut out = HeaderEdits::default();
         for (n, v) in &r.set {
-            out.set.push((name("set", n)?, value("set", n, v)?));
+            let hn = name("set", n)?;
+            let parts = value_parts(v).filter(|_| request);
+            match parts {
+                Some(parts) => {
+                    // checked with the placeholders as written
+                    value("set", n, v)?;
+                    out.set_placeholders.push((hn, parts));
+                }
+                None => {
+                    placeholder("set", n, v)?;
+                    out.set.push((hn, value("set", n, v)?));
+                }
+            }
         }
         for (n, vs) in &r.add {
             let hn = name("add", n)?;
@@ -417,6 +529,7 @@ impl Validator<'_> {
                 OneOrMany::Many(v) => v.as_slice(),
             };
             for v in list {
+                placeholder("add", n, v)?;
                 out.add.push((hn.clone(), value("add", n, v)?));
             }
         }
@@ -593,7 +706,7 @@ impl Validator<'_> {
         let key = format!("route[{i}]");
         let mut out = RouteRules::default();
         if let Some(h) = &rr.headers {
-            out.headers = self.header_edits(&format!("{key}.headers"), h)?;
+            out.headers = self.header_edits(&format!("{key}.headers"), h, false)?;
         }
         if let Some(h) = &rr.request_headers {
             if !matches!(action, super::RouteAction::Proxy(_)) {
@@ -603,7 +716,7 @@ impl Validator<'_> {
                     "`request_headers` is for proxy routes (with `upstreams`)",
                 ));
             }
-            out.request_headers = self.header_edits(&format!("{key}.request_headers"), h)?;
+            out.request_headers = self.header_edits(&format!("{key}.request_headers"), h, true)?;
         }
         if let Some(a) = &rr.autoindex {
             if *a.get_ref() && !matches!(action, super::RouteAction::Static(_)) {

@@ -1,12 +1,12 @@
-//! `[listener.tls]` session resumption keys: `resumption`, `session_cache`,
-//! `ticket_rotation`, `ticket_keys`.
+//! `[listener.tls]` session resumption keys (`resumption`, `session_cache`,
+//! `ticket_rotation`, `ticket_keys`) and client certificates (`client_auth`).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use toml::Spanned;
 
-use super::raw::RawTls;
+use super::raw::{RawClientAuth, RawTls};
 use super::{ConfigError, EngineKind, OffloadConfig, Validator};
 
 /// Default `session_cache`.
@@ -40,6 +40,17 @@ impl Default for SessionConfig {
             ticket_keys: TicketKeys::Local,
         }
     }
+}
+
+/// `client_auth = { ca = "ca.pem", required = true }`: the listener asks clients for a
+/// certificate and verifies it against `ca`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientAuthConfig {
+    /// PEM file of the CA certificates a client certificate must chain to.
+    pub ca: PathBuf,
+    /// A client without a certificate fails the handshake (default `true`); `false`: it is
+    /// let through without an identity (a certificate it sends is still verified).
+    pub required: bool,
 }
 
 /// `ocsp` of a certificate.
@@ -108,6 +119,23 @@ impl Validator<'_> {
             cfg.ticket_keys = self.ticket_keys(tk, &key("ticket_keys"), engines)?;
         }
         Ok(cfg)
+    }
+
+    /// Validates a `client_auth` table at `key`: its CA file is read and must hold
+    /// certificates rustls can verify with.
+    pub(super) fn client_auth(
+        &self,
+        key: &str,
+        raw: &Spanned<RawClientAuth>,
+    ) -> Result<ClientAuthConfig, ConfigError> {
+        let r = raw.get_ref();
+        let path = self.path(r.ca.get_ref(), r.ca.span());
+        qweb_tls::ClientAuth::from_ca_file(&path, true)
+            .map_err(|e| self.err(Some(r.ca.span()), format!("{key}.ca"), e.to_string()))?;
+        Ok(ClientAuthConfig {
+            ca: path,
+            required: r.required.unwrap_or(true),
+        })
     }
 
     fn ticket_keys(
@@ -267,6 +295,114 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("has no http:// OCSP responder"), "{e}");
+    }
+
+    #[test]
+    fn client_auth_is_read_and_its_errors_name_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        std::fs::write(dir.path().join("ca.pem"), p.self_signed(&kp).unwrap().pem()).unwrap();
+        std::fs::write(dir.path().join("empty.pem"), "not a certificate\n").unwrap();
+        let file = dir.path().join("q.toml");
+        let with =
+            |v: &str| Config::from_str_at(&format!("{HEAD}client_auth = {v}\n"), Some(&file));
+        let c = with("{ ca = \"ca.pem\" }").unwrap();
+        assert_eq!(
+            c.listeners[0].client_auth,
+            Some(ClientAuthConfig {
+                ca: dir.path().join("ca.pem"),
+                required: true
+            })
+        );
+        let c = with("{ ca = \"ca.pem\", required = false }").unwrap();
+        assert!(!c.listeners[0].client_auth.as_ref().unwrap().required);
+        assert_eq!(parse(HEAD).unwrap().listeners[0].client_auth, None);
+        let e = with("{ ca = \"missing.pem\" }").unwrap_err().to_string();
+        assert!(
+            e.contains(":5:22: key `listener[0].tls.client_auth.ca`") && e.contains("cannot read"),
+            "{e}"
+        );
+        let e = with("{ ca = \"empty.pem\" }").unwrap_err().to_string();
+        assert!(
+            e.contains("key `listener[0].tls.client_auth.ca`")
+                && e.contains("no CERTIFICATE block found"),
+            "{e}"
+        );
+        let e = with("{ ca = \"ca.pem\", require = true }")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("require"), "{e}");
+        // on a plain listener there is no [listener.tls] to put it in
+        let e = Config::from_str_at(
+            "[[listener]]\naddress = \"127.0.0.1:0\"\nclient_auth = { ca = \"ca.pem\" }\n",
+            Some(&file),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("client_auth"), "{e}");
+        // a site's own policy needs the site's own certificates
+        let site = |extra: &str| {
+            Config::from_str_at(
+                &format!(
+                    "{HEAD}[[site]]\nserver_names = [\"a.test\"]\n{extra}client_auth = {{ ca = \"ca.pem\" }}\n[[site.route]]\nprefix = \"/\"\nupstreams = [\"127.0.0.1:1\"]\n"
+                ),
+                Some(&file),
+            )
+        };
+        let e = site("").unwrap_err().to_string();
+        assert!(
+            e.contains(":7:15: key `site[0].client_auth`") && e.contains("own `certificates`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn client_placeholders_only_in_request_headers_set() {
+        let route = |k: &str, edits: &str| {
+            parse(&format!(
+                "[[route]]\nprefix = \"/\"\nupstreams = [\"127.0.0.1:1\"]\n{k} = {edits}\n"
+            ))
+        };
+        let c = route(
+            "request_headers",
+            "{ set = { \"X-Client\" = \"cn {tls_client_subject} fp {tls_client_fingerprint}\" } }",
+        )
+        .unwrap();
+        let edits = &c.routes[0].rules.request_headers;
+        assert!(edits.set.is_empty());
+        use crate::ValuePart::*;
+        assert_eq!(
+            edits.set_placeholders[0].1,
+            [
+                Text("cn ".into()),
+                ClientSubject,
+                Text(" fp ".into()),
+                ClientFingerprint
+            ]
+        );
+        let e = route(
+            "request_headers",
+            "{ add = { \"X-Client\" = \"{tls_client_subject}\" } }",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("request_headers.add") && e.contains("placeholders go in `set`"),
+            "{e}"
+        );
+        let e = route(
+            "headers",
+            "{ set = { \"X-Client\" = \"{tls_client_subject}\" } }",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("routes") || e.contains("headers.set"), "{e}");
+        assert!(e.contains("are for `request_headers`"), "{e}");
+        // other braces are text, as before
+        let c = route("request_headers", "{ set = { \"X-A\" = \"{x}\" } }").unwrap();
+        assert_eq!(c.routes[0].rules.request_headers.set.len(), 1);
     }
 
     #[test]

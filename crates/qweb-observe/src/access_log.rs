@@ -17,6 +17,11 @@
 //! A response of a cached proxy route ends with ` cache=<HIT|STALE|MISS|REVALIDATED|BYPASS>`
 //! (JSON: `"cache"`).
 //!
+//! A request on a connection with a verified client certificate (`[listener.tls]
+//! client_auth`) ends with ` tls_client_subject="<RFC 4514 subject>"
+//! tls_client_fingerprint=<SHA-256 hex>` (JSON: `"tls_client_subject"`,
+//! `"tls_client_fingerprint"`; absent without a certificate).
+//!
 //! `aborted` marks a response whose body did not go out whole (the client went away, the send
 //! timeout or an upstream error cut it); its byte count is what was handed to the connection.
 //! Requests that the HTTP/1 parser (`http::h1::parse`) refused are logged with `-` as
@@ -91,6 +96,8 @@ pub struct Entry<'a> {
     /// What the proxy cache did (`HIT`, `STALE`, `MISS`, `REVALIDATED`, `BYPASS`; `None`:
     /// the route is not cached).
     pub cache: Option<&'a str>,
+    /// The connection's verified client certificate (`None`: none).
+    pub client_cert: Option<&'a qweb_tls::ClientCert>,
 }
 
 /// Writes `e` in `format`.
@@ -122,6 +129,7 @@ pub fn refused(format: AccessFormat, peer: SocketAddr, status: u16) {
                     tls: None,
                     fields: None,
                     cache: None,
+                    client_cert: None,
                 },
                 SystemTime::now(),
             ) + " refused"
@@ -143,6 +151,14 @@ fn format_entry(format: AccessFormat, e: &Entry<'_>, now: SystemTime) -> String 
     }
     if let (Some(c), false) = (e.cache, format == AccessFormat::Json) {
         let _ = write!(aborted, " cache={c}");
+    }
+    if let (Some(c), false) = (e.client_cert, format == AccessFormat::Json) {
+        let _ = write!(
+            aborted,
+            " tls_client_subject=\"{}\" tls_client_fingerprint={}",
+            escape(&c.subject),
+            c.fingerprint
+        );
     }
     match format {
         AccessFormat::Qweb => format!(
@@ -188,6 +204,10 @@ fn format_entry(format: AccessFormat, e: &Entry<'_>, now: SystemTime) -> String 
             put("tls", e.tls);
             if e.cache.is_some() {
                 put("cache", e.cache);
+            }
+            if let Some(c) = e.client_cert {
+                put("tls_client_subject", Some(&c.subject));
+                put("tls_client_fingerprint", Some(&c.fingerprint));
             }
             if let Some(n) = e.received {
                 let _ = write!(o, "\"received\":{n},");
@@ -285,7 +305,33 @@ mod tests {
             tls: Some("TLSv1.3"),
             fields: Some(fields),
             cache: None,
+            client_cert: None,
         }
+    }
+
+    #[test]
+    fn a_client_certificate_is_named_by_subject_and_fingerprint() {
+        let f = RequestFields::default();
+        let t = UNIX_EPOCH + Duration::from_secs(1_796_022_489);
+        let cert = qweb_tls::ClientCert {
+            subject: "CN=alice \"x\",O=ops".into(),
+            fingerprint: "ab01".into(),
+        };
+        let mut e = entry(&f);
+        e.client_cert = Some(&cert);
+        let line = format_entry(AccessFormat::Qweb, &e, t);
+        assert!(
+            line.ends_with(
+                " 1.500ms tls_client_subject=\"CN=alice \\x22x\\x22,O=ops\" tls_client_fingerprint=ab01"
+            ),
+            "{line}"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&format_entry(AccessFormat::Json, &e, t)).unwrap();
+        assert_eq!(v["tls_client_subject"], "CN=alice \"x\",O=ops");
+        assert_eq!(v["tls_client_fingerprint"], "ab01");
+        e.client_cert = None;
+        assert!(!format_entry(AccessFormat::Json, &e, t).contains("tls_client"));
     }
 
     #[test]

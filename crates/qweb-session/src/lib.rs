@@ -190,6 +190,12 @@ pub struct ConnState {
     pub changed: Notify,
     /// The server name the TLS client sent (SNI), lower case.
     pub sni: std::cell::OnceCell<Box<str>>,
+    /// The client's verified certificate (`[listener.tls] client_auth`), taken once at the
+    /// end of the handshake (a resumed session's from its ticket); unset: none.
+    pub client_cert: std::cell::OnceCell<std::sync::Arc<qweb_tls::ClientCert>>,
+    /// The site (by its index in the configuration) whose own `client_auth` policy the
+    /// handshake ran with; `None`: the listener's (or plain HTTP).
+    pub tls_policy_site: Cell<Option<usize>>,
     /// An upgrade the proxy accepted: run once the HTTP/1 exchange is over.
     pub tunnel: tunnel::TunnelSlot,
     /// The task that serves the connection (it made this state): an HTTP/2 WebSocket,
@@ -218,6 +224,8 @@ impl ConnState {
             closing: Cell::new(closing::Closing::Open),
             changed: Notify::new(),
             sni: std::cell::OnceCell::new(),
+            client_cert: std::cell::OnceCell::new(),
+            tls_policy_site: Cell::new(None),
             tunnel: Default::default(),
             task: tokio::task::try_id(),
             idle_reader: Cell::new(None),

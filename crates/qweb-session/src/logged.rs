@@ -176,6 +176,7 @@ impl Drop for Logged {
             tls: conn.tls_version.get(),
             fields: r.fields.take(),
             cache: r.cache,
+            client_cert: conn.client_cert.get().cloned(),
         };
         if let Some(tunnel) = self.tunnel.take() {
             tunnel.defer(Box::new(move |from, to| line.write(to, false, Some(from))));
@@ -199,6 +200,7 @@ struct Line {
     tls: Option<&'static str>,
     fields: Option<qweb_observe::access_log::RequestFields>,
     cache: Option<&'static str>,
+    client_cert: Option<std::sync::Arc<qweb_tls::ClientCert>>,
 }
 
 impl Line {
@@ -218,6 +220,7 @@ impl Line {
                 tls: self.tls,
                 fields: self.fields.as_ref(),
                 cache: self.cache,
+                client_cert: self.client_cert.as_deref(),
             },
         );
     }

@@ -193,6 +193,8 @@ class Client(QuicConnectionProtocol):
 async def main():
     cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost")
     cfg.load_verify_locations(ca)
+    if os.environ.get("QWEB_H3_CERT"):
+        cfg.load_cert_chain(os.environ["QWEB_H3_CERT"], os.environ["QWEB_H3_KEY"])
     async with connect(host, port, configuration=cfg, create_protocol=Client, wait_connected=True) as c:
         if greedy:
             c._quic._remote_max_streams_bidi = 10_000
@@ -222,6 +224,18 @@ except BaseException as e:
 /// Runs `aioquic` against `addr` (UDP) trusting `ca`: one connection, `reqs` in parallel.
 /// `Err`: the connection failed; per request `Err` when that stream failed.
 pub fn aioquic(addr: SocketAddr, ca: &Path, reqs: &[H3Request], greedy: bool) -> AioquicResult {
+    aioquic_as(addr, ca, None, reqs, greedy)
+}
+
+/// [`aioquic`] presenting the client certificate `identity` (certificate and key PEM files)
+/// when the server asks for one.
+pub fn aioquic_as(
+    addr: SocketAddr,
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+    reqs: &[H3Request],
+    greedy: bool,
+) -> AioquicResult {
     let list: Vec<serde_json::Value> = reqs
         .iter()
         .map(|r| {
@@ -230,7 +244,11 @@ pub fn aioquic(addr: SocketAddr, ca: &Path, reqs: &[H3Request], greedy: bool) ->
         })
         .collect();
     // the requests (bodies included) on stdin: an argument is limited in size
-    let mut child = Command::new("python3")
+    let mut cmd = Command::new("python3");
+    if let Some((cert, key)) = identity {
+        cmd.env("QWEB_H3_CERT", cert).env("QWEB_H3_KEY", key);
+    }
+    let mut child = cmd
         .args(["-c", CLIENT])
         .arg(addr.ip().to_string())
         .arg(addr.port().to_string())

@@ -266,3 +266,103 @@ pub async fn get_text(c: &reqwest::Client, url: &str) -> (u16, String) {
     let r = c.get(url).send().await.expect("response");
     (r.status().as_u16(), r.text().await.expect("body"))
 }
+
+/// The files of [`client_pki`]: a CA and the client certificates tests present (each
+/// `<stem>.crt` and `<stem>.key` in the folder).
+pub struct ClientPki {
+    /// The client CA's certificate (what `client_auth`'s `ca` names).
+    pub ca: std::path::PathBuf,
+    /// The folder.
+    pub dir: std::path::PathBuf,
+}
+
+impl ClientPki {
+    /// The certificate and key of client `stem` (`alice`, `stranger`, `expired`,
+    /// `server_only`).
+    pub fn client(&self, stem: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+        (
+            self.dir.join(format!("{stem}.crt")),
+            self.dir.join(format!("{stem}.key")),
+        )
+    }
+}
+
+/// Writes a client PKI to `dir`: `client-ca.crt` (CA `qweb test client CA`), `other-ca.crt`
+/// (the CA of `stranger`), and client
+/// certificates `alice` (`CN=alice,O=ops`, from that CA, clientAuth), `stranger` (from
+/// another CA), `expired` (from the CA, valid 2020 only) and `server_only` (from the CA,
+/// extended key usage serverAuth only).
+pub fn client_pki(dir: &Path) -> ClientPki {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+        KeyUsagePurpose,
+    };
+    let new_key = || KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+    let ca = |cn: &str| {
+        let key = new_key();
+        let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let cert = p.self_signed(&key).expect("CA");
+        (cert, key)
+    };
+    let (ca_cert, ca_key) = ca("qweb test client CA");
+    let (other_cert, other_key) = ca("another CA");
+    std::fs::write(dir.join("client-ca.crt"), ca_cert.pem()).expect("write CA");
+    std::fs::write(dir.join("other-ca.crt"), other_cert.pem()).expect("write CA");
+    let client = |stem: &str,
+                  cn: &str,
+                  issuer: (&rcgen::Certificate, &KeyPair),
+                  eku: ExtendedKeyUsagePurpose,
+                  expired: bool| {
+        let key = new_key();
+        let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
+        // O first, CN last: RFC 4514 writes it `CN=...,O=ops`
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        p.distinguished_name.push(DnType::OrganizationName, "ops");
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.extended_key_usages = vec![eku];
+        p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        if expired {
+            p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            p.not_after = rcgen::date_time_ymd(2020, 12, 31);
+        }
+        let cert = p.signed_by(&key, issuer.0, issuer.1).expect("client cert");
+        std::fs::write(dir.join(format!("{stem}.crt")), cert.pem()).expect("write cert");
+        std::fs::write(dir.join(format!("{stem}.key")), key.serialize_pem()).expect("write key");
+    };
+    let ours = (&ca_cert, &ca_key);
+    client(
+        "alice",
+        "alice",
+        ours,
+        ExtendedKeyUsagePurpose::ClientAuth,
+        false,
+    );
+    client(
+        "stranger",
+        "mallory",
+        (&other_cert, &other_key),
+        ExtendedKeyUsagePurpose::ClientAuth,
+        false,
+    );
+    client(
+        "expired",
+        "alice",
+        ours,
+        ExtendedKeyUsagePurpose::ClientAuth,
+        true,
+    );
+    client(
+        "server_only",
+        "alice",
+        ours,
+        ExtendedKeyUsagePurpose::ServerAuth,
+        false,
+    );
+    ClientPki {
+        ca: dir.join("client-ca.crt"),
+        dir: dir.to_owned(),
+    }
+}

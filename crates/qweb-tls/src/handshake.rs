@@ -131,11 +131,91 @@ async fn peer_gone<IO: Transport>(io: &IO) {
 
 /// Performs the server side of a TLS handshake on `io`.
 pub async fn accept<IO: Transport>(
-    mut io: IO,
+    io: IO,
     config: Arc<ServerConfig>,
     driver: Driver<'_>,
 ) -> Result<TlsStream<IO>, HandshakeError> {
-    let mut conn = Box::new(ServerConnection::new(config).map_err(HandshakeError::Tls)?);
+    accept_for_sites(io, config, None, driver)
+        .await
+        .map(|(s, _)| s)
+}
+
+/// Writes the alert rustls' `Acceptor` made for a refused ClientHello.
+async fn send_alert<IO: Transport>(alert: &mut rustls::server::AcceptedAlert, io: &mut IO) {
+    let mut out = Vec::new();
+    if alert.write_all(&mut out).is_ok() && !out.is_empty() {
+        let _ = io.write_all(&out).await;
+    }
+}
+
+/// [`accept`], with the configuration chosen by the ClientHello's server name among
+/// `sites` (sites with a client-certificate policy of their own); the listener's `config`
+/// for other names. The site whose configuration ran comes back with the stream.
+pub async fn accept_for_sites<IO: Transport>(
+    mut io: IO,
+    config: Arc<ServerConfig>,
+    sites: Option<&crate::SitePolicies>,
+    driver: Driver<'_>,
+) -> Result<(TlsStream<IO>, Option<usize>), HandshakeError> {
+    let (mut conn, site) = match sites.filter(|s| !s.is_empty()) {
+        None => (
+            Box::new(ServerConnection::new(config).map_err(HandshakeError::Tls)?),
+            None,
+        ),
+        Some(sites) => {
+            let mut acceptor = rustls::server::Acceptor::default();
+            let accepted = loop {
+                let read = std::future::poll_fn(|cx| {
+                    match acceptor.read_tls(&mut SyncIo { io: &mut io, cx }) {
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Poll::Pending,
+                        r => Poll::Ready(r),
+                    }
+                });
+                match read.await {
+                    Ok(0) => return Err(HandshakeError::PeerClosed),
+                    Ok(_) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                match acceptor.accept() {
+                    Ok(Some(a)) => break a,
+                    Ok(None) => {}
+                    Err((e, mut alert)) => {
+                        send_alert(&mut alert, &mut io).await;
+                        return Err(HandshakeError::Tls(e));
+                    }
+                }
+            };
+            let (site, cfg) = match sites.pick(accepted.client_hello().server_name()) {
+                Some((i, c)) => (Some(*i), c.clone()),
+                None => (None, config),
+            };
+            // the ClientHello's step (the signature) runs here, as `process_new_packets` does;
+            // boxed in and out: a job's closure and result must be small
+            let accepted = Box::new(accepted);
+            let step = move || {
+                accepted
+                    .into_connection(cfg)
+                    .map(Box::new)
+                    .map_err(Box::new)
+            };
+            let r = match &driver {
+                Driver::Direct => step(),
+                Driver::Fair(turns) => {
+                    let _turn = turns.take().await;
+                    step()
+                }
+                Driver::Job { offloader, gauges } => run_job(step, &io, offloader, gauges).await?,
+            };
+            match r {
+                Ok(c) => (c, site),
+                Err(e) => {
+                    let (e, mut alert) = *e;
+                    send_alert(&mut alert, &mut io).await;
+                    return Err(HandshakeError::Tls(e));
+                }
+            }
+        }
+    };
     loop {
         flush(&mut conn, &mut io).await?;
         if !conn.is_handshaking() {
@@ -170,7 +250,7 @@ pub async fn accept<IO: Transport>(
             return Err(HandshakeError::Tls(e));
         }
     }
-    Ok(TlsStream::new(io, *conn))
+    Ok((TlsStream::new(io, *conn), site))
 }
 
 /// Runs `process_new_packets` as a job; every op it pauses on is executed by the offloader
@@ -181,10 +261,26 @@ async fn run_as_job<IO: Transport>(
     offloader: &Rc<Offloader>,
     gauges: &HandshakeGauges,
 ) -> Result<(Box<ServerConnection>, Result<(), rustls::Error>), HandshakeError> {
-    let (mut job, mut step) = Job::start(move || {
-        let r = conn.process_new_packets().map(|_| ());
-        (conn, r)
-    });
+    run_job(
+        move || {
+            let r = conn.process_new_packets().map(|_| ());
+            (conn, r)
+        },
+        io,
+        offloader,
+        gauges,
+    )
+    .await
+}
+
+/// Runs `f` as a job (see [`run_as_job`]).
+async fn run_job<IO: Transport, R: 'static>(
+    f: impl FnOnce() -> R + 'static,
+    io: &IO,
+    offloader: &Rc<Offloader>,
+    gauges: &HandshakeGauges,
+) -> Result<R, HandshakeError> {
+    let (mut job, mut step) = Job::start(f);
     loop {
         match step {
             Step::Paused(op) => {

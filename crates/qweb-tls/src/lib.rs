@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 mod certs;
+pub mod client_auth;
 pub mod der;
 mod error;
 pub mod handshake;
@@ -31,6 +32,7 @@ pub use certs::{
     cert_key_id, load_certified_key, load_certified_key_with, load_certs, load_offloaded,
     load_private_key, LoadedCert,
 };
+pub use client_auth::{ClientAuth, ClientCert, SitePolicies};
 pub use error::TlsError;
 pub use handshake::HandshakeError;
 pub use managed::{Managed, ALPN_ACME};

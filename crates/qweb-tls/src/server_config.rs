@@ -6,7 +6,7 @@ use rustls::crypto::CryptoProvider;
 use rustls::server::ResolvesServerCert;
 use rustls::ServerConfig;
 
-use crate::TlsError;
+use crate::{ClientAuth, TlsError};
 
 /// ALPN protocol id of HTTP/2.
 pub const ALPN_H2: &[u8] = b"h2";
@@ -31,15 +31,20 @@ pub fn provider() -> CryptoProvider {
 }
 
 /// A server configuration: TLS 1.2 and 1.3, certificates from `resolver`, ALPN `h2` (when
-/// `http2` is set) then `http/1.1`.
+/// `http2` is set) then `http/1.1`; client certificates checked by `client_auth`'s verifier
+/// (`None`: none asked for).
 pub fn server_config(
     resolver: Arc<dyn ResolvesServerCert>,
     http2: bool,
+    client_auth: Option<&ClientAuth>,
 ) -> Result<ServerConfig, TlsError> {
-    let mut config = ServerConfig::builder_with_provider(Arc::new(provider()))
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
-        .with_no_client_auth()
-        .with_cert_resolver(resolver);
+    let builder = ServerConfig::builder_with_provider(Arc::new(provider()))
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
+    let builder = match client_auth {
+        Some(c) => builder.with_client_cert_verifier(c.verifier.clone()),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(resolver);
     if http2 {
         config.alpn_protocols.push(ALPN_H2.to_vec());
     }

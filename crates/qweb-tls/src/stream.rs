@@ -389,7 +389,7 @@ mod tests {
         )
         .unwrap();
         let resolver = SniResolver::new(&[loaded]).unwrap();
-        let server = Arc::new(server_config(Arc::new(resolver), false).unwrap());
+        let server = Arc::new(server_config(Arc::new(resolver), false, None).unwrap());
         let mut roots = rustls::RootCertStore::empty();
         roots.add(cert.der().clone()).unwrap();
         let client = rustls::ClientConfig::builder_with_provider(Arc::new(provider()))

@@ -86,6 +86,14 @@ pub(crate) async fn serve<H: Host, S: Handle>(
     {
         let _ = state.sni.set(name.into());
     }
+    // the chain rustls verified (`client_auth`), as over TCP
+    let chain = conn.peer_identity().and_then(|p| {
+        p.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+            .ok()
+    });
+    if let Some(c) = qweb_tls::ClientCert::of_chain(chain.as_deref().map(Vec::as_slice)) {
+        let _ = state.client_cert.set(std::sync::Arc::new(c));
+    }
     let h3 = h3::server::builder()
         .max_field_section_size(limits.max_request_header_size as u64)
         .build::<_, Bytes>(h3_quinn::Connection::new(conn.clone()))

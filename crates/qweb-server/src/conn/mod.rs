@@ -165,6 +165,8 @@ pub(crate) trait Handle: 'static {
 /// A TLS listener's handshake setup on this worker.
 pub(crate) struct TlsListener {
     pub config: std::sync::Arc<rustls::ServerConfig>,
+    /// The configurations of sites with their own `client_auth`, chosen by SNI.
+    pub site_policies: Option<std::sync::Arc<qweb_tls::SitePolicies>>,
     /// Async offload: this worker's handle on the engine (handshakes run as jobs).
     pub offloader: Option<Rc<qweb_offload::Offloader>>,
     /// Full/resumed handshake counters of the listener.
@@ -492,9 +494,15 @@ async fn handshake<H: Host>(
     };
     // A handshake in progress (perhaps paused on an offloaded signature) is not cut by
     // a shutdown: it may finish within its own timeout, bounded by the drain deadline.
-    let accept = qweb_tls::handshake::accept(stream, tls.config.clone(), driver);
+    let accept = qweb_tls::handshake::accept_for_sites(
+        stream,
+        tls.config.clone(),
+        tls.site_policies.as_deref(),
+        driver,
+    );
     let hs = tokio::time::timeout_at(deadline, accept).await;
-    let stream = handshake_outcome(worker.metrics(), peer, "TLS handshake", hs)?;
+    let (stream, site) = handshake_outcome(worker.metrics(), peer, "TLS handshake", hs)?;
+    state.tls_policy_site.set(site);
     if let Some(s) = &tls.sessions {
         s.record(stream.connection());
     }
@@ -528,7 +536,8 @@ pub(crate) fn handshake_outcome<T, E: std::fmt::Display>(
     }
 }
 
-/// Notes what the handshake chose (protocol version, SNI) and wraps the stream; `true`:
+/// Notes what the handshake chose (protocol version, SNI, the client's verified
+/// certificate) and wraps the stream; `true`:
 /// HTTP/2 by ALPN.
 fn tls_io(
     mut tls: qweb_tls::TlsStream,
@@ -545,6 +554,9 @@ fn tls_io(
         });
     if let Some(name) = tls.connection().server_name() {
         let _ = state.sni.set(name.into());
+    }
+    if let Some(c) = qweb_tls::ClientCert::of_chain(tls.connection().peer_certificates()) {
+        let _ = state.client_cert.set(std::sync::Arc::new(c));
     }
     // HTTP/2: the frames of every stream ready in one turn go out in one write
     tls.set_flush_after_yield(h2);

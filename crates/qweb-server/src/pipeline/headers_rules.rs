@@ -19,12 +19,18 @@ pub(crate) fn respond(site: Option<&Site>, route: Option<&Route>, resp: &mut Res
     }
 }
 
-/// The site's edits of a request forwarded upstream, then the route's.
-pub(crate) fn forward(site: Option<&Site>, route: &Route, headers: &mut HeaderMap) {
+/// The site's edits of a request forwarded upstream, then the route's; `cert`: the
+/// connection's verified client certificate, for the placeholders.
+pub(crate) fn forward(
+    site: Option<&Site>,
+    route: &Route,
+    cert: Option<&qweb_tls::ClientCert>,
+    headers: &mut HeaderMap,
+) {
     if let Some(s) = site {
-        s.request_headers.apply(headers);
+        s.request_headers.apply_request(headers, cert);
     }
-    route.rules.request_headers.apply(headers);
+    route.rules.request_headers.apply_request(headers, cert);
 }
 
 /// `charset` (the route's, else the site's) added to a text response that names none.

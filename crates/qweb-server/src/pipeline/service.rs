@@ -319,6 +319,16 @@ impl Service {
         if let Some(rd) = &self.redirect {
             return crate::pipeline::rewrite::redirect(rd, &req, path.as_deref().ok(), sni);
         }
+        // a site with its own client_auth is served only on handshakes that ran its policy
+        // (a listener's redirect, above, gives nothing away)
+        if self
+            .worker
+            .sites
+            .policy_mismatch(self.conn.tls_policy_site.get(), site)
+        {
+            tracing::debug!(peer = %self.conn.peer, "request for a site under another client_auth policy");
+            return response::status(StatusCode::MISDIRECTED_REQUEST);
+        }
         let site_ref = self.worker.sites.get(site);
         let path = match path
             .and_then(|p| crate::pipeline::rewrite::rewrite(self.worker.sites.rewrites(site), p))
@@ -415,7 +425,8 @@ impl Service {
                     // the credentials were for qweb (`forward_authorization` passes them on)
                     req.headers_mut().remove(header::AUTHORIZATION);
                 }
-                crate::pipeline::headers_rules::forward(site_ref, route, req.headers_mut());
+                let cert = self.conn.client_cert.get().map(|c| &**c);
+                crate::pipeline::headers_rules::forward(site_ref, route, cert, req.headers_mut());
                 let pq = if proxy.pass_raw_path() {
                     req.uri()
                         .path_and_query()

@@ -28,6 +28,8 @@ pub(crate) struct Site {
     pub access: crate::config::AccessRules,
     /// `basic_auth` of the routes without their own.
     pub basic_auth: Option<crate::config::BasicAuth>,
+    /// It has a `client_auth` policy of its own.
+    own_client_auth: bool,
 }
 
 /// Which site answers: `None` is the top-level routes.
@@ -85,6 +87,7 @@ impl Sites {
                 access: s.access.clone(),
                 basic_auth: s.basic_auth.clone(),
                 certs: s.certificates.iter().map(|c| c.cert.clone()).collect(),
+                own_client_auth: s.client_auth.is_some(),
             });
         }
         Ok(sites)
@@ -142,6 +145,16 @@ impl Sites {
     /// The site itself (`None`: the top-level routes, which have no site settings).
     pub(crate) fn get(&self, site: SiteId) -> Option<&Site> {
         site.and_then(|i| self.list.get(i))
+    }
+
+    /// A request for `host_site` arrived on a connection whose handshake ran with the
+    /// `client_auth` policy of site `policy_site` (`None`: the listener's, or plain HTTP): is
+    /// it misdirected? When the request's site has a policy of its own and the handshake did
+    /// not run with it, or the handshake ran with a site's policy and the request is for
+    /// another site: a request is answered only under the policy of its site.
+    pub(crate) fn policy_mismatch(&self, policy_site: Option<usize>, host_site: SiteId) -> bool {
+        let own = host_site.filter(|&i| self.list.get(i).is_some_and(|s| s.own_client_auth));
+        own != policy_site
     }
 
     /// A request for `host_site` arrived on a TLS connection whose client asked (by SNI) for

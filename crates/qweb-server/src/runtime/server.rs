@@ -133,6 +133,8 @@ struct ListenerSetup {
     async_engine: Option<(Arc<dyn Engine>, Duration)>,
     /// TLS session resumption and OCSP state (TLS listeners).
     session: Option<Arc<crate::runtime::tls::session::ListenerSession>>,
+    /// The configurations of sites with their own `client_auth`, by SNI.
+    sites: Option<Arc<qweb_tls::SitePolicies>>,
 }
 
 impl Server {
@@ -382,6 +384,7 @@ fn listener_setup(
         }),
     };
     let mut session = None;
+    let mut sites = None;
     let tls = match &l.tls {
         None => None,
         Some(t) => {
@@ -409,7 +412,12 @@ fn listener_setup(
                     qweb_tls::TlsError::Generate("no certificate for a TLS listener".into())
                 })?,
             };
-            let mut sc = qweb_tls::server_config(Arc::new(resolver), l.http2)?;
+            let client_auth = match &l.client_auth {
+                Some(c) => Some(qweb_tls::ClientAuth::from_ca_file(&c.ca, c.required)?),
+                None => None,
+            };
+            let resolver: Arc<dyn rustls::server::ResolvesServerCert> = Arc::new(resolver);
+            let mut sc = qweb_tls::server_config(resolver.clone(), l.http2, client_auth.as_ref())?;
             if acme.is_some() {
                 // last: only a client offering `acme-tls/1` alone (a CA validating
                 // TLS-ALPN-01) gets it
@@ -417,6 +425,15 @@ fn listener_setup(
             }
             let (s, refresher) =
                 crate::runtime::tls::session::setup(l, config, &certs, &mut sc, previous)?;
+            // sites with a policy of their own share the listener's certificates and
+            // resumption state, each bound to its own policy
+            if matches!(t, TlsConfig::Certificates(_)) {
+                sites = site_policies(config, &sc, &resolver, l.http2)?;
+            }
+            if let Some(c) = &client_auth {
+                // a session resumes only under the policy that issued it
+                qweb_tls::client_auth::bind_sessions(&mut sc, c.tag);
+            }
             session = Some(Arc::new(s));
             refreshers.extend(refresher);
             Some(Arc::new(sc))
@@ -426,7 +443,33 @@ fn listener_setup(
         tls,
         async_engine,
         session,
+        sites,
     })
+}
+
+/// The configurations of the sites with their own `client_auth`, made like the listener's
+/// `base` (certificates from `resolver`, its ALPN, tickets and session cache, before they are
+/// bound to the listener's policy); `None`: no site has one.
+fn site_policies(
+    config: &Config,
+    base: &rustls::ServerConfig,
+    resolver: &Arc<dyn rustls::server::ResolvesServerCert>,
+    http2: bool,
+) -> Result<Option<Arc<qweb_tls::SitePolicies>>, ServerError> {
+    let mut out = qweb_tls::SitePolicies::default();
+    for (i, site) in config.sites.sites.iter().enumerate() {
+        let Some(c) = &site.client_auth else { continue };
+        let auth = qweb_tls::ClientAuth::from_ca_file(&c.ca, c.required)?;
+        let mut sc = qweb_tls::server_config(resolver.clone(), http2, Some(&auth))?;
+        sc.alpn_protocols = base.alpn_protocols.clone();
+        sc.max_early_data_size = base.max_early_data_size;
+        sc.send_tls13_tickets = base.send_tls13_tickets;
+        sc.ticketer = base.ticketer.clone();
+        sc.session_storage = base.session_storage.clone();
+        qweb_tls::client_auth::bind_sessions(&mut sc, auth.tag);
+        out.add(i, &site.server_names, Arc::new(sc));
+    }
+    Ok((!out.is_empty()).then(|| Arc::new(out)))
 }
 
 /// One worker's share of a generation: every listener, with a socket where it is new (each
@@ -451,6 +494,7 @@ fn generation_for_worker(
             // (a binary upgrade's: taken at start, before unadopted ones are closed)
             udp: crate::runtime::quic::steer::take_inherited(l.bound, worker),
             tls: setup.tls.clone(),
+            site_policies: setup.sites.clone(),
             async_engine: setup.async_engine.clone(),
             sessions: setup.session.as_ref().map(|s| s.stats.clone()),
             redirect: config.listeners.get(i).and_then(|c| c.redirect.clone()),

@@ -72,6 +72,8 @@ pub(crate) struct GenListener {
     /// This worker's socket when the listener is new; `None`: keep the one it has.
     pub socket: Option<StdListener>,
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The configurations of sites with their own `client_auth`, by SNI.
+    pub site_policies: Option<Arc<qweb_tls::SitePolicies>>,
     /// Async offload: the engine and the per-op timeout.
     pub async_engine: Option<(Arc<dyn Engine>, Duration)>,
     /// Every request on this listener is redirected.
@@ -282,8 +284,10 @@ impl Worker {
         let mut next = HashMap::new();
         for l in g.listeners {
             let sessions = l.sessions;
+            let site_policies = l.site_policies;
             let tls = l.tls.map(|config| TlsListener {
                 config,
+                site_policies,
                 sessions,
                 offloader: l
                     .async_engine

@@ -68,6 +68,8 @@ fn start(text: &str, upstream: Option<SocketAddr>) -> Recipe {
         "example.org",
         &["example.org", "*.example.org"],
     );
+    // recipe 9's client CA (`client-ca.crt`) and the certificates its clients present
+    common::tls::client_pki(&d.join("etc"));
     for (path, body) in [
         ("www/index.html", "www index"),
         ("www/assets/app.css", "p{}"),
@@ -140,8 +142,50 @@ fn header(r: &reqwest::Response, name: &str) -> String {
 }
 
 #[test]
-fn readme_has_eight_recipes() {
-    assert_eq!(recipes().len(), 8);
+fn readme_has_nine_recipes() {
+    assert_eq!(recipes().len(), 9);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recipe_9_internal_api_with_client_certificates() {
+    let up = common::recorder::start().await;
+    let r = start(&recipes()[8], Some(up.addr));
+    let port = r.addrs[0].port();
+    let etc = r.dir.path().join("etc");
+    let with = |stem: Option<&str>| {
+        let mut tls = common::tls::ClientTls::trusting(&etc.join("example.com.crt"));
+        if let Some(s) = stem {
+            tls = tls.client_cert(&etc.join(format!("{s}.crt")), &etc.join(format!("{s}.key")));
+        }
+        common::tls::https_builder(tls.build())
+            .resolve("example.com", r.addrs[0])
+            .build()
+            .unwrap()
+    };
+    let resp = with(Some("alice"))
+        .get(format!("https://example.com:{port}/orders"))
+        .header("x-client-subject", "CN=admin")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let got = up.take();
+    assert_eq!(got[0].header_all("x-client-subject"), ["CN=alice,O=ops"]);
+    assert_eq!(
+        got[0].header("x-client-fingerprint").map(|f| f.len()),
+        Some(64)
+    );
+    for stem in [None, Some("stranger"), Some("expired")] {
+        let r = with(stem)
+            .get(format!("https://example.com:{port}/orders"))
+            .send()
+            .await;
+        assert!(r.is_err(), "{stem:?}: {r:?}");
+    }
+    assert!(
+        up.take().is_empty(),
+        "no request without a good certificate reached the app"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
