@@ -142,8 +142,92 @@ fn header(r: &reqwest::Response, name: &str) -> String {
 }
 
 #[test]
-fn readme_has_nine_recipes() {
-    assert_eq!(recipes().len(), 9);
+fn readme_has_ten_recipes() {
+    assert_eq!(recipes().len(), 10);
+}
+
+/// Recipe 10's SSO service: 200 with `X-User: alice` to a request with the cookie
+/// `session=ok`, else 302 to the login page.
+async fn sso() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    |req: hyper::Request<hyper::body::Incoming>| async move {
+                        let ok = req
+                            .headers()
+                            .get("cookie")
+                            .is_some_and(|c| c.as_bytes() == b"session=ok");
+                        let b = hyper::Response::builder();
+                        let r = if ok {
+                            b.header("x-user", "alice")
+                        } else {
+                            b.status(302)
+                                .header("location", "https://sso.example.com/login")
+                        };
+                        Ok::<_, std::convert::Infallible>(
+                            r.body(http_body_util::Empty::<bytes::Bytes>::new())
+                                .unwrap(),
+                        )
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recipe_10_office_only_admin_and_single_sign_on() {
+    let up = common::recorder::start().await;
+    let auth = sso().await;
+    let text = recipes()[9].replace("127.0.0.1:4181", &auth.to_string());
+    let r = start(&text, Some(up.addr));
+    let c = client(&r, r.addrs[0]);
+    let port = r.addrs[0].port();
+    let app = format!("https://example.com:{port}/app");
+    // no session: the SSO's redirect to its login page, nothing reaches the app
+    let resp = c.get(&app).send().await.unwrap();
+    assert_eq!(resp.status(), 302);
+    assert_eq!(header(&resp, "location"), "https://sso.example.com/login");
+    assert!(up.take().is_empty());
+    // a session: the app sees the SSO's user, not the client's
+    let resp = c
+        .get(&app)
+        .header("cookie", "session=ok")
+        .header("x-user", "mallory")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(up.take()[0].header_all("x-user"), ["alice"]);
+    // the admin pages: 127.0.0.1 is not the office
+    for path in ["/admin", "/admin;x", "//admin/users"] {
+        let resp = c
+            .get(format!("https://example.com:{port}{path}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 403, "{path}");
+    }
+    assert!(up.take().is_empty());
+    // from the office (here: this machine), served
+    let office = recipes()[9]
+        .replace("127.0.0.1:4181", &auth.to_string())
+        .replace("\"192.0.2.0/24\"", "\"127.0.0.0/8\"");
+    let r = start(&office, Some(up.addr));
+    let c = client(&r, r.addrs[0]);
+    let resp = c
+        .get(format!("https://example.com:{}/admin", r.addrs[0].port()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
