@@ -8,6 +8,7 @@ mod admin_listener;
 mod basic_auth;
 mod compression;
 mod file_cache;
+mod fleet;
 mod forward_auth;
 mod h1_wire;
 mod hostile;

@@ -32,8 +32,8 @@ use hyper_util::rt::TokioIo;
 ///   then nothing more (the origin stalls mid-body for an hour), later ones the whole body;
 /// - `/tiny/..`: `max-age=60`, a body of 2 bytes;
 /// - `/html/..`: `max-age=60`, 20 KiB of `text/html`.
-struct Origin {
-    addr: SocketAddr,
+pub(crate) struct Origin {
+    pub(crate) addr: SocketAddr,
     counts: Arc<Mutex<HashMap<String, usize>>>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -45,7 +45,7 @@ impl Drop for Origin {
 }
 
 impl Origin {
-    fn count(&self, path: &str) -> usize {
+    pub(crate) fn count(&self, path: &str) -> usize {
         self.counts.lock().unwrap().get(path).copied().unwrap_or(0)
     }
 }
@@ -162,7 +162,7 @@ fn html() -> String {
         .collect()
 }
 
-async fn origin() -> Origin {
+pub(crate) async fn origin() -> Origin {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let counts: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
@@ -208,7 +208,7 @@ async fn get(url: &str) -> (u16, HashMap<String, String>, String) {
     get_with(url, &[]).await
 }
 
-async fn get_with(url: &str, fields: &[(&str, &str)]) -> (u16, HashMap<String, String>, String) {
+pub(crate) async fn get_with(url: &str, fields: &[(&str, &str)]) -> (u16, HashMap<String, String>, String) {
     let mut rb = common::plain_client().get(url);
     for (n, v) in fields {
         rb = rb.header(*n, *v);
