@@ -51,7 +51,8 @@ pub use compression::CompressionConfig;
 pub use error::ConfigError;
 pub use file_cache::FileCacheConfig;
 pub use fleet::{
-    default_node_name, FleetConfig, DEFAULT_FLEET_KEY_PREFIX, DEFAULT_FLEET_TIMEOUT, MAX_FLEET_TIMEOUT,
+    default_node_name, FleetConfig, DEFAULT_FLEET_KEY_PREFIX, DEFAULT_FLEET_TIMEOUT,
+    MAX_FLEET_TIMEOUT,
 };
 pub use forward_auth::{
     ForwardAuth, DEFAULT_FORWARD_AUTH_RESPONSE, DEFAULT_FORWARD_AUTH_TIMEOUT,

@@ -142,11 +142,6 @@ impl Fleet {
         Ok(fleet)
     }
 
-    /// This node's name.
-    pub(crate) fn node_name(&self) -> &str {
-        &self.config.node_name
-    }
-
     fn key(&self, rest: &str) -> String {
         format!("{}{rest}", self.config.key_prefix)
     }
@@ -213,22 +208,17 @@ impl Fleet {
     }
 
     /// One connection to the store, until it fails or the server stops.
-    async fn session(
-        &self,
-        client: &redis::Client,
-        shutdown: &mut watch::Receiver<bool>,
-    ) -> Ended {
+    async fn session(&self, client: &redis::Client, shutdown: &mut watch::Receiver<bool>) -> Ended {
         let t = self.config.timeout;
         let lost = |why: String| Ended::Lost { why, was_up: false };
         let cfg = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(t)
             .set_response_timeout(t);
-        let mut conn = match bounded(t, client.get_multiplexed_async_connection_with_config(&cfg))
-            .await
-        {
-            Ok(c) => c,
-            Err(e) => return lost(e),
-        };
+        let mut conn =
+            match bounded(t, client.get_multiplexed_async_connection_with_config(&cfg)).await {
+                Ok(c) => c,
+                Err(e) => return lost(e),
+            };
         let mut pubsub = match bounded(t, client.get_async_pubsub()).await {
             Ok(p) => p,
             Err(e) => return lost(e),

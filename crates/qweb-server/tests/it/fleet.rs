@@ -37,7 +37,9 @@ async fn purge(t: &common::TestServer, path: &str) -> (serde_json::Value, Durati
     let admin = t.admin.unwrap();
     let start = Instant::now();
     let r = common::plain_client()
-        .post(format!("http://{admin}/cache/purge?url=http://{HOST}{path}"))
+        .post(format!(
+            "http://{admin}/cache/purge?url=http://{HOST}{path}"
+        ))
         .send()
         .await
         .unwrap();
@@ -114,13 +116,23 @@ async fn a_purge_on_one_node_reaches_the_others_and_the_nodes_list_each_other() 
     })
     .await;
     let f = fleet_status(&a).await;
-    assert_eq!((f["node"].as_str(), f["connected"].as_bool()), (Some("a"), Some(true)));
+    assert_eq!(
+        (f["node"].as_str(), f["connected"].as_bool()),
+        (Some("a"), Some(true))
+    );
     assert!(f["down_since"].is_null(), "{f}");
     let beat: serde_json::Value =
         serde_json::from_str(&redis.command(&["GET", "qweb:node:b"])).unwrap();
     assert_eq!(beat["pid"].as_u64(), Some(u64::from(std::process::id())));
-    assert!(beat["started"].as_u64().is_some() && beat["version"].is_string(), "{beat}");
-    let ttl: i64 = redis.command(&["TTL", "qweb:node:b"]).trim_start_matches(':').parse().unwrap();
+    assert!(
+        beat["started"].as_u64().is_some() && beat["version"].is_string(),
+        "{beat}"
+    );
+    let ttl: i64 = redis
+        .command(&["TTL", "qweb:node:b"])
+        .trim_start_matches(':')
+        .parse()
+        .unwrap();
     assert!((1..=15).contains(&ttl), "{ttl}");
 
     for t in [&a, &b, &c] {
@@ -201,7 +213,11 @@ async fn a_silent_store_holds_up_neither_the_start_nor_a_purge() {
     let up = origin().await;
     let start = Instant::now();
     let a = node(up.addr, &silent.url(), "a", "timeout = \"500ms\"");
-    assert!(start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
     assert_eq!(get(&a, "/fresh/s").await.0, "qweb; fwd=miss; stored");
     assert_eq!(get(&a, "/fresh/s").await.0, "qweb; hit");
     let (answer, took) = purge(&a, "/fresh/s").await;
