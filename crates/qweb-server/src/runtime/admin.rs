@@ -71,7 +71,7 @@ async fn handle(req: &Request<Incoming>, state: &AdminState) -> Response<Body> {
                 };
                 (purged(n, fleet), fleet)
             }
-            Err(r) => (r, None),
+            Err(r) => (*r, None),
         };
         if let Some(false) = published {
             tracing::warn!("cache purge done on this node only: the fleet's store is away");
@@ -126,12 +126,12 @@ async fn handle(req: &Request<Incoming>, state: &AdminState) -> Response<Body> {
 fn purge(
     req: &Request<Incoming>,
     cache: Option<&qweb_cache::Store>,
-) -> Result<(usize, bool, String), Response<Body>> {
+) -> Result<(usize, bool, String), Box<Response<Body>>> {
     if req.method() != Method::POST {
-        return Err(response::method_not_allowed("POST"));
+        return Err(Box::new(response::method_not_allowed("POST")));
     }
     let Some(store) = cache else {
-        return Err(response::status(StatusCode::NOT_FOUND));
+        return Err(Box::new(response::status(StatusCode::NOT_FOUND)));
     };
     let query = req.uri().query().unwrap_or("");
     let mut target = None;
@@ -147,12 +147,14 @@ fn purge(
         }
     }
     let Some((prefix, url)) = target else {
-        return Err(bad_purge(
+        return Err(Box::new(bad_purge(
             "name the URL: ?url=ABSOLUTE_URL or ?prefix=ABSOLUTE_URL_PREFIX",
-        ));
+        )));
     };
     let Some(key) = purge_key(&url, prefix) else {
-        return Err(bad_purge("the URL is absolute: http(s)://authority/path"));
+        return Err(Box::new(bad_purge(
+            "the URL is absolute: http(s)://authority/path",
+        )));
     };
     let n = if prefix {
         store.purge_prefix(&key)
