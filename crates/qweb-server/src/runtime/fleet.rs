@@ -173,6 +173,11 @@ impl Fleet {
                 return;
             }
         };
+        if self.config.store.starts_with("rediss://") {
+            // redis-rs builds its rustls client with the process's default provider: without
+            // one (two are compiled in) that would panic at the first connection
+            let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        }
         let mut backoff = BACKOFF_MIN;
         // logged once per outage: at the first failure, and again when the store is back
         let mut logged_down = false;
@@ -489,6 +494,33 @@ impl prometheus_client::collector::Collector for FleetCollector {
 #[cfg(test)]
 mod tests {
     use super::glob_literal;
+    use std::sync::atomic::Ordering::Relaxed;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_rediss_store_needs_no_tls_provider_installed_beforehand() {
+        // a peer that accepts and hangs up: the TLS client is built (the provider needed),
+        // the handshake fails, the failure is counted (a panic would end the thread first)
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                drop(c);
+            }
+        });
+        let cache = qweb_cache::Store::new(crate::pipeline::cache::limits(
+            &qweb_config::CacheConfig::default(),
+        ));
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let config = qweb_config::FleetConfig::new(format!("rediss://{addr}/0"), "t");
+        let f = super::Fleet::start(config, cache, rx).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while f.stats.errors.load(Relaxed) < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(f.stats.errors.load(Relaxed) >= 2);
+        let _ = tx.send(true);
+    }
 
     #[test]
     fn a_prefix_is_matched_literally() {

@@ -252,3 +252,21 @@ async fn a_purge_waits_at_most_the_timeout_on_a_store_that_stops_answering() {
     assert_eq!(answer["fleet"], false, "{answer}");
     assert_eq!(get(&a, "/fresh/p").await.0, "qweb; fwd=miss; stored");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rediss_store_whose_handshake_fails_leaves_the_node_serving() {
+    // a plain Redis behind rediss://: the TLS handshake fails, the node says so and retries
+    // (the fleet thread lives on: no panic for want of a TLS provider)
+    let redis = RedisServer::start();
+    let up = origin().await;
+    let url = redis.url().replace("redis://", "rediss://");
+    let a = node(up.addr, &url, "a", "timeout = \"500ms\"");
+    until(Duration::from_secs(8), "two failed tries", || async {
+        metric(&a, "qweb_fleet_errors_total").await >= 2.0
+    })
+    .await;
+    let f = fleet_status(&a).await;
+    assert_eq!(f["connected"], false, "{f}");
+    assert_eq!(get(&a, "/fresh/t").await.0, "qweb; fwd=miss; stored");
+    assert_eq!(redis.command(&["EXISTS", "qweb:node:a"]), ":0");
+}
