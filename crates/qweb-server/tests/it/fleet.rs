@@ -270,3 +270,24 @@ async fn a_rediss_store_whose_handshake_fails_leaves_the_node_serving() {
     assert_eq!(get(&a, "/fresh/t").await.0, "qweb; fwd=miss; stored");
     assert_eq!(redis.command(&["EXISTS", "qweb:node:a"]), ":0");
 }
+
+/// The HTML `/status` in a real browser lists the nodes (as text) and the store's state.
+#[test]
+fn the_status_page_lists_the_nodes() {
+    let Some(browser) = common::browser::Chromium::find() else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let redis = RedisServer::start();
+    let up = rt.block_on(origin());
+    let a = node(up.addr, &redis.url(), "a", "");
+    let _b = node(up.addr, &redis.url(), "<b>b</b>", "");
+    rt.block_on(until(Duration::from_secs(12), "a lists both", || async {
+        nodes(&a).await.len() == 2
+    }));
+    let dom = browser.dump_dom(&format!("http://{}/status", a.admin.unwrap()), Some(3000));
+    assert!(dom.contains("<b id=\"fleet-node\">a</b>"), "{dom}");
+    assert!(dom.contains("class=\"pill ok\">connected</span>"), "{dom}");
+    assert!(dom.contains("<tr><td>a</td>"), "{dom}");
+    assert!(dom.contains("<tr><td>&lt;b&gt;b&lt;/b&gt;</td>"), "{dom}");
+}
