@@ -64,11 +64,11 @@ async fn fleet_status(t: &common::TestServer) -> serde_json::Value {
     doc["fleet"].clone()
 }
 
-/// A sample of `/metrics` (0 when absent).
+/// A sample of `/metrics` (the test kit's strict scrape; 0 when absent).
 async fn metric(t: &common::TestServer, name: &str) -> f64 {
-    let text = admin_get(t, "/metrics").await;
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    common::metrics::scrape(t.admin.unwrap())
+        .await
+        .get(name, &[])
         .unwrap_or(0.0)
 }
 
@@ -153,6 +153,16 @@ async fn a_purge_on_one_node_reaches_the_others_and_the_nodes_list_each_other() 
     assert_eq!(metric(&b, "qweb_fleet_purges_received_total").await, 0.0);
     assert_eq!(metric(&b, "qweb_fleet_purges_published_total").await, 1.0);
     assert_eq!(metric(&b, "qweb_fleet_store_up").await, 1.0);
+    let m = common::metrics::scrape(b.admin.unwrap()).await;
+    assert!(m.has_type("qweb_fleet_store_up", "gauge"));
+    for family in [
+        "qweb_fleet_purges_published",
+        "qweb_fleet_purges_received",
+        "qweb_fleet_purges_unpublished",
+        "qweb_fleet_errors",
+    ] {
+        assert!(m.has_type(family, "counter"), "{family}");
+    }
     // the other nodes' entries are gone, not refetched behind the test's back
     assert_eq!(up.count("/fresh/f"), 6);
 }
@@ -290,4 +300,44 @@ fn the_status_page_lists_the_nodes() {
     assert!(dom.contains("class=\"pill ok\">connected</span>"), "{dom}");
     assert!(dom.contains("<tr><td>a</td>"), "{dom}");
     assert!(dom.contains("<tr><td>&lt;b&gt;b&lt;/b&gt;</td>"), "{dom}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_list_is_bounded_and_takes_what_the_store_holds_as_text() {
+    let redis = RedisServer::start();
+    // 1100 heartbeats, one of them not JSON, one a JSON array
+    let mut args = vec!["MSET".to_owned()];
+    for i in 0..1100 {
+        args.push(format!("qweb:node:fake{i:04}"));
+        args.push(match i {
+            0 => "not json".to_owned(),
+            1 => "[1,2]".to_owned(),
+            _ => format!("{{\"pid\":{i}}}"),
+        });
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(redis.command(&args), "+OK");
+    let up = origin().await;
+    let a = node(up.addr, &redis.url(), "a", "");
+    until(Duration::from_secs(12), "a lists 1024 nodes", || async {
+        nodes(&a).await.len() == 1024
+    })
+    .await;
+    let f = fleet_status(&a).await;
+    let list = f["nodes"].as_array().unwrap();
+    let first = list.iter().find(|n| n["name"] == "fake0000").unwrap();
+    assert_eq!(first, &serde_json::json!({ "name": "fake0000" }));
+    let second = list.iter().find(|n| n["name"] == "fake0001").unwrap();
+    assert_eq!(second, &serde_json::json!({ "name": "fake0001" }));
+    // a purge message that is not one is dropped and counted
+    redis.command(&["PUBLISH", "qweb:purge", "{\"kind\":\"url\"}"]);
+    redis.command(&["PUBLISH", "qweb:purge", "garbage"]);
+    until(
+        Duration::from_secs(5),
+        "the bad messages are counted",
+        || async { metric(&a, "qweb_fleet_errors_total").await >= 2.0 },
+    )
+    .await;
+    assert_eq!(metric(&a, "qweb_fleet_purges_received_total").await, 0.0);
+    assert_eq!(fleet_status(&a).await["connected"], true);
 }
