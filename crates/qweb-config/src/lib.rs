@@ -5,7 +5,7 @@
 //!
 //! Each section has its module, holding its typed settings and the part of `Validator` that
 //! checks them: `limits`, `log`, `offload`, `listener` (with `tls` for session resumption and
-//! OCSP), `route` (with `proxy` for proxy routes, `rate_limit`, `basic_auth`), `sites`, `compression`, `file_cache`, `cache`. The
+//! OCSP), `route` (with `proxy` for proxy routes, `rate_limit`, `basic_auth`), `sites`, `compression`, `file_cache`, `cache`, `fleet`. The
 //! file as written is `raw`. This module holds [`Config`], its entry points and defaults, and
 //! `Validator` with its shared helpers.
 
@@ -17,6 +17,7 @@ mod certificates;
 mod compression;
 mod error;
 mod file_cache;
+mod fleet;
 mod forward_auth;
 mod limits;
 mod listener;
@@ -49,6 +50,10 @@ pub use cache::{CacheConfig, RouteCache};
 pub use compression::CompressionConfig;
 pub use error::ConfigError;
 pub use file_cache::FileCacheConfig;
+pub use fleet::{
+    default_node_name, FleetConfig, DEFAULT_FLEET_KEY_PREFIX, DEFAULT_FLEET_TIMEOUT,
+    MAX_FLEET_TIMEOUT,
+};
 pub use forward_auth::{
     ForwardAuth, DEFAULT_FORWARD_AUTH_RESPONSE, DEFAULT_FORWARD_AUTH_TIMEOUT,
     MAX_FORWARD_AUTH_RESPONSE,
@@ -122,6 +127,8 @@ pub struct Config {
     /// Virtual hosts (`[[site]]`); `routes` answer the names no site claims unless a site is
     /// the default.
     pub sites: SitesConfig,
+    /// The store the fleet's nodes share (`[fleet]`), off unless configured.
+    pub fleet: Option<FleetConfig>,
 }
 
 /// Default `upgrade_drain_timeout`: tunnels of a replaced configuration live on up to an
@@ -200,6 +207,7 @@ impl Config {
             file_cache: FileCacheConfig::default(),
             cache: CacheConfig::default(),
             sites: SitesConfig::default(),
+            fleet: None,
         }
     }
 
@@ -307,6 +315,7 @@ impl Validator<'_> {
         let file_cache = self.file_cache(&raw.file_cache)?;
         let cache = self.cache(&raw.cache, &state_dir)?;
         let admin_limits = self.admin_limits(raw.admin.as_ref())?;
+        let fleet = self.fleet(raw.fleet.as_ref())?;
         Ok(Config {
             source: self.file.map(absolute),
             files: self.sources.paths().iter().map(|p| absolute(p)).collect(),
@@ -331,6 +340,7 @@ impl Validator<'_> {
             file_cache,
             cache,
             sites,
+            fleet,
         })
     }
 }

@@ -31,6 +31,7 @@ pub(crate) struct RawConfig {
     pub file_cache: super::file_cache::RawFileCache,
     #[serde(default)]
     pub cache: super::cache::RawCache,
+    pub fleet: Option<super::fleet::RawFleet>,
     #[serde(default, rename = "site")]
     pub sites: Vec<Spanned<RawSite>>,
     pub rewrite: Option<Spanned<Vec<RawRewrite>>>,

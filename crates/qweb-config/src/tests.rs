@@ -328,3 +328,42 @@ fn cache_errors_name_the_key() {
     let e = err("[[site]]\nserver_names = [\"a\"]\n[[site.route]]\nprefix = \"/\"\nroot = \"/\"\ncache = {}\n");
     assert!(e.contains("cache") && e.contains("for proxy routes"), "{e}");
 }
+
+#[test]
+fn fleet_defaults_keys_and_bad_values() {
+    assert_eq!(parse("").unwrap().fleet, None);
+    let c = parse("[fleet]\nstore = \"redis://127.0.0.1:6379/0\"\n").unwrap();
+    let f = c.fleet.unwrap();
+    assert_eq!(f.store, "redis://127.0.0.1:6379/0");
+    assert_eq!(f.key_prefix, "qweb:");
+    assert_eq!(f.node_name, crate::default_node_name());
+    assert!(!f.node_name.is_empty());
+    assert_eq!(f.timeout, Duration::from_secs(1));
+    let c = parse(
+        "[fleet]\nstore = \"rediss://u:p@cache.example:6380/2\"\nnode_name = \"a\"\n\
+         key_prefix = \"edge:\"\ntimeout = \"250ms\"\n",
+    )
+    .unwrap();
+    let f = c.fleet.unwrap();
+    assert_eq!(
+        (f.node_name.as_str(), f.key_prefix.as_str(), f.timeout),
+        ("a", "edge:", Duration::from_millis(250))
+    );
+    assert_eq!(f.store_redacted(), "rediss://u:***@cache.example:6380/2");
+    let e = err("[fleet]\nstore = \"http://127.0.0.1:6379\"\n");
+    assert!(e.contains(":2:9: key `fleet.store`"), "{e}");
+    assert!(e.contains("redis:// or rediss://"), "{e}");
+    let e = err("[fleet]\nstore = \"redis://:6379\"\n");
+    assert!(e.contains("key `fleet.store`"), "{e}");
+    let e = err("[fleet]\nstore = \"redis://h:99999/0\"\n");
+    assert!(e.contains("key `fleet.store`"), "{e}");
+    let e = err("[fleet]\nstore = \"redis://h:6379/x\"\n");
+    assert!(e.contains("key `fleet.store`"), "{e}");
+    let e = err("[fleet]\nstore = \"redis://h\"\nnode_name = \" \"\n");
+    assert!(e.contains(":3:13: key `fleet.node_name`"), "{e}");
+    assert!(e.contains("must not be empty"), "{e}");
+    let e = err("[fleet]\nstore = \"redis://h\"\ntimeout = \"0s\"\n");
+    assert!(e.contains("key `fleet.timeout`"), "{e}");
+    let e = err("[fleet]\nnode_name = \"a\"\n");
+    assert!(e.contains("store"), "{e}");
+}

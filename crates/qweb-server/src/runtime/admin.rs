@@ -52,14 +52,31 @@ pub(crate) struct AdminState {
     pub registry: Arc<Metrics>,
     /// The proxy cache's store (`POST /cache/purge`).
     pub cache: Option<Arc<qweb_cache::Store>>,
+    /// The fleet client (`[fleet]`): purges are published to the other nodes, and
+    /// `/status.json` lists the nodes.
+    pub fleet: Option<Arc<crate::runtime::fleet::Fleet>>,
 }
 
-fn handle(req: &Request<Incoming>, state: &AdminState) -> Response<Body> {
+async fn handle(req: &Request<Incoming>, state: &AdminState) -> Response<Body> {
     let registry = &*state.registry;
     // the path alone: a query string changes nothing (but for a purge)
     let path = req.uri().path();
     if path == "/cache/purge" {
-        return no_store(purge(req, state.cache.as_deref()));
+        let (r, published) = match purge(req, state.cache.as_deref()) {
+            Ok((n, prefix, key)) => {
+                // to the other nodes: a wait bounded by `fleet.timeout`
+                let fleet = match &state.fleet {
+                    Some(f) => Some(f.publish_purge(prefix, &key).await),
+                    None => None,
+                };
+                (purged(n, fleet), fleet)
+            }
+            Err(r) => (*r, None),
+        };
+        if let Some(false) = published {
+            tracing::warn!("cache purge done on this node only: the fleet's store is away");
+        }
+        return no_store(r);
     }
     if !matches!(path, "/metrics" | "/status.json" | "/status") {
         return no_store(response::status(StatusCode::NOT_FOUND));
@@ -72,7 +89,11 @@ fn handle(req: &Request<Incoming>, state: &AdminState) -> Response<Body> {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64());
-            let doc = qweb_observe::status::document(&registry.render(), now);
+            let mut doc = qweb_observe::status::document(&registry.render(), now);
+            if let (Some(f), Some(o)) = (&state.fleet, doc.as_object_mut()) {
+                // the nodes as the fleet thread last listed them: nothing waits on the store
+                o.insert("fleet".into(), f.status());
+            }
             (doc.to_string(), "application/json")
         }
         "/status" => (PAGE.html.clone(), "text/html; charset=utf-8"),
@@ -97,13 +118,20 @@ fn handle(req: &Request<Incoming>, state: &AdminState) -> Response<Body> {
 /// `POST /cache/purge?url=ABSOLUTE_URL` (the stored responses of that URL, every variant) or
 /// `?prefix=ABSOLUTE_URL_PREFIX` (of every URL starting with it): `{"purged": N}`. The URL is
 /// read as the cache keys it: scheme and authority lowercased, the path normalised (for
-/// `url`) as routing normalises it.
-fn purge(req: &Request<Incoming>, cache: Option<&qweb_cache::Store>) -> Response<Body> {
+/// `url`) as routing normalises it. With `[fleet]` the purge is also published to the other
+/// nodes and the answer says whether it was: `{"purged": N, "fleet": true|false}`.
+///
+/// Done here: the count purged, whether by prefix, and the key (published by the caller);
+/// else the answer.
+fn purge(
+    req: &Request<Incoming>,
+    cache: Option<&qweb_cache::Store>,
+) -> Result<(usize, bool, String), Box<Response<Body>>> {
     if req.method() != Method::POST {
-        return response::method_not_allowed("POST");
+        return Err(Box::new(response::method_not_allowed("POST")));
     }
     let Some(store) = cache else {
-        return response::status(StatusCode::NOT_FOUND);
+        return Err(Box::new(response::status(StatusCode::NOT_FOUND)));
     };
     let query = req.uri().query().unwrap_or("");
     let mut target = None;
@@ -119,10 +147,14 @@ fn purge(req: &Request<Incoming>, cache: Option<&qweb_cache::Store>) -> Response
         }
     }
     let Some((prefix, url)) = target else {
-        return bad_purge("name the URL: ?url=ABSOLUTE_URL or ?prefix=ABSOLUTE_URL_PREFIX");
+        return Err(Box::new(bad_purge(
+            "name the URL: ?url=ABSOLUTE_URL or ?prefix=ABSOLUTE_URL_PREFIX",
+        )));
     };
     let Some(key) = purge_key(&url, prefix) else {
-        return bad_purge("the URL is absolute: http(s)://authority/path");
+        return Err(Box::new(bad_purge(
+            "the URL is absolute: http(s)://authority/path",
+        )));
     };
     let n = if prefix {
         store.purge_prefix(&key)
@@ -130,7 +162,16 @@ fn purge(req: &Request<Incoming>, cache: Option<&qweb_cache::Store>) -> Response
         store.invalidate(&key)
     };
     tracing::info!(%key, prefix, purged = n, "cache purge");
-    let mut r = Response::new(full(serde_json::json!({ "purged": n }).to_string()));
+    Ok((n, prefix, key))
+}
+
+/// The purge's answer: the count purged here, and (with `[fleet]`) whether it was published.
+fn purged(n: usize, fleet: Option<bool>) -> Response<Body> {
+    let doc = match fleet {
+        Some(f) => serde_json::json!({ "purged": n, "fleet": f }),
+        None => serde_json::json!({ "purged": n }),
+    };
+    let mut r = Response::new(full(doc.to_string()));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -513,13 +554,17 @@ async fn connection(
     let answering = slot.clone();
     let svc = service_fn(move |req| {
         answering.set(Phase::Answering);
-        let r = handle(&req, &registry).map(|body| -> Body {
-            Box::pin(Answered {
-                body,
-                slot: answering.clone(),
-            })
-        });
-        async move { Ok::<_, Infallible>(r) }
+        let registry = registry.clone();
+        let answering = answering.clone();
+        async move {
+            let r = handle(&req, &registry).await.map(|body| -> Body {
+                Box::pin(Answered {
+                    body,
+                    slot: answering.clone(),
+                })
+            });
+            Ok::<_, Infallible>(r)
+        }
     });
     let io = Watched {
         io: stream,
@@ -585,6 +630,7 @@ mod tests {
         let state = AdminState {
             registry,
             cache: None,
+            fleet: None,
         };
         std::thread::spawn(move || run_with(socket, state, rx, limits));
         (addr, tx)

@@ -165,17 +165,31 @@ impl Server {
         let file_cache = Arc::new(crate::files::cache::Stats::default());
         let cache = crate::pipeline::cache::open_store(&config);
         let client_slots = Arc::new(qweb_session::client_slots::ClientSlots::default());
+        let (tx, rx) = watch::channel(false);
+        // the fleet client: its own thread, which connects in the background (a store down
+        // or silent never holds up the start)
+        let fleet = match &config.fleet {
+            Some(f) => Some(
+                crate::runtime::fleet::Fleet::start(f.clone(), cache.clone(), rx.clone())
+                    .map_err(ServerError::Thread)?,
+            ),
+            None => None,
+        };
+        let mut collectors: Vec<Box<dyn prometheus_client::collector::Collector>> = vec![
+            Box::new(tls_sessions_collector.clone()),
+            Box::new(crate::files::cache::CacheCollector(file_cache.clone())),
+            Box::new(crate::pipeline::cache::Collector(cache.clone())),
+            Box::new(crate::conn::ClientSlotsCollector(client_slots.clone())),
+        ];
+        if let Some(f) = &fleet {
+            collectors.push(Box::new(crate::runtime::fleet::FleetCollector(f.clone())));
+        }
         let metrics = Arc::new(Metrics::new(
             worker_metrics.clone(),
             EngineSet::new(engine_list(&built.engines)),
             compression_metrics,
             config_hash(&config),
-            vec![
-                Box::new(tls_sessions_collector.clone()),
-                Box::new(crate::files::cache::CacheCollector(file_cache.clone())),
-                Box::new(crate::pipeline::cache::Collector(cache.clone())),
-                Box::new(crate::conn::ClientSlotsCollector(client_slots.clone())),
-            ],
+            collectors,
         ));
         metrics.upstreams.set(qweb_proxy::upstream_gauges(&config));
         tls_sessions_collector.set(tls_sessions(&listeners, &built));
@@ -193,7 +207,6 @@ impl Server {
             clones.insert(a, vec![clone]);
         }
 
-        let (tx, rx) = watch::channel(false);
         let shared = Arc::new(config.clone());
         let mut workers = Vec::new();
         let mut generations = Vec::new();
@@ -227,6 +240,7 @@ impl Server {
             let state = crate::runtime::admin::AdminState {
                 registry: metrics.clone(),
                 cache: Some(cache.clone()),
+                fleet: fleet.clone(),
             };
             let rx = rx.clone();
             let limits = config.admin_limits.clone();

@@ -9,6 +9,7 @@ mod basic_auth;
 mod client_auth;
 mod compression;
 mod file_cache;
+mod fleet;
 mod forward_auth;
 mod h1_wire;
 mod hostile;

@@ -208,7 +208,10 @@ pub(crate) async fn get(url: &str) -> (u16, HashMap<String, String>, String) {
     get_with(url, &[]).await
 }
 
-async fn get_with(url: &str, fields: &[(&str, &str)]) -> (u16, HashMap<String, String>, String) {
+pub(crate) async fn get_with(
+    url: &str,
+    fields: &[(&str, &str)],
+) -> (u16, HashMap<String, String>, String) {
     let mut rb = common::plain_client().get(url);
     for (n, v) in fields {
         rb = rb.header(*n, *v);

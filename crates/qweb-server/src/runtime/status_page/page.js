@@ -265,6 +265,24 @@
       return tr;
     }));
   }
+  function fleet(d) {
+    const f = d.fleet;
+    $("fleet-section").hidden = !f;
+    if (!f) return;
+    $("fleet-node").textContent = f.node;
+    $("fleet-store").textContent = f.store;
+    const st = $("fleet-state");
+    st.textContent = f.connected ? "connected" : "down since " + new Date(f.down_since * 1000).toISOString();
+    st.className = "pill " + (f.connected ? "ok" : "bad");
+    $("fleet-nodes").replaceChildren(...(f.nodes || []).map((x) => {
+      const tr = el("tr");
+      cell(tr, String(x.name));
+      cell(tr, String(x.version ?? "–"));
+      cell(tr, String(x.pid ?? "–"), "n");
+      cell(tr, x.started ? new Date(x.started * 1000).toISOString() : "–");
+      return tr;
+    }));
+  }
   function state(text, cls) {
     const s = $("state");
     s.textContent = text;
@@ -285,6 +303,7 @@
       compression(d);
       cache(d);
       upstreams(d);
+      fleet(d);
       prev = { at: now, doc: d };
       state("live", "ok");
     } catch (e) {
