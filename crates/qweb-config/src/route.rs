@@ -230,3 +230,44 @@ impl Validator<'_> {
         }
     }
 }
+
+impl Validator<'_> {
+    /// Site `key`'s `[[site.route]]`s (at least one, no prefix twice), longest prefix first.
+    pub(super) fn site_routes(
+        &self,
+        key: &str,
+        site: &Spanned<super::raw::RawSite>,
+    ) -> Result<Vec<RouteConfig>, ConfigError> {
+        let sr = site.get_ref();
+        if sr.routes.is_empty() {
+            return Err(self.err(
+                Some(site.span()),
+                format!("{key}.route"),
+                "a site needs at least one [[site.route]]",
+            ));
+        }
+        let mut routes: Vec<RouteConfig> = Vec::new();
+        for (i, r) in sr.routes.iter().enumerate() {
+            let route = self.route(i, r).map_err(|mut e| {
+                // route() names keys `route[i]...`: put them under this site
+                if e.key.starts_with("route[") {
+                    e.key = format!("{key}.{}", e.key);
+                }
+                e
+            })?;
+            if routes.iter().any(|o| o.prefix == route.prefix) {
+                return Err(self.err(
+                    Some(r.get_ref().prefix.span()),
+                    format!("{key}.route[{i}].prefix"),
+                    format!(
+                        "prefix `{}` is used by another route of this site",
+                        route.prefix
+                    ),
+                ));
+            }
+            routes.push(route);
+        }
+        routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+        Ok(routes)
+    }
+}

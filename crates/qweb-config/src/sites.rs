@@ -361,35 +361,7 @@ impl Validator<'_> {
                     "a site needs `server_names = [\"example.com\", \"*.example.com\"]` (or `default = true`)",
                 ));
             }
-            if sr.routes.is_empty() {
-                return Err(self.err(
-                    Some(site.span()),
-                    format!("{key}.route"),
-                    "a site needs at least one [[site.route]]",
-                ));
-            }
-            let mut routes: Vec<RouteConfig> = Vec::new();
-            for (i, r) in sr.routes.iter().enumerate() {
-                let route = self.route(i, r).map_err(|mut e| {
-                    // route() names keys `route[i]...`: put them under this site
-                    if e.key.starts_with("route[") {
-                        e.key = format!("{key}.{}", e.key);
-                    }
-                    e
-                })?;
-                if routes.iter().any(|o| o.prefix == route.prefix) {
-                    return Err(self.err(
-                        Some(r.get_ref().prefix.span()),
-                        format!("{key}.route[{i}].prefix"),
-                        format!(
-                            "prefix `{}` is used by another route of this site",
-                            route.prefix
-                        ),
-                    ));
-                }
-                routes.push(route);
-            }
-            routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+            let routes = self.site_routes(&key, site)?;
             let acme = match &sr.acme {
                 Some(a) => Some(self.acme(
                     &key,
@@ -735,12 +707,16 @@ impl Validator<'_> {
         if let Some(r) = &rr.rate_limit {
             out.rate_limit = Some(self.rate_limit(&key, r)?);
         }
-        if let Some(f) = &rr.forward_auth {
-            out.forward_auth = Some(self.forward_auth(&key, f)?);
-        }
-        if let Some(b) = &rr.basic_auth {
-            out.basic_auth = Some(self.basic_auth(&key, b)?);
-        }
+        out.forward_auth = rr
+            .forward_auth
+            .as_ref()
+            .map(|x| self.forward_auth(&key, x))
+            .transpose()?;
+        out.basic_auth = rr
+            .basic_auth
+            .as_ref()
+            .map(|x| self.basic_auth(&key, x))
+            .transpose()?;
         if let Some(t) = &rr.try_files {
             if !matches!(action, super::RouteAction::Static(_)) {
                 return Err(self.err(

@@ -236,14 +236,12 @@ where
     if !cacheable {
         return bypass(store, &key, req, forward).await;
     }
-
     // Phase 9, lookup: a stored response the request may take, else lead or join the fill.
     let (stored, mut guard) = match lookup(cache, &key, &req, background).await {
         Lookup::Answered(r) => return r,
         Lookup::Forward { stored, guard } => (stored, guard),
     };
     stats.misses.fetch_add(1, Relaxed);
-
     // Phase 10 through the proxy: a revalidation carries the stored validators instead of
     // the client's, which qweb then answers itself.
     let req_headers = req.headers().clone();

@@ -244,6 +244,84 @@ impl Service {
             && route.is_none_or(|r| r.rules.access.permits(ip))
     }
 
+    /// Phases 6 to 8 before the handler: the route's `rate_limit` (429), the site's and
+    /// route's `allow`/`deny` (403, after routing, so that they see the route the path takes
+    /// as an upstream reads it), then `basic_auth` (401, 503): the refusal, if any.
+    async fn gate(
+        &self,
+        site: Option<&crate::pipeline::sites::Site>,
+        route: Option<&Route>,
+        headers: &http::HeaderMap,
+        path: &str,
+    ) -> Option<Response<Body>> {
+        if let Some(r) = route.and_then(|r| self.rate_limited(r, headers)) {
+            return Some(r);
+        }
+        if !self.admitted(site, route) {
+            tracing::debug!(peer = %self.conn.peer, path = %path, "refused by allow/deny");
+            return Some(response::status(StatusCode::FORBIDDEN));
+        }
+        let auth = crate::pipeline::auth::applying(site, route)?;
+        let metrics = route.and_then(|r| r.auth.as_ref());
+        let Err(r) = crate::pipeline::auth::check(auth, headers, metrics).await else {
+            return None;
+        };
+        tracing::debug!(peer = %self.conn.peer, path = %path, status = r.status().as_u16(), "refused by basic_auth");
+        Some(r)
+    }
+
+    /// The route's `forward_auth` on `req` (`path`: as routed): the service's refusal, if
+    /// any; else the request goes on with the service's fields.
+    async fn forward_auth(
+        &self,
+        route: &Route,
+        req: &mut Request<()>,
+        path: &str,
+        authority: Option<&HeaderValue>,
+    ) -> Option<Response<Body>> {
+        let (Some(auth), Some(proxy)) = (&route.rules.forward_auth, &route.forward_auth) else {
+            return None;
+        };
+        let uri = match req.uri().query() {
+            Some(q) => format!("{path}?{q}"),
+            None => path.to_owned(),
+        };
+        let asked =
+            crate::pipeline::forward_auth::check(auth, proxy, req, &uri, authority, &self.client);
+        Box::pin(asked).await
+    }
+
+    /// A proxy route's request as it goes upstream: `Authorization` removed when it was for
+    /// qweb (`basic_auth` without `forward_authorization`), the site's and route's
+    /// `request_headers` (with the client certificate's placeholders); the path and query to
+    /// send (`sub` and the query, or the target as sent with `pass_raw_path`).
+    fn upstream_request(
+        &self,
+        site: Option<&crate::pipeline::sites::Site>,
+        route: &Route,
+        proxy: &qweb_proxy::Proxy,
+        req: &mut Request<()>,
+        sub: &str,
+    ) -> String {
+        let auth = crate::pipeline::auth::applying(site, Some(route));
+        if auth.is_some_and(|a| !a.forward_authorization) {
+            req.headers_mut().remove(header::AUTHORIZATION);
+        }
+        let cert = self.conn.client_cert.get().map(|c| &**c);
+        crate::pipeline::headers_rules::forward(site, route, cert, req.headers_mut());
+        if proxy.pass_raw_path() {
+            return req
+                .uri()
+                .path_and_query()
+                .map(|p| p.as_str().to_owned())
+                .unwrap_or_else(|| "/".to_owned());
+        }
+        match req.uri().query() {
+            Some(q) => format!("{sub}?{q}"),
+            None => sub.to_owned(),
+        }
+    }
+
     /// Phase 6, the route's `rate_limit`: the 429 to answer, if any.
     fn rate_limited(&self, route: &Route, headers: &http::HeaderMap) -> Option<Response<Body>> {
         let ip = self.conn.peer.ip();
@@ -348,33 +426,11 @@ impl Service {
         };
         matched.set(route.map(|r| r.metrics.clone()));
         let pages = self.worker.sites.error_pages(site);
-        if let Some(r) = route.and_then(|r| self.rate_limited(r, req.headers())) {
+        // phases 6 to 8: rate limit, access rules, basic authentication
+        if let Some(r) = self.gate(site_ref, route, req.headers(), &path).await {
             let mut r = crate::pipeline::error_pages::apply(pages, routes, req.method(), r, &ahead);
             crate::pipeline::headers_rules::respond(site_ref, route, &mut r);
             return r;
-        }
-        // access rules: after routing, so that they see the route the path takes as an
-        // upstream reads it
-        if !self.admitted(site_ref, route) {
-            tracing::debug!(peer = %self.conn.peer, path = %path, "refused by allow/deny");
-            let r = response::status(StatusCode::FORBIDDEN);
-            let mut r = crate::pipeline::error_pages::apply(pages, routes, req.method(), r, &ahead);
-            crate::pipeline::headers_rules::respond(site_ref, route, &mut r);
-            return r;
-        }
-        // phase 8, authentication: after the access rules, before the cache and the handler
-        let auth = crate::pipeline::auth::applying(site_ref, route);
-        if let Some(a) = auth {
-            if let Err(r) =
-                crate::pipeline::auth::check(a, req.headers(), route.and_then(|r| r.auth.as_ref()))
-                    .await
-            {
-                tracing::debug!(peer = %self.conn.peer, path = %path, status = r.status().as_u16(), "refused by basic_auth");
-                let mut r =
-                    crate::pipeline::error_pages::apply(pages, routes, req.method(), r, &ahead);
-                crate::pipeline::headers_rules::respond(site_ref, route, &mut r);
-                return r;
-            }
         }
         let Some(route) = route else {
             let r = response::status(StatusCode::NOT_FOUND);
@@ -382,25 +438,14 @@ impl Service {
             crate::pipeline::headers_rules::respond(site_ref, None, &mut r);
             return r;
         };
-        // phase 8, then the route's `forward_auth` service decides (its refusal
-        // is the answer, as it sent it)
-        if let (Some(auth), Some(proxy)) = (&route.rules.forward_auth, &route.forward_auth) {
-            let uri = match req.uri().query() {
-                Some(q) => format!("{path}?{q}"),
-                None => path.clone(),
-            };
-            let asked = crate::pipeline::forward_auth::check(
-                auth,
-                proxy,
-                &mut req,
-                &uri,
-                authority.as_ref(),
-                &self.client,
-            );
-            if let Some(mut r) = Box::pin(asked).await {
-                crate::pipeline::headers_rules::respond(site_ref, Some(route), &mut r);
-                return r;
-            }
+        // phase 8, then the route's `forward_auth` service decides (its refusal is the
+        // answer, as it sent it)
+        if let Some(mut r) = self
+            .forward_auth(route, &mut req, &path, authority.as_ref())
+            .await
+        {
+            crate::pipeline::headers_rules::respond(site_ref, Some(route), &mut r);
+            return r;
         }
         let (mount, sub) = qweb_http::path::split_prefix(&route.prefix, route.strip_prefix, &path)
             .unwrap_or(("", path.as_str()));
@@ -421,23 +466,7 @@ impl Service {
                         return response::status(e.status());
                     }
                 }
-                if auth.is_some_and(|a| !a.forward_authorization) {
-                    // the credentials were for qweb (`forward_authorization` passes them on)
-                    req.headers_mut().remove(header::AUTHORIZATION);
-                }
-                let cert = self.conn.client_cert.get().map(|c| &**c);
-                crate::pipeline::headers_rules::forward(site_ref, route, cert, req.headers_mut());
-                let pq = if proxy.pass_raw_path() {
-                    req.uri()
-                        .path_and_query()
-                        .map(|p| p.as_str().to_owned())
-                        .unwrap_or_else(|| "/".to_owned())
-                } else {
-                    match req.uri().query() {
-                        Some(q) => format!("{sub}?{q}"),
-                        None => sub.to_owned(),
-                    }
-                };
+                let pq = self.upstream_request(site_ref, route, proxy, &mut req, sub);
                 let target = Target {
                     path_and_query: &pq,
                     authority: authority.as_ref(),

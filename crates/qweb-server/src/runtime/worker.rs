@@ -326,7 +326,7 @@ impl Worker {
                 listener: lctx,
                 gen: gen.clone(),
             };
-            let accepting = match (self.accepting.remove(&l.bound), l.socket) {
+            let mut accepting = match (self.accepting.remove(&l.bound), l.socket) {
                 (Some(a), _) => {
                     // kept: the same socket and accept loop, the new configuration
                     *a.current.borrow_mut() = current;
@@ -357,7 +357,6 @@ impl Worker {
                     continue;
                 }
             };
-            let mut accepting = accepting;
             self.quic(&mut accepting, (l.bound, l.ipv6_only), l.udp, quic);
             if accepting.quic.is_none() {
                 accepting.current.borrow().listener.alt_svc.take();
