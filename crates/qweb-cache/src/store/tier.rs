@@ -36,7 +36,7 @@ impl Store {
     /// when that is 0). The index is rebuilt from the entry files' headers (call it before the
     /// event loops run: it reads one header per file); entries that fail their checks are
     /// removed. When the folder cannot be made or read, or the writer thread not started, the
-    /// store works in memory alone (logged, counted in [`Stats::disk_errors`]).
+    /// store works in memory alone (logged, counted in [`Stats::disk_errors`](super::Stats::disk_errors)).
     pub fn open(limits: Limits, dir: &Path) -> Arc<Store> {
         if limits.disk == 0 {
             return Store::new(limits);
