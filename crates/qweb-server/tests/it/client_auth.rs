@@ -370,10 +370,8 @@ async fn a_reload_that_changes_the_ca_resumes_no_session_of_the_old_policy() {
     let s = Setup::new();
     let up = common::recorder::start().await;
     // a fixed port: a listener on port 0 is bound anew by a reload and keeps no sessions
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    // (below the kernel's range for client sockets, which could take a port from `:0`)
+    let port = common::free_port();
     let at = format!("127.0.0.1:{port}");
     let (mut server, addr) = s.serve_at(&at, "reload", &s.pki.ca, false, "", up.addr);
     let (cert, key) = s.pki.client("alice");

@@ -367,11 +367,10 @@ fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
 /// `aia.crt` (see [`aia_leaf`]) and `openssl ocsp` answering for it on the port its AIA
 /// names, listening when this returns.
 fn responder_for_aia_leaf(d: &Path) -> std::process::Child {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // below the kernel's range for client sockets: a port taken from `:0` is in it, and
+    // another test's client socket took it before openssl bound it (seen in CI: "the
+    // responder listens: not within 10s")
+    let port = qweb_testkit::free_port();
     aia_leaf(d, port, "aia");
     let responder = Command::new("openssl")
         .args(["ocsp", "-index", "index.txt", "-port", &port.to_string()])
