@@ -104,6 +104,10 @@ impl Server {
         .unwrap();
         let mut cmd = serve_command(BIN, &cfg);
         cmd.current_dir(dir.path());
+        // `QWEB_SOAK_SERVER_LOG=debug`: the server's own log filter (the kit removes RUST_LOG)
+        if let Ok(filter) = std::env::var("QWEB_SOAK_SERVER_LOG") {
+            cmd.env("RUST_LOG", filter);
+        }
         // the kit's reader keeps draining stderr (the server must never block on a full
         // pipe) and keeps what it says under load for the report
         let q = Qweb::spawn(cmd, BANNER_END);
@@ -538,6 +542,12 @@ async fn soak_each_class() {
             for (phase, n) in [("quiet", &q), (name.as_str(), &b)] {
                 if n.errors > 0 {
                     eprintln!("{phase}: {} normal errors: {:?}", n.errors, n.first_errors);
+                    // what the server said about connections it ended (RUST_LOG=debug)
+                    for l in s.stderr_lines().iter().filter(|l| {
+                        l.contains("qweb_server") && !l.contains("Connection reset by peer")
+                    }) {
+                        eprintln!("  server: {l}");
+                    }
                     errors.push(format!(
                         "{phase}: {} errors, {:?}",
                         n.errors, n.first_errors

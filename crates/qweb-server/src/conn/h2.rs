@@ -32,38 +32,49 @@ fn log_flood<H: Host>(worker: &H, state: &ConnState) {
 /// stream that flows keeps a chunk and this much queued, enough to fill the socket.
 const SEND_BUFFER: usize = 32 * 1024;
 
-/// An HTTP/2 connection with nothing in flight: since when, and what its client has not taken
-/// of what it was sent (looked at [`QUEUE_CHECK`] after it went quiet, then while bytes
-/// wait). Such a connection is not idle: it is closed once its queue has not shrunk for
-/// `send_timeout` (as HTTP/1's parked connections), not kept to `keepalive_timeout`.
+/// An HTTP/2 connection with nothing in flight: since when, how many requests it had started
+/// then, and what its client has not taken of what it was sent (looked at [`QUEUE_CHECK`]
+/// after it went quiet, then while bytes wait). Such a connection is not idle: it is closed
+/// once its queue has not shrunk for `send_timeout` with no new request from its client (as
+/// HTTP/1's parked connections), not kept to `keepalive_timeout`.
+///
+/// A request started since it went quiet ends the quiet spell, even one the loop never saw
+/// in flight: a small answer is often served whole between two turns of the loop, and its
+/// bytes wait unacknowledged until the client's next packet (its delayed ACK rides on the
+/// next request), so a busy client's queue is rarely empty when looked at and, one answer
+/// like the next, never looks shrunk (issue 41's soak: healthy connections cut every
+/// `send_timeout`).
 #[derive(Default)]
-struct Quiet(Option<(Instant, Option<SendQueue>)>);
+struct Quiet(Option<(Instant, u64, Option<SendQueue>)>);
 
 impl Quiet {
     /// When to read the send queue next; `quiet`: nothing is in flight and no GOAWAY is out
-    /// (else the state is forgotten).
-    fn next_check(&mut self, quiet: bool, send_timeout: Duration) -> Option<Instant> {
-        if !quiet {
-            self.0 = None;
-        } else if self.0.is_none() {
-            self.0 = Some((Instant::now(), None));
+    /// (else the state is forgotten); `started`: requests the connection has started so far
+    /// (a new one starts the quiet spell over).
+    fn next_check(&mut self, quiet: bool, started: u64, send_timeout: Duration) -> Option<Instant> {
+        match self.0 {
+            _ if !quiet => self.0 = None,
+            Some((_, seen, _)) if seen == started => {}
+            _ => self.0 = Some((Instant::now(), started, None)),
         }
         match self.0 {
-            Some((since, None)) => Some(since + QUEUE_CHECK),
-            Some((_, Some(q))) => q.next_check(send_timeout),
+            Some((since, _, None)) => Some(since + QUEUE_CHECK),
+            Some((_, _, Some(q))) => q.next_check(send_timeout),
             None => None,
         }
     }
 
-    /// The queue holds `unsent` bytes now: `true` when the client took nothing for
-    /// `send_timeout`.
-    fn stalled(&mut self, unsent: usize, send_timeout: Duration) -> bool {
+    /// The queue holds `unsent` bytes now, and `started` requests were started so far: `true`
+    /// when the client took nothing for `send_timeout` and sent no new request.
+    fn stalled(&mut self, unsent: usize, started: u64, send_timeout: Duration) -> bool {
         match &mut self.0 {
-            Some((_, q @ None)) => {
+            // (a request came since: the loop starts the spell over on its next turn)
+            Some((_, seen, _)) if *seen != started => false,
+            Some((_, _, q @ None)) => {
                 *q = Some(SendQueue::new(unsent));
                 false
             }
-            Some((_, Some(q))) => q.stalled(unsent, send_timeout),
+            Some((_, _, Some(q))) => q.stalled(unsent, send_timeout),
             None => false,
         }
     }
@@ -113,6 +124,7 @@ pub(super) async fn serve<T, H: Host>(
     loop {
         let queue_check = quiet.next_check(
             state.in_flight() == 0 && !state.closing().announced(),
+            state.requests_started(),
             limits.send_timeout,
         );
         if state.flooded() && !matches!(state.closing(), Closing::Cutting { .. }) {
@@ -195,7 +207,7 @@ pub(super) async fn serve<T, H: Host>(
             }
             _ = sleep_or_never(queue_check) => {
                 let left = send_queue(fd);
-                if quiet.stalled(left, limits.send_timeout) {
+                if quiet.stalled(left, state.requests_started(), limits.send_timeout) {
                     tracing::debug!(peer = %state.peer, unsent = left, "closing: the client takes nothing of what it was sent (send_timeout)");
                     return;
                 }

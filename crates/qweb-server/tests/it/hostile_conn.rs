@@ -185,3 +185,56 @@ async fn a_tls_client_that_never_reads_a_large_answer_is_cut_by_send_timeout() {
         started.elapsed()
     );
 }
+
+/// The sibling that must not be cut: an HTTP/2 client that asks for a small file every 4 ms
+/// and reads each answer keeps its one connection past several `send_timeout`s. Its answers
+/// are always briefly unacknowledged (the client's delayed ACK rides on its next request), so
+/// the send queue is rarely empty when looked at; the check must see that the client keeps
+/// taking what it is sent (each answer read, new requests coming). Before the fix the loop
+/// took such a connection for a stalled one and closed it every `send_timeout` (the soak's
+/// normal clients saw `UnexpectedEof` when a request raced the close).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_that_reads_every_answer_keeps_its_connection_past_send_timeout() {
+    let ts = common::start_with(
+        "[limits]\nsend_timeout = \"1s\"\nkeepalive_timeout = \"120s\"\n",
+        |d| std::fs::write(d.join("site/f.txt"), vec![b'x'; 1024]).unwrap(),
+    );
+    let tls = ts.tls(common::Proto::H2).await;
+    let (client, conn) = h2::client::handshake(tls).await.unwrap();
+    let ended = tokio::spawn(conn);
+    let started = Instant::now();
+    let mut n = 0;
+    while started.elapsed() < Duration::from_secs(6) {
+        let req = http::Request::get("https://localhost/f.txt")
+            .body(())
+            .unwrap();
+        let mut ready = match client.clone().ready().await {
+            Ok(r) => r,
+            Err(e) => panic!(
+                "connection ended after {n} requests, {:?}: {e}",
+                started.elapsed()
+            ),
+        };
+        let (resp, _) = ready.send_request(req, true).unwrap();
+        let resp = match tokio::time::timeout(Duration::from_secs(5), resp).await {
+            Ok(Ok(r)) => r,
+            other => panic!(
+                "request {n} failed after {:?}: {other:?}",
+                started.elapsed()
+            ),
+        };
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.into_body();
+        let mut got = 0;
+        while let Some(d) = body.data().await {
+            let d = d.unwrap();
+            let _ = body.flow_control().release_capacity(d.len());
+            got += d.len();
+        }
+        assert_eq!(got, 1024, "request {n}");
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(4)).await;
+    }
+    assert!(n > 300, "{n} requests");
+    assert!(!ended.is_finished(), "the connection ended");
+}
