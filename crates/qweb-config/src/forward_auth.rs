@@ -9,7 +9,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::units::{Dur, Size};
-use super::{parse_upstream, Balance, ConfigError, ProxyConfig, UpstreamGauges, Validator};
+use super::{parse_upstream, ConfigError, ProxyConfig, Validator};
 
 /// `timeout` when the route does not say.
 pub const DEFAULT_FORWARD_AUTH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -118,31 +118,8 @@ impl Validator<'_> {
         };
         // qweb's own bound fires first: the proxy's are a little longer
         let slack = timeout + Duration::from_secs(1);
-        let proxy = ProxyConfig {
-            gauges: UpstreamGauges::new(1),
-            upstreams: vec![up],
-            connect_timeout: slack,
-            timeout: slack,
-            client_body_timeout: slack,
-            keepalive: 32,
-            pass_raw_path: false,
-            underscores_in_headers: false,
-            trusted_proxies: Vec::new(),
-            max_response_header_size: 32 * 1024,
-            upgrade: Vec::new(),
-            upgrade_idle_timeout: slack,
-            max_body_size: None,
-            buffer_request_body: false,
-            upstream_tls: None,
-            upstream_server_name: None,
-            balance: Balance::RoundRobin,
-            weights: vec![1],
-            // never taken out: each request asks again, and a dead service is a 502 each time
-            max_fails: 0,
-            fail_timeout: Duration::from_secs(10),
-            health_check: None,
-            upstream_proxy_protocol: None,
-        };
+        // (never taken out after failures: a dead service is a 502 each time)
+        let proxy = ProxyConfig::one_upstream(up, slack);
         Ok(ForwardAuth {
             proxy,
             path,

@@ -70,6 +70,47 @@ pub struct ProxyConfig {
     pub upstream_proxy_protocol: Option<UpstreamProxyProtocol>,
 }
 
+/// `keepalive` when the route does not say: idle connections kept per upstream per worker.
+pub const DEFAULT_KEEPALIVE: usize = 32;
+
+/// `max_response_header_size` when the route does not say.
+pub const DEFAULT_MAX_RESPONSE_HEADER_SIZE: usize = 32 * 1024;
+
+/// `fail_timeout` when the route does not say.
+pub const DEFAULT_FAIL_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl ProxyConfig {
+    /// One plain upstream with the route defaults, every timeout `timeout`, no upgrades, and
+    /// never taken out after failures (each request asks again): how qweb reaches a service
+    /// of its own, such as a route's `forward_auth`.
+    pub fn one_upstream(up: Upstream, timeout: Duration) -> ProxyConfig {
+        ProxyConfig {
+            gauges: UpstreamGauges::new(1),
+            upstreams: vec![up],
+            connect_timeout: timeout,
+            timeout,
+            client_body_timeout: timeout,
+            keepalive: DEFAULT_KEEPALIVE,
+            pass_raw_path: false,
+            underscores_in_headers: false,
+            trusted_proxies: Vec::new(),
+            max_response_header_size: DEFAULT_MAX_RESPONSE_HEADER_SIZE,
+            upgrade: Vec::new(),
+            upgrade_idle_timeout: timeout,
+            max_body_size: None,
+            buffer_request_body: false,
+            upstream_tls: None,
+            upstream_server_name: None,
+            balance: Balance::RoundRobin,
+            weights: vec![1],
+            max_fails: 0,
+            fail_timeout: DEFAULT_FAIL_TIMEOUT,
+            health_check: None,
+            upstream_proxy_protocol: None,
+        }
+    }
+}
+
 /// The PROXY protocol version qweb writes to upstreams (`upstream_proxy_protocol`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpstreamProxyProtocol {
@@ -128,7 +169,7 @@ impl Validator<'_> {
             trusted_proxies.push(net);
         }
         let max_response_header_size = match &rr.max_response_header_size {
-            None => 32 * 1024,
+            None => DEFAULT_MAX_RESPONSE_HEADER_SIZE,
             Some(s) if s.get_ref().0 < MIN_RESPONSE_HEADER_SIZE || s.get_ref().0 > 1 << 20 => {
                 return Err(self.err(
                     Some(s.span()),
@@ -209,7 +250,7 @@ impl Validator<'_> {
             fail_timeout: rr
                 .fail_timeout
                 .as_ref()
-                .map_or(Duration::from_secs(10), |d| d.get_ref().0),
+                .map_or(DEFAULT_FAIL_TIMEOUT, |d| d.get_ref().0),
             health_check,
             upstream_tls,
             upstream_server_name: rr
@@ -230,7 +271,7 @@ impl Validator<'_> {
                 .client_body_timeout
                 .map(|d| d.0)
                 .unwrap_or(Duration::from_secs(60)),
-            keepalive: rr.keepalive.unwrap_or(32),
+            keepalive: rr.keepalive.unwrap_or(DEFAULT_KEEPALIVE),
             pass_raw_path,
             underscores_in_headers: rr.underscores_in_headers.unwrap_or(false),
             trusted_proxies,
