@@ -444,3 +444,38 @@ async fn waiters_are_released_at_the_collapse_timeout_when_no_head_came() {
 async fn get_owned(url: String) -> (u16, String, usize) {
     get(&url).await
 }
+
+/// A purge of the key while its fill streams: a request after the purge is not handed the
+/// fill's body (fetched before the purge); it waits for the fill, and at `collapse_timeout`
+/// goes to the origin itself. The filling client still gets its whole answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_after_a_purge_is_not_handed_the_older_fill() {
+    let up = origin().await;
+    let t = cached(up.addr, &with_collapse("300ms"));
+    let authority = t.http().trim_start_matches("http://").to_owned();
+    let url = format!("{}/gate/p", t.http());
+    let client = common::plain_client();
+    let mut leader = client.get(&url).send().await.unwrap();
+    assert_eq!(read_at_least(&mut leader, HALF).await, HALF);
+    let admin = t.admin.unwrap();
+    let r = client
+        .post(format!(
+            "http://{admin}/cache/purge?url=http://{authority}/gate/p"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let after = tokio::spawn(async move { get(&url).await });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        up.count("/gate/p"),
+        2,
+        "the later request went to the origin"
+    );
+    up.open();
+    let (s, cs, len) = after.await.unwrap();
+    assert_eq!((s, len), (200, WHOLE));
+    assert!(cs.starts_with("qweb; fwd=miss"), "{cs}");
+    all_whole(vec![leader]).await;
+}
