@@ -7,7 +7,7 @@ use http::{HeaderValue, StatusCode};
 #[non_exhaustive]
 pub enum CacheStatus {
     /// Served from the store without the origin (`collapsed`: after waiting on another
-    /// request's fill).
+    /// request's fill, or from that fill's body while it is written).
     Hit {
         /// The request waited for another request's fill.
         collapsed: bool,

@@ -1,7 +1,9 @@
 //! The memory store: one per server, shared by every worker (a lookup or fill takes one
 //! short lock), bounded in bytes; least recently used keys go first. Each key holds the
 //! variants its `Vary` selects between. In-flight fills are tracked per key so that
-//! concurrent misses wait for one fill instead of all going upstream.
+//! concurrent misses wait for one fill instead of all going upstream; a fill that is streamed
+//! ([`crate::Pending::share`]) hands its waiters its head and growing body as soon as it has
+//! them ([`FillGuard::publish`], [`crate::InFlight`]), so that they need not wait for its end.
 //!
 //! A purge or invalidation also reaches the fills in flight: a response the origin produced
 //! before a key was purged (its fill began before) is not stored after the purge, so that once
@@ -34,6 +36,7 @@ use tokio::sync::watch;
 
 use crate::disk::Index;
 use crate::policy::Meta;
+use crate::shared::InFlight;
 
 mod tier;
 use tier::Writer;
@@ -221,7 +224,8 @@ struct Inner {
     keys: LruCache<String, Slot>,
     bytes: usize,
     objects: usize,
-    fills: HashMap<String, watch::Sender<()>>,
+    /// The fills in flight: what their waiters are told (the head and body once streamed).
+    fills: HashMap<String, watch::Sender<Option<InFlight>>>,
     limits: Limits,
     /// Purges and invalidations so far.
     epoch: u64,
@@ -291,8 +295,9 @@ impl std::fmt::Debug for Store {
 pub enum Fill {
     /// This request fills the key; dropping the guard (stored or not) wakes the waiters.
     Lead(FillGuard),
-    /// Another request fills it: wait for this to change or close, then look again.
-    Wait(watch::Receiver<()>),
+    /// Another request fills it: wait for this to hold the fill's head and body (a streamed
+    /// fill), or to close (the fill ended, stored or not), then look again.
+    Wait(watch::Receiver<Option<InFlight>>),
 }
 
 /// Held by the request that fills a key; dropped when its fill ended, stored or not.
@@ -300,6 +305,16 @@ pub enum Fill {
 pub struct FillGuard {
     store: Arc<Store>,
     key: String,
+}
+
+impl FillGuard {
+    /// Hands the fill's head and growing body to the requests waiting on its key, and to
+    /// those that join it from now on.
+    pub fn publish(&self, fill: InFlight) {
+        if let Some(tx) = self.store.lock().fills.get(&self.key) {
+            tx.send_replace(Some(fill));
+        }
+    }
 }
 
 impl Drop for FillGuard {
@@ -408,11 +423,17 @@ impl Store {
         if let Some(tx) = inner.fills.get(key) {
             return Fill::Wait(tx.subscribe());
         }
-        inner.fills.insert(key.to_owned(), watch::Sender::new(()));
+        inner.fills.insert(key.to_owned(), watch::Sender::new(None));
         Fill::Lead(FillGuard {
             store: self.clone(),
             key: key.to_owned(),
         })
+    }
+
+    /// Whether `key` was purged or invalidated since `epoch` ([`Store::epoch`]): a fill in
+    /// flight that began before is then not served to the requests that join it.
+    pub fn superseded(&self, key: &str, epoch: u64) -> bool {
+        self.lock().purged_since(key, epoch)
     }
 
     /// Purges and invalidations so far: taken when a request goes to the origin, and given

@@ -22,6 +22,7 @@ use qweb_cache::{policy, CacheStatus, Entry, Fill, FillBody, Pending, Reuse, Sto
 use qweb_http::body::Body;
 use qweb_http::request_body::RequestBody;
 
+use super::cache_head::{bodiless, head, mark, to_not_modified, Conditionals};
 use crate::files::range::RangeRequest;
 
 /// What a worker's cached routes share: the server's store and how long a collapsed miss
@@ -106,72 +107,6 @@ impl prometheus_client::collector::Collector for Collector {
 /// the background, RFC 5861's `stale-while-revalidate`): it owns what it needs.
 pub(crate) type Background =
     Box<dyn FnOnce(Request<RequestBody>) -> Pin<Box<dyn Future<Output = Response<Body>>>>>;
-
-/// The client's own validators, answered by qweb from the response it ends up with when it
-/// replaced them by the stored response's for a revalidation.
-#[derive(Default)]
-struct Conditionals {
-    if_none_match: Vec<HeaderValue>,
-    if_modified_since: Option<HeaderValue>,
-}
-
-impl Conditionals {
-    fn take(h: &mut HeaderMap) -> Conditionals {
-        let if_none_match = match h.remove(header::IF_NONE_MATCH) {
-            Some(first) => {
-                let mut all = vec![first];
-                all.extend(h.get_all(header::IF_NONE_MATCH).iter().cloned());
-                h.remove(header::IF_NONE_MATCH);
-                all
-            }
-            None => Vec::new(),
-        };
-        Conditionals {
-            if_none_match,
-            if_modified_since: h.remove(header::IF_MODIFIED_SINCE),
-        }
-    }
-
-    fn of(h: &HeaderMap) -> Conditionals {
-        Conditionals {
-            if_none_match: h.get_all(header::IF_NONE_MATCH).iter().cloned().collect(),
-            if_modified_since: h.get(header::IF_MODIFIED_SINCE).cloned(),
-        }
-    }
-
-    /// Whether a `200` with fields `resp` answers them with `304` (RFC 9110 section 13.1.2
-    /// and 13.1.3: weak comparison of entity tags; the date only without `If-None-Match`).
-    fn not_modified(&self, resp: &HeaderMap) -> bool {
-        if !self.if_none_match.is_empty() {
-            let Some(etag) = resp.get(header::ETAG).and_then(|v| v.to_str().ok()) else {
-                return false;
-            };
-            let weak = |t: &str| t.trim().trim_start_matches("W/").to_owned();
-            let etag = weak(etag);
-            return self
-                .if_none_match
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .flat_map(|v| v.split(','))
-                .any(|t| t.trim() == "*" || weak(t) == etag);
-        }
-        let Some(since) = self
-            .if_modified_since
-            .as_ref()
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| httpdate::parse_http_date(v).ok())
-        else {
-            return false;
-        };
-        // without Last-Modified, the Date is the latest it could have changed (RFC 9110
-        // section 13.2.2 leaves the comparison to the cache)
-        resp.get(header::LAST_MODIFIED)
-            .or_else(|| resp.get(header::DATE))
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| httpdate::parse_http_date(v).ok())
-            .is_some_and(|lm| lm <= since)
-    }
-}
 
 /// The cache key of a request: its absolute URL as qweb routes it (`scheme://authority`
 /// and the normalised path and query), which is also what a purge names.
@@ -333,8 +268,7 @@ where
     let bodiless = method == Method::HEAD
         || parts.status == StatusCode::NO_CONTENT
         || parts.status == StatusCode::NOT_MODIFIED;
-    let body = if stores && bodiless {
-        // no body to tee (a driver does not poll one for 204): stored as the head comes
+    let body = if stores {
         let meta = policy::Meta::new(
             parts.status,
             &parts.headers,
@@ -342,18 +276,14 @@ where
             request_time,
             response_time,
         );
-        store.insert(&key, Entry::new(meta, bytes::Bytes::new()));
-        body
-    } else if stores {
-        let meta = policy::Meta::new(
-            parts.status,
-            &parts.headers,
-            &req_headers,
-            request_time,
-            response_time,
-        );
-        let pending = Pending::new(store.clone(), key, meta, length, epoch, guard.take());
-        qweb_http::body::boxed(FillBody::new(body, pending))
+        if bodiless {
+            // no body to tee (a driver does not poll one for 204): stored as the head comes
+            store.insert(&key, Entry::new(meta, bytes::Bytes::new()));
+            body
+        } else {
+            let pending = Pending::new(store.clone(), key, meta, length, epoch, guard.take());
+            super::collapse::fill(body, pending, length.is_some())
+        }
     } else {
         tracing::trace!(%key, "not stored: {verdict:?}");
         body
@@ -481,8 +411,11 @@ async fn lookup(
             }
             Fill::Wait(mut rx) => {
                 stats.collapsed.fetch_add(1, Relaxed);
-                // woken when the fill ends (stored or not), or gone upstream at the bound
-                let _ = tokio::time::timeout(cache.collapse_timeout, rx.changed()).await;
+                // answered from the streamed fill, or look again once it ended (or the bound)
+                let bound = cache.collapse_timeout;
+                if let Some(r) = super::collapse::wait(store, bound, key, req, &mut rx).await {
+                    return Lookup::Answered(r);
+                }
                 waited = true;
             }
         }
@@ -594,8 +527,9 @@ impl Revalidation {
             let pending =
                 Pending::new(store.clone(), key.clone(), meta, length, epoch, Some(guard));
             // read to its end with no client: FillBody stores it there (or gives up past
-            // the largest size)
-            let _ = http_body_util::BodyExt::collect(FillBody::new(body, pending)).await;
+            // the largest size); the frames are not gathered a second time
+            let mut fill = std::pin::pin!(FillBody::new(body, pending));
+            while let Some(Ok(_)) = http_body_util::BodyExt::frame(&mut fill).await {}
         } else if !parts.status.is_server_error() {
             store.remove_entry(&key, &entry);
         }
@@ -617,34 +551,11 @@ fn not_modified_if(c: &Conditionals, r: &mut Response<Body>) {
     }
 }
 
-/// A `304` in place of a `200` (RFC 9110 section 15.4.5: the fields a 200 would have had,
-/// without the body's own).
-fn to_not_modified(r: &mut Response<Body>) {
-    *r.status_mut() = StatusCode::NOT_MODIFIED;
-    for name in [
-        header::CONTENT_LENGTH,
-        header::CONTENT_TYPE,
-        header::CONTENT_ENCODING,
-        header::TRANSFER_ENCODING,
-        header::CONTENT_RANGE,
-    ] {
-        r.headers_mut().remove(name);
-    }
-    *r.body_mut() = qweb_http::body::empty();
-}
-
 /// A stored response as the answer to `req` at `now`: its fields with `Age`, its body
 /// (none for HEAD), `Cache-Status`, or a `304` for the client's own conditionals.
 fn answer<B>(e: &Entry, req: &Request<B>, now: SystemTime, status: CacheStatus) -> Response<Body> {
-    let mut headers = e.meta.headers.clone();
-    let age = e.meta.current_age(now).as_secs();
-    headers.insert(header::AGE, HeaderValue::from(age));
-    let no_body = e.meta.status.is_informational()
-        || e.meta.status == StatusCode::NO_CONTENT
-        || e.meta.status == StatusCode::NOT_MODIFIED;
-    if !no_body {
-        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(e.body.len()));
-    }
+    let mut headers = head(&e.meta, Some(e.body.len() as u64), now);
+    let no_body = bodiless(e.meta.status);
     let mut code = e.meta.status;
     let mut bytes = e.body.clone();
     let cond = Conditionals::of(req.headers());
@@ -703,16 +614,6 @@ fn range_of<'a, B>(req: &'a Request<B>, e: &Entry) -> Option<&'a str> {
     req.headers().get(header::RANGE)?.to_str().ok()
 }
 
-/// The name of RFC 9211's field.
-static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
-
-/// Adds qweb's `Cache-Status` member (kept after what the origin's caches wrote).
-fn mark<B>(r: &mut Response<B>, status: CacheStatus) {
-    r.headers_mut()
-        .append(CACHE_STATUS.clone(), status.header());
-    r.extensions_mut().insert(status);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -733,30 +634,5 @@ mod tests {
         assert_eq!(same_origin_key(&k, &v("http://other/d")), None);
         assert_eq!(same_origin_key(&k, &v("//other/d")), None);
         assert_eq!(same_origin_key(&k, &v("http://example.com:80801/d")), None);
-    }
-
-    #[test]
-    fn client_conditionals() {
-        let mut resp = HeaderMap::new();
-        resp.insert(header::ETAG, HeaderValue::from_static("\"a\""));
-        let c = Conditionals {
-            if_none_match: vec![HeaderValue::from_static("W/\"b\", W/\"a\"")],
-            if_modified_since: None,
-        };
-        assert!(c.not_modified(&resp));
-        let c = Conditionals {
-            if_none_match: vec![HeaderValue::from_static("\"b\"")],
-            if_modified_since: None,
-        };
-        assert!(!c.not_modified(&resp));
-        resp.insert(
-            header::LAST_MODIFIED,
-            HeaderValue::from_static("Wed, 01 Jan 2020 00:00:00 GMT"),
-        );
-        let c = Conditionals {
-            if_none_match: Vec::new(),
-            if_modified_since: Some(HeaderValue::from_static("Thu, 02 Jan 2020 00:00:00 GMT")),
-        };
-        assert!(c.not_modified(&resp));
     }
 }

@@ -2,6 +2,8 @@
 
 pub(crate) mod auth;
 pub(crate) mod cache;
+pub(crate) mod cache_head;
+pub(crate) mod collapse;
 pub(crate) mod compress;
 pub(crate) mod ctx;
 pub(crate) mod error_pages;

@@ -28,8 +28,6 @@ use hyper_util::rt::TokioIo;
 ///   length);
 /// - `/slow/..`: `max-age=60` after 300 ms (`/slownostore/..`: `no-store`);
 /// - `/etag/..`: `max-age=0` with an ETag, 304 to a matching `If-None-Match`;
-/// - `/hangbody/..`: `max-age=60` and a length of 8 KiB; the first request gets 4 KiB of it and
-///   then nothing more (the origin stalls mid-body for an hour), later ones the whole body;
 /// - `/tiny/..`: `max-age=60`, a body of 2 bytes;
 /// - `/html/..`: `max-age=60`, 20 KiB of `text/html`.
 pub(crate) struct Origin {
@@ -131,19 +129,6 @@ async fn answer(req: Request<Incoming>, n: usize) -> Response<OriginBody> {
                 return b.status(304).body(full("")).unwrap();
             }
             full(format!("etag:{n}"))
-        }
-        "hangbody" => {
-            b = b.header("content-length", "8192");
-            let first = futures_util::stream::once(async {
-                Ok::<_, Infallible>(Frame::data(Bytes::from(vec![b'h'; 4096])))
-            });
-            let rest = futures_util::stream::once(async move {
-                if n == 1 {
-                    tokio::time::sleep(Duration::from_secs(3600)).await;
-                }
-                Ok::<_, Infallible>(Frame::data(Bytes::from(vec![b'h'; 4096])))
-            });
-            StreamBody::new(futures_util::StreamExt::chain(first, rest)).boxed()
         }
         "tiny" => full("ok"),
         "html" => {
@@ -566,64 +551,6 @@ async fn stale_while_revalidate_serves_stale_and_refreshes_in_the_background() {
     tokio::time::sleep(Duration::from_millis(1300)).await;
     let (_, _, body) = get_with(&url, &[("cache-control", "max-age=0")]).await;
     assert_eq!(body, "swr:3");
-}
-
-/// An origin that sends half a body and then stalls, while 30 requests for the same key wait
-/// on its fill: the waiters are released at `collapse_timeout` and go upstream themselves (and
-/// get whole answers), the stalled one ends at the route's `timeout` (3 s), nothing truncated is
-/// stored, and the next request is served whole (then from the store). Nothing is pinned.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_origin_stalling_mid_body_releases_its_collapsed_waiters() {
-    let up = origin().await;
-    let t = common::start_with(
-        &format!(
-            "workers = 2\n[cache]\ncollapse_timeout = \"300ms\"\n[admin]\naddress = \"127.0.0.1:0\"\n\
-             [[route]]\nprefix = \"/\"\nupstreams = [\"{}\"]\ntimeout = \"3s\"\ncache = {{}}\n",
-            up.addr
-        ),
-        |_| {},
-    );
-    let url = format!("{}/hangbody/x", t.http());
-    let client = common::plain_client();
-    // the leader: its fill stalls after 4 KiB
-    let mut leader = client.get(&url).send().await.unwrap();
-    assert_eq!(leader.chunk().await.unwrap().unwrap().len(), 4096);
-    let start = Instant::now();
-    let waiters = (0..30).map(|_| {
-        let (client, url) = (client.clone(), url.clone());
-        tokio::spawn(async move {
-            let r = client.get(&url).send().await.unwrap();
-            r.bytes().await.map(|b| b.len())
-        })
-    });
-    let lens: Vec<_> = futures_util::future::join_all(waiters).await;
-    let waited = start.elapsed();
-    for l in &lens {
-        assert_eq!(*l.as_ref().unwrap().as_ref().unwrap(), 8192, "{lens:?}");
-    }
-    assert!(
-        waited < Duration::from_secs(2),
-        "the waiters were released at collapse_timeout, not at the leader's 3 s: {waited:?}"
-    );
-    // the stalled leader's body ends with an error at the route's timeout, not in an hour
-    let end = tokio::time::timeout(Duration::from_secs(6), async {
-        loop {
-            match leader.chunk().await {
-                Ok(Some(_)) => continue,
-                other => return other.map(|_| ()),
-            }
-        }
-    })
-    .await
-    .expect("the stalled response ends at the route's timeout");
-    assert!(end.is_err(), "a truncated body ends with an error");
-    // one of the waiters stored the whole body; nothing truncated is ever served
-    let (s, h, body) = get(&url).await;
-    assert_eq!((s, body.len()), (200, 8192));
-    assert_eq!(h["cache-status"], "qweb; hit");
-    let m = t.metrics().await;
-    assert!(m.value("qweb_proxy_cache_collapsed_total", &[]) >= 30.0);
-    assert_eq!(m.value("qweb_proxy_cache_objects", &[]), 1.0);
 }
 
 /// Many keys of tiny bodies under a byte limit: each entry counts its key, fields and a fixed
