@@ -19,7 +19,8 @@ use hyper_util::rt::TokioIo;
 
 /// An origin whose answers the path picks, counting the requests it sees per path:
 /// - `/fresh/..`: `max-age=60`, body `fresh:<count>`;
-/// - `/swr/..`: `max-age=1, stale-while-revalidate=60`, body `swr:<count>`;
+/// - `/swr/..`: `max-age=2, stale-while-revalidate=60`, body `swr:<count>` (2 s, not 1: the
+///   origin's `Date` has whole seconds, so a stored answer can be up to 1 s old at once);
 /// - `/cookie`: `Set-Cookie` on a response only heuristically cacheable (`Last-Modified`,
 ///   no `Cache-Control`); `/cookie-explicit`: `Set-Cookie` with `max-age=60`;
 /// - `/vary/..`: `max-age=60`, `Vary: X-Variant`, body `variant:<the request's X-Variant>`;
@@ -61,7 +62,7 @@ async fn answer(req: Request<Incoming>, n: usize) -> Response<OriginBody> {
     let body = match seg(1).as_str() {
         "fresh" => full(format!("fresh:{n}")),
         "swr" => {
-            b = Response::builder().header("cache-control", "max-age=1, stale-while-revalidate=60");
+            b = Response::builder().header("cache-control", "max-age=2, stale-while-revalidate=60");
             full(format!("swr:{n}"))
         }
         "cookie" => {
@@ -529,7 +530,7 @@ async fn stale_while_revalidate_serves_stale_and_refreshes_in_the_background() {
     let t = cached(up.addr, "");
     let url = format!("{}/swr/a", t.http());
     assert_eq!(get(&url).await.2, "swr:1");
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    tokio::time::sleep(Duration::from_millis(2300)).await;
     let (_, h, body) = get(&url).await;
     assert_eq!(body, "swr:1", "stale, at once");
     assert_eq!(h["cache-status"], "qweb; hit; detail=stale");
@@ -548,7 +549,7 @@ async fn stale_while_revalidate_serves_stale_and_refreshes_in_the_background() {
         ("swr:2", "qweb; hit")
     );
     // a request that asks the origin is not served stale
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    tokio::time::sleep(Duration::from_millis(2300)).await;
     let (_, _, body) = get_with(&url, &[("cache-control", "max-age=0")]).await;
     assert_eq!(body, "swr:3");
 }
