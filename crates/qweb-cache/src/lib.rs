@@ -14,6 +14,7 @@ pub mod directives;
 mod disk;
 pub mod fill;
 pub mod format;
+mod memfd;
 pub mod policy;
 pub mod shared;
 pub mod status;

@@ -108,6 +108,9 @@ pub struct Entry {
     pub meta: Meta,
     /// The body.
     pub body: Bytes,
+    /// A large body's sealed memfd, whose mapping [`Entry::body`] is (`crate::memfd`): a
+    /// plain HTTP/1.1 response sends it with `sendfile(2)`.
+    pub file: Option<qweb_http::body::FileBytes>,
     /// Names the body in the process (never reused): what compressed variants of it are
     /// kept under ([`StoredBody`]).
     pub id: u64,
@@ -138,10 +141,23 @@ impl Entry {
     /// An entry of `meta` and `body`, with a new id.
     pub fn new(meta: Meta, body: Bytes) -> Entry {
         static NEXT: AtomicU64 = AtomicU64::new(1);
+        let file = crate::memfd::seal(&body);
         Entry {
             meta,
-            body,
+            body: file.as_ref().map_or(body, |f| f.bytes.clone()),
+            file,
             id: NEXT.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// An entry of `meta` with `old`'s body (its file and id too: the same bytes, so its
+    /// compressed variants stay valid).
+    pub fn reusing(meta: Meta, old: &Entry) -> Entry {
+        Entry {
+            meta,
+            body: old.body.clone(),
+            file: old.file.clone(),
+            id: old.id,
         }
     }
 
@@ -490,11 +506,7 @@ impl Store {
     /// `meta` (a `304` updated it).
     pub fn update(&self, key: &str, old: &Arc<Entry>, meta: Meta) -> Arc<Entry> {
         // the same body: its compressed variants stay valid
-        let new = Arc::new(Entry {
-            meta,
-            body: old.body.clone(),
-            id: old.id,
-        });
+        let new = Arc::new(Entry::reusing(meta, old));
         let mut inner = self.lock();
         let mut delta: isize = 0;
         let mut found = false;

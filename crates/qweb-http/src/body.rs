@@ -13,6 +13,29 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// `Send` (an upstream body holds the worker's connection pool).
 pub type Body = Pin<Box<dyn HttpBody<Data = Bytes, Error = BoxError>>>;
 
+/// Bytes that are also the whole content of a sealed file (a cached body in a `memfd`): a body
+/// chunk that lies inside [`FileBytes::bytes`] can be sent from the file instead
+/// (`sendfile(2)`: the kernel takes the pages without copying them from user space). Put on a
+/// response's extensions by the handler that made the body; the HTTP/1.1 writer looks at each
+/// chunk's address, so a body that a later phase replaced (compression) is written as usual.
+#[derive(Debug, Clone)]
+pub struct FileBytes {
+    /// The file; its content must never change while this lives (a sealed `memfd`).
+    pub file: std::sync::Arc<std::fs::File>,
+    /// The file's whole content, mapped.
+    pub bytes: Bytes,
+}
+
+impl FileBytes {
+    /// Where `chunk` starts in the file, when it is a part of [`FileBytes::bytes`] (the same
+    /// memory: its bytes are the file's there).
+    pub fn offset_of(&self, chunk: &[u8]) -> Option<u64> {
+        let base = self.bytes.as_ptr() as usize;
+        let at = chunk.as_ptr() as usize;
+        (at >= base && at + chunk.len() <= base + self.bytes.len()).then(|| (at - base) as u64)
+    }
+}
+
 /// Boxes a body.
 pub fn boxed<B>(b: B) -> Body
 where

@@ -14,6 +14,7 @@ use http_body::Body as HttpBody;
 use tokio::io::AsyncWrite;
 
 use super::encode::{self, Framing as Out};
+use crate::body::FileBytes;
 
 /// Bytes of a response queued before they are written (a streamed body's chunks are written
 /// as they come; this bounds what one write gathers).
@@ -47,6 +48,9 @@ pub struct Writing<B> {
     trailers: Option<http::HeaderMap>,
     /// A 101 went out: the socket is the tunnel's after this.
     pub switched: bool,
+    /// The body's bytes are also this file's: chunks from it are sent from the file where the
+    /// transport can ([`SendFile`]).
+    pub file: Option<FileBytes>,
 }
 
 impl<B> Writing<B> {
@@ -63,6 +67,7 @@ impl<B> Writing<B> {
             keep_alive,
             trailers: None,
             switched,
+            file: None,
         }
     }
 }
@@ -115,17 +120,25 @@ where
                     return Err(WriteError::TooLong);
                 }
                 self.left -= d.len() as u64;
-                out.data(d);
+                self.body_bytes(d, out);
             }
             Out::Chunked(_) => {
                 out.small(|b| encode::chunk_size(b, d.len()));
-                out.data(d);
+                self.body_bytes(d, out);
                 out.small(|b| b.extend_from_slice(b"\r\n"));
             }
-            Out::Close => out.data(d),
+            Out::Close => self.body_bytes(d, out),
             Out::None => {}
         }
         Ok(())
+    }
+
+    /// Queues a body chunk: from the file when it is a part of [`Writing::file`].
+    fn body_bytes(&self, d: Bytes, out: &mut Output) {
+        match self.file.as_ref().and_then(|f| Some((f, f.offset_of(&d)?))) {
+            Some((f, offset)) if d.len() >= SEND_FILE_MIN => out.file(d, f, offset),
+            _ => out.data(d),
+        }
     }
 
     fn end(&mut self, out: &mut Output) -> Result<(), WriteError> {
@@ -164,6 +177,78 @@ enum Piece {
     /// `small[start..end]`.
     Small(usize, usize),
     Data(Bytes),
+    /// Bytes that are also `file`'s from `offset` on (sent from the file where the transport
+    /// can, else as `Data`).
+    File(Bytes, std::sync::Arc<std::fs::File>, u64),
+}
+
+impl Piece {
+    fn len(&self) -> usize {
+        match self {
+            Piece::Small(s, e) => e - s,
+            Piece::Data(d) | Piece::File(d, ..) => d.len(),
+        }
+    }
+}
+
+/// Body chunks smaller than this are written with the framing even when a file holds them
+/// (a `sendfile` call of its own costs more than copying a few KiB).
+pub const SEND_FILE_MIN: usize = 16 * 1024;
+
+impl<T: SendFile + ?Sized> SendFile for Box<T> {
+    fn can_send_file(&self) -> bool {
+        (**self).can_send_file()
+    }
+
+    fn poll_send_file(
+        &mut self,
+        cx: &mut Context<'_>,
+        file: &std::fs::File,
+        offset: u64,
+        len: usize,
+    ) -> Option<Poll<io::Result<usize>>> {
+        (**self).poll_send_file(cx, file, offset, len)
+    }
+
+    fn poll_write_more(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Option<Poll<io::Result<usize>>> {
+        (**self).poll_write_more(cx, bufs)
+    }
+}
+
+/// A transport that may send a file's bytes without copying them through user space.
+pub trait SendFile: AsyncWrite + Unpin {
+    /// Whether [`SendFile::poll_send_file`] can send (else file pieces are written as bytes,
+    /// with the pieces around them).
+    fn can_send_file(&self) -> bool {
+        false
+    }
+
+    /// Sends up to `len` bytes of `file` from `offset` (`sendfile(2)`); `None` when this
+    /// transport cannot (TLS, a test pipe): the bytes are written as usual.
+    fn poll_send_file(
+        &mut self,
+        _cx: &mut Context<'_>,
+        _file: &std::fs::File,
+        _offset: u64,
+        _len: usize,
+    ) -> Option<Poll<io::Result<usize>>> {
+        None
+    }
+
+    /// A vectored write that tells the kernel more follows at once (`MSG_MORE`: the head
+    /// before a body sent from a file leaves in the body's first segment, not in a packet of
+    /// its own); `None`: written as usual.
+    fn poll_write_more(
+        &mut self,
+        _cx: &mut Context<'_>,
+        _bufs: &[io::IoSlice<'_>],
+    ) -> Option<Poll<io::Result<usize>>> {
+        None
+    }
 }
 
 /// Body chunks up to this size are copied next to the framing (one buffer less to write).
@@ -199,35 +284,38 @@ impl Output {
         self.pieces.push_back(Piece::Data(d));
     }
 
+    /// Appends a body chunk that `file` also holds from `offset`.
+    pub fn file(&mut self, d: Bytes, file: &FileBytes, offset: u64) {
+        self.queued += d.len();
+        self.pieces
+            .push_back(Piece::File(d, file.file.clone(), offset));
+    }
+
     /// Writes until everything queued is out (or the socket is full).
-    pub fn poll_write<T: AsyncWrite + Unpin>(
+    pub fn poll_write<T: SendFile>(
         &mut self,
         cx: &mut Context<'_>,
         io: &mut T,
     ) -> Poll<io::Result<()>> {
-        while !self.pieces.is_empty() {
-            let mut slices = [io::IoSlice::new(&[]); 16];
-            let mut k = 0;
-            for (i, p) in self.pieces.iter().take(slices.len()).enumerate() {
-                let bytes = match p {
-                    Piece::Small(s, e) => &self.small[*s..*e],
-                    Piece::Data(d) => &d[..],
-                };
-                let skip = if i == 0 { self.front } else { 0 };
-                slices[k] = io::IoSlice::new(&bytes[skip..]);
-                k += 1;
-            }
-            let mut n = ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices[..k]))?;
+        while let Some(front) = self.pieces.front() {
+            let sent = match front {
+                Piece::File(d, file, offset) if io.can_send_file() => {
+                    let at = self.front;
+                    io.poll_send_file(cx, file, offset + at as u64, d.len() - at)
+                }
+                _ => None,
+            };
+            let mut n = match sent {
+                Some(r) => ready!(r)?,
+                None => ready!(self.poll_vectored(cx, io))?,
+            };
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
             self.queued = self.queued.saturating_sub(n);
             while n > 0 {
                 let Some(p) = self.pieces.front() else { break };
-                let len = match p {
-                    Piece::Small(s, e) => e - s,
-                    Piece::Data(d) => d.len(),
-                } - self.front;
+                let len = p.len() - self.front;
                 if n >= len {
                     n -= len;
                     self.front = 0;
@@ -242,6 +330,40 @@ impl Output {
         self.queued = 0;
         Poll::Ready(Ok(()))
     }
+
+    /// One vectored write of the pieces in front, up to the next one [`SendFile`] may send
+    /// from its file (a file piece in front goes as bytes: the transport cannot send files).
+    fn poll_vectored<T: SendFile>(
+        &self,
+        cx: &mut Context<'_>,
+        io: &mut T,
+    ) -> Poll<io::Result<usize>> {
+        let mut slices = [io::IoSlice::new(&[]); 16];
+        let mut k = 0;
+        let files = io.can_send_file();
+        let mut file_next = false;
+        for (i, p) in self.pieces.iter().take(slices.len()).enumerate() {
+            let bytes = match p {
+                Piece::Small(s, e) => &self.small[*s..*e],
+                Piece::Data(d) => &d[..],
+                // (sent from its file once it is in front)
+                Piece::File(..) if i > 0 && files => {
+                    file_next = true;
+                    break;
+                }
+                Piece::File(d, ..) => &d[..],
+            };
+            let skip = if i == 0 { self.front } else { 0 };
+            slices[k] = io::IoSlice::new(&bytes[skip..]);
+            k += 1;
+        }
+        if file_next {
+            if let Some(r) = io.poll_write_more(cx, &slices[..k]) {
+                return r;
+            }
+        }
+        Pin::new(&mut *io).poll_write_vectored(cx, &slices[..k])
+    }
 }
 
 #[cfg(test)]
@@ -251,11 +373,42 @@ mod tests {
     use http::header::HeaderName;
     use http_body::Frame;
 
-    /// A writer that takes at most `step` bytes a call, and records them.
+    /// A writer that takes at most `step` bytes a call, and records them; with `files`, it
+    /// also sends from files (reading them, as `sendfile` would), counting those bytes.
     struct Trickle {
         step: usize,
         got: Vec<u8>,
         writes: usize,
+        files: bool,
+        from_files: usize,
+    }
+
+    impl SendFile for Trickle {
+        fn can_send_file(&self) -> bool {
+            self.files
+        }
+
+        fn poll_send_file(
+            &mut self,
+            _: &mut Context<'_>,
+            file: &std::fs::File,
+            offset: u64,
+            len: usize,
+        ) -> Option<Poll<io::Result<usize>>> {
+            use std::os::unix::fs::FileExt;
+            if !self.files {
+                return None;
+            }
+            let mut buf = vec![0; len.min(self.step)];
+            let n = match file.read_at(&mut buf, offset) {
+                Ok(n) => n,
+                Err(e) => return Some(Poll::Ready(Err(e))),
+            };
+            self.got.extend_from_slice(&buf[..n]);
+            self.from_files += n;
+            self.writes += 1;
+            Some(Poll::Ready(Ok(n)))
+        }
     }
 
     impl AsyncWrite for Trickle {
@@ -300,6 +453,18 @@ mod tests {
 
     /// Frames `body` as `framing` into what a writer taking `step` bytes a call receives.
     fn wire(body: Body, framing: Out, step: usize) -> (Result<Vec<u8>, WriteError>, usize) {
+        let (r, writes, _) = wire_with(body, framing, step, None);
+        (r, writes)
+    }
+
+    /// [`wire`], the body's bytes also in `file` (and the writer able to send files then);
+    /// also the bytes sent from the file.
+    fn wire_with(
+        body: Body,
+        framing: Out,
+        step: usize,
+        file: Option<FileBytes>,
+    ) -> (Result<Vec<u8>, WriteError>, usize, usize) {
         let waker = std::task::Waker::noop();
         let mut cx = Context::from_waker(waker);
         let mut w = Writing::new(Some(body), framing, true, false);
@@ -308,17 +473,58 @@ mod tests {
             step,
             got: Vec::new(),
             writes: 0,
+            files: file.is_some(),
+            from_files: 0,
         };
+        w.file = file;
         while w.body.is_some() {
             if let Err(e) = w.fill(&mut cx, &mut out) {
-                return (Err(e), io.writes);
+                return (Err(e), io.writes, io.from_files);
             }
             match out.poll_write(&mut cx, &mut io) {
                 Poll::Ready(Ok(())) => {}
                 other => panic!("{other:?}"),
             }
         }
-        (Ok(io.got), io.writes)
+        (Ok(io.got), io.writes, io.from_files)
+    }
+
+    /// A body whose bytes a file also holds: its chunks of at least [`SEND_FILE_MIN`] go
+    /// from the file (each part, however the writer splits it), the framing and small chunks
+    /// as bytes, and the wire is the same as without the file. A body with the same content
+    /// at another address (a phase replaced it) is never sent from the file.
+    #[test]
+    fn chunks_of_a_file_backed_body_go_from_the_file() {
+        let content: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let path = std::env::temp_dir().join(format!("qweb-write-{}", std::process::id()));
+        std::fs::write(&path, &content).unwrap();
+        let file = FileBytes {
+            file: std::sync::Arc::new(std::fs::File::open(&path).unwrap()),
+            bytes: Bytes::from(content.clone()),
+        };
+        std::fs::remove_file(&path).unwrap();
+        let parts = |b: &Bytes| {
+            frames(vec![
+                Frame::data(b.slice(..40_000)),
+                Frame::data(b.slice(40_000..40_100)),
+                Frame::data(b.slice(40_100..)),
+            ])
+        };
+        for framing in [Out::Length(100_000), Out::Chunked(None)] {
+            let (plain, _, _) = wire_with(parts(&file.bytes), framing.clone(), 7000, None);
+            let (sent, _, from_file) = wire_with(
+                parts(&file.bytes),
+                framing.clone(),
+                7000,
+                Some(file.clone()),
+            );
+            assert_eq!(sent, plain);
+            assert_eq!(from_file, 100_000 - 100, "{framing:?}");
+            let copy = Bytes::from(content.clone());
+            let (sent, _, from_file) = wire_with(parts(&copy), framing, 7000, Some(file.clone()));
+            assert_eq!(sent, plain);
+            assert_eq!(from_file, 0);
+        }
     }
 
     fn frames(parts: Vec<Frame<Bytes>>) -> Body {

@@ -47,6 +47,65 @@ pub(crate) trait ReadReady {
     /// for the next read, and only [`ReadReady::poll_read_ready`] frees it: the HTTP/1 driver
     /// keeps it while it serves and waits idle in `poll_read_ready`.
     fn keep_read_buffer(&mut self, _on: bool) {}
+
+    /// The plain TCP socket under the transport, when it is one (not TLS): HTTP/1.1 sends
+    /// cached bodies from their files on it ([`send_file`], [`write_more`]).
+    fn tcp(&self) -> Option<&TcpStream> {
+        None
+    }
+}
+
+/// Runs the write `op` on `tcp` once the socket is writable (again when the readiness was
+/// stale: `try_io` clears it, so the next poll waits).
+fn poll_try_write(
+    tcp: &TcpStream,
+    cx: &mut Context<'_>,
+    mut op: impl FnMut() -> io::Result<usize>,
+) -> Poll<io::Result<usize>> {
+    loop {
+        if let Err(e) = std::task::ready!(tcp.poll_write_ready(cx)) {
+            return Poll::Ready(Err(e));
+        }
+        match tcp.try_io(tokio::io::Interest::WRITABLE, &mut op) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            r => return Poll::Ready(r),
+        }
+    }
+}
+
+/// Sends up to `len` bytes of `file` from `offset` on `tcp` without copying them through
+/// user space (`sendfile(2)`).
+pub(crate) fn send_file(
+    tcp: &TcpStream,
+    cx: &mut Context<'_>,
+    file: &std::fs::File,
+    offset: u64,
+    len: usize,
+) -> Poll<io::Result<usize>> {
+    poll_try_write(tcp, cx, || {
+        let mut at = offset;
+        rustix::fs::sendfile(tcp, file, Some(&mut at), len).map_err(io::Error::from)
+    })
+}
+
+/// A vectored write on `tcp` with `MSG_MORE`: more follows at once (the head before a body
+/// sent from its file leaves in the body's first segment).
+pub(crate) fn write_more(
+    tcp: &TcpStream,
+    cx: &mut Context<'_>,
+    bufs: &[io::IoSlice<'_>],
+) -> Poll<io::Result<usize>> {
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendFlags};
+    poll_try_write(tcp, cx, || {
+        let mut control = SendAncillaryBuffer::default();
+        sendmsg(
+            tcp,
+            bufs,
+            &mut control,
+            SendFlags::MORE | SendFlags::NOSIGNAL,
+        )
+        .map_err(io::Error::from)
+    })
 }
 
 /// `SIOCOUTQ` of the TCP socket `fd` (0 when the kernel does not say, e.g. `fd` was closed).
@@ -107,6 +166,10 @@ impl SendQueue {
 impl ReadReady for TcpStream {
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         TcpStream::poll_read_ready(self, cx)
+    }
+
+    fn tcp(&self) -> Option<&TcpStream> {
+        Some(self)
     }
 
     fn socket_fd(&self) -> RawFd {

@@ -305,6 +305,54 @@ impl<T: AsyncRead + AsyncWrite + ReadReady + Unpin> AsyncRead for Tracked<T> {
     }
 }
 
+/// HTTP/1.1 only (HTTP/2 frames its data itself): a plain TCP transport sends cached bodies
+/// from their `memfd` ([`qweb_http::body::FileBytes`]), with the same write-burst turns and
+/// send-timeout progress as its writes.
+impl<T: AsyncWrite + ReadReady + Unpin> qweb_http::h1::write::SendFile for Tracked<T> {
+    fn can_send_file(&self) -> bool {
+        self.inner.tcp().is_some() && self.flood.is_none()
+    }
+
+    fn poll_send_file(
+        &mut self,
+        cx: &mut Context<'_>,
+        file: &std::fs::File,
+        offset: u64,
+        len: usize,
+    ) -> Option<Poll<io::Result<usize>>> {
+        self.tcp_write(cx, |tcp, cx| idle::send_file(tcp, cx, file, offset, len))
+    }
+
+    fn poll_write_more(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Option<Poll<io::Result<usize>>> {
+        self.tcp_write(cx, |tcp, cx| idle::write_more(tcp, cx, bufs))
+    }
+}
+
+impl<T: ReadReady> Tracked<T> {
+    /// A write straight on the plain TCP socket (`None` on other transports), with the same
+    /// write-burst turns and send-timeout progress as the other writes.
+    fn tcp_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        op: impl FnOnce(&tokio::net::TcpStream, &mut Context<'_>) -> Poll<io::Result<usize>>,
+    ) -> Option<Poll<io::Result<usize>>> {
+        if self.flood.is_some() {
+            return None;
+        }
+        self.inner.tcp()?;
+        if self.burst.poll_turn(cx).is_pending() {
+            return Some(Poll::Pending);
+        }
+        let r = op(self.inner.tcp()?, cx);
+        self.on_write(&r, |n| *n);
+        Some(r)
+    }
+}
+
 impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,

@@ -219,7 +219,7 @@ where
                 store.update(&key, e, meta)
             } else {
                 store.invalidate(&key);
-                Arc::new(Entry::new(meta, e.body.clone()))
+                Arc::new(Entry::reusing(meta, e))
             };
             stats.revalidated.fetch_add(1, Relaxed);
             let status = CacheStatus::Revalidated {
@@ -594,6 +594,11 @@ fn answer<B>(e: &Entry, req: &Request<B>, now: SystemTime, status: CacheStatus) 
     if code == StatusCode::OK && !conditional {
         // the whole stored body: compression keeps its encoded variants
         r.extensions_mut().insert(qweb_cache::StoredBody::of(e));
+    }
+    if let Some(f) = &e.file {
+        // (the HTTP/1.1 writer sends only chunks that are parts of this mapping from the
+        // file: a range is one; a body compression replaced is not)
+        r.extensions_mut().insert(f.clone());
     }
     mark(&mut r, status);
     if conditional {

@@ -31,6 +31,7 @@ mod proxy_balance;
 mod proxy_body;
 mod proxy_cache;
 mod proxy_cache_disk;
+mod proxy_cache_sendfile;
 mod proxy_cache_stream;
 mod proxy_grpc;
 mod proxy_h2;

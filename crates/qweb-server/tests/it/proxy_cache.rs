@@ -25,6 +25,7 @@ use hyper_util::rt::TokioIo;
 ///   no `Cache-Control`); `/cookie-explicit`: `Set-Cookie` with `max-age=60`;
 /// - `/vary/..`: `max-age=60`, `Vary: X-Variant`, body `variant:<the request's X-Variant>`;
 /// - `/big/<n>`: `max-age=60`, n bytes with a length (`/bigchunked/<n>`: without);
+/// - `/pattern/<n>`: `max-age=60`, `text/html`, the n bytes of [`pattern`];
 /// - `/stall/..`: `max-age=60`, 4 KiB, a pause of 300 ms, then 4 KiB and 2 MiB more (no
 ///   length);
 /// - `/slow/..`: `max-age=60` after 300 ms (`/slownostore/..`: `no-store`);
@@ -88,6 +89,10 @@ async fn answer(req: Request<Incoming>, n: usize) -> Response<OriginBody> {
             let len: usize = seg(2).parse().unwrap_or(0);
             full(vec![b'b'; len])
         }
+        "pattern" => {
+            b = b.header("content-type", "text/html");
+            full(pattern(seg(2).parse().unwrap_or(0)))
+        }
         "bigchunked" => {
             let len: usize = seg(2).parse().unwrap_or(0);
             let frames = (0..len.div_ceil(8192)).map(move |i| {
@@ -139,6 +144,13 @@ async fn answer(req: Request<Incoming>, n: usize) -> Response<OriginBody> {
         _ => full(format!("other:{n}")),
     };
     b.body(body).unwrap()
+}
+
+/// The body of `/pattern/<n>`: no two neighbouring KiB alike (a byte out of place shows).
+pub(crate) fn pattern(n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|i| b'a' + ((i * 7 + i / 1024) % 26) as u8)
+        .collect()
 }
 
 /// The body of `/html/..`.

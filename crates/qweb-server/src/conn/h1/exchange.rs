@@ -336,11 +336,12 @@ impl Exchange {
             encode::Framing::None => None,
             _ => Some(body),
         };
-        self.stage = Stage::Writing(Box::new(Writing::new(
-            body,
-            enc.framing,
-            enc.keep_alive,
-            switched,
-        )));
+        let mut writing = Writing::new(body, enc.framing, enc.keep_alive, switched);
+        // a cached body in a memfd: sent from it where the transport can (plain TCP)
+        writing.file = parts
+            .extensions
+            .get::<qweb_http::body::FileBytes>()
+            .cloned();
+        self.stage = Stage::Writing(Box::new(writing));
     }
 }
