@@ -20,4 +20,4 @@ pub mod store;
 pub use fill::{FillBody, Pending};
 pub use policy::{reuse, storable, Meta, NotStorable, Reuse};
 pub use status::CacheStatus;
-pub use store::{Entry, Fill, FillGuard, Limits, Stats, Store, StoredBody};
+pub use store::{Entry, Eviction, Fill, FillGuard, Limits, Stats, Store, StoredBody};
