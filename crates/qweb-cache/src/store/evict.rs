@@ -30,7 +30,6 @@
 //! [`Eviction::Lru`] keeps the previous policy (least recently used first, a hit moves the
 //! key to the head) for comparison: `qweb-bench zipf` measures both.
 
-use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -58,6 +57,10 @@ const MAX_FREQ: u8 = 3;
 
 /// No node.
 const NIL: usize = usize::MAX;
+
+/// The maps' hasher: the one the store's `LruCache` used (foldhash through hashbrown), so a
+/// hit hashes its key as cheaply as before.
+type Hasher = lru::DefaultHasher;
 
 /// What an entry weighs: the bytes it counts against the memory bound.
 pub(super) trait Weigh {
@@ -104,7 +107,7 @@ struct Ghost {
     /// (or taken back) is stale and skipped when it leaves.
     order: VecDeque<(u64, u64)>,
     /// Hash → the number of its latest push.
-    latest: HashMap<u64, u64>,
+    latest: HashMap<u64, u64, Hasher>,
     pushed: u64,
 }
 
@@ -143,13 +146,13 @@ pub(super) struct Victim<V> {
 /// The store's keys and the order they are evicted in.
 pub(super) struct Keys<V> {
     eviction: Eviction,
-    map: HashMap<Arc<str>, usize>,
+    map: HashMap<Arc<str>, usize, Hasher>,
     nodes: Vec<Option<Node<V>>>,
     free: Vec<usize>,
     small: List,
     main: List,
     ghost: Ghost,
-    hasher: RandomState,
+    hasher: Hasher,
     /// The small queue's share in bytes.
     small_target: usize,
 }
@@ -159,17 +162,17 @@ impl<V: Weigh + Default> Keys<V> {
     pub fn new(eviction: Eviction, memory: usize) -> Keys<V> {
         let mut keys = Keys {
             eviction,
-            map: HashMap::new(),
+            map: HashMap::default(),
             nodes: Vec::new(),
             free: Vec::new(),
             small: List::EMPTY,
             main: List::EMPTY,
             ghost: Ghost {
                 order: VecDeque::new(),
-                latest: HashMap::new(),
+                latest: HashMap::default(),
                 pushed: 0,
             },
-            hasher: RandomState::new(),
+            hasher: Hasher::default(),
             small_target: 0,
         };
         keys.set_memory(memory);
