@@ -8,6 +8,8 @@
 //!   configurations, starts qweb and its [`peers`], runs the matrix A–I and the engine-latency
 //!   sweep (with the external [`clients`] wrk, h2load and strace in G), and writes markdown
 //!   tables, JSON and SVG charts.
+//! - [`zipf`]: the proxy cache's eviction policy against LRU on a Zipf trace with one-time
+//!   keys (`qweb-bench zipf`), on `qweb_cache::Store` directly.
 //! - The pure parts ([`stats`], [`report`], [`svg`], [`configs`], [`peers`]' configurations,
 //!   the [`clients`]' output parsers, [`procs::parse_metric`]) are unit tested without network
 //!   or servers.
@@ -24,6 +26,7 @@ pub mod runner;
 pub mod stats;
 pub mod svg;
 pub mod tls;
+pub mod zipf;
 
 pub use error::{Error, Result};
 

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use qweb_bench::load::{run_load, LoadSpec};
 use qweb_bench::runner::{run, RunArgs};
+use qweb_bench::zipf::{run_zipf, ZipfArgs};
 
 /// qweb's benchmark tools: a TLS/HTTP load generator and the runner that reproduces the QWEB
 /// paper's experiments with qweb, nginx, h2o and Caddy side by side.
@@ -29,6 +30,9 @@ enum Cmd {
     /// Run the experiment matrix (starts qweb, nginx, h2o and Caddy itself) and write tables and
     /// charts.
     Run(RunArgs),
+    /// Hit ratios of the proxy cache's memory store, S3-FIFO against LRU, on Zipf traces with
+    /// one-time keys (no server: the store itself).
+    Zipf(ZipfArgs),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +55,16 @@ fn main() -> ExitCode {
                 } else {
                     ExitCode::SUCCESS
                 }
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Cmd::Zipf(args) => match run_zipf(&args) {
+            Ok(table) => {
+                print!("{table}");
+                ExitCode::SUCCESS
             }
             Err(e) => {
                 eprintln!("error: {e}");

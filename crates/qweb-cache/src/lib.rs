@@ -24,4 +24,4 @@ pub use fill::{FillBody, Pending};
 pub use policy::{reuse, storable, Meta, NotStorable, Reuse};
 pub use shared::{FillFailed, Follower, InFlight, Shared};
 pub use status::CacheStatus;
-pub use store::{Entry, Fill, FillGuard, Limits, Stats, Store, StoredBody};
+pub use store::{Entry, Eviction, Fill, FillGuard, Limits, Stats, Store, StoredBody};

@@ -1,5 +1,6 @@
 //! The memory store: one per server, shared by every worker (a lookup or fill takes one
-//! short lock), bounded in bytes; least recently used keys go first. Each key holds the
+//! short lock), bounded in bytes; evicted by S3-FIFO ([`Eviction`]: new keys wait in a small
+//! queue, so one-hit wonders and scans leave before the keys asked again). Each key holds the
 //! variants its `Vary` selects between. In-flight fills are tracked per key so that
 //! concurrent misses wait for one fill instead of all going upstream; a fill that is streamed
 //! ([`crate::Pending::share`]) hands its waiters its head and growing body as soon as it has
@@ -31,14 +32,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use http::HeaderMap;
-use lru::LruCache;
 use tokio::sync::watch;
 
 use crate::disk::Index;
 use crate::policy::Meta;
 use crate::shared::InFlight;
 
+mod evict;
 mod tier;
+pub use evict::{Eviction, MIN_GHOSTS, SMALL_SHARE};
+use evict::{Keys, Weigh};
 use tier::Writer;
 
 /// What every entry costs beyond its body and fields (the key's slot, the map, the `Arc`s).
@@ -204,6 +207,9 @@ pub struct Stats {
     pub abandoned: AtomicU64,
     /// Entries evicted to stay within [`Limits::memory`].
     pub evictions: AtomicU64,
+    /// Of [`Stats::evictions`], entries that left S3-FIFO's small queue never hit since they
+    /// were stored: one-hit wonders kept out of the main queue ([`Eviction`]).
+    pub one_hit_evictions: AtomicU64,
     /// Entries removed by unsafe methods and purges.
     pub invalidated: AtomicU64,
     /// Entries held now.
@@ -236,8 +242,14 @@ struct Slot {
     variants: Vec<(Arc<Entry>, usize)>,
 }
 
+impl Weigh for Slot {
+    fn weight(&self) -> usize {
+        self.variants.iter().map(|(_, cost)| cost).sum()
+    }
+}
+
 struct Inner {
-    keys: LruCache<String, Slot>,
+    keys: Keys<Slot>,
     bytes: usize,
     objects: usize,
     /// The fills in flight: what their waiters are told (the head and body once streamed).
@@ -349,7 +361,7 @@ impl Store {
     fn bare(limits: Limits, disk: Option<Index>, writer: Option<Writer>) -> Store {
         Store {
             inner: Mutex::new(Inner {
-                keys: LruCache::unbounded(),
+                keys: Keys::new(Eviction::default(), limits.memory),
                 bytes: 0,
                 objects: 0,
                 fills: HashMap::new(),
@@ -362,6 +374,18 @@ impl Store {
             writer,
             logged: AtomicBool::new(false),
         }
+    }
+
+    /// An empty store bounded by `limits`, in memory only, evicting by `eviction` (the server
+    /// uses [`Store::new`]'s default; the others are there to compare with).
+    pub fn with_eviction(limits: Limits, eviction: Eviction) -> Arc<Store> {
+        let mut store = Store::bare(limits, None, None);
+        store
+            .inner
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys = Keys::new(eviction, limits.memory);
+        Arc::new(store)
     }
 
     /// The counters.
@@ -378,14 +402,15 @@ impl Store {
     pub fn set_limits(&self, limits: Limits) {
         let mut inner = self.lock();
         inner.limits = limits;
+        inner.keys.set_memory(limits.memory);
         let over = inner.bytes.saturating_sub(limits.memory);
-        self.evict(&mut inner, over);
+        self.evict(&mut inner, over, 0);
         let max = limits.max_object_size;
         let keys: Vec<String> = inner
             .keys
             .iter()
             .filter(|(_, s)| s.variants.iter().any(|(e, _)| e.body.len() > max))
-            .map(|(k, _)| k.clone())
+            .map(|(k, _)| k.to_owned())
             .collect();
         for k in keys {
             self.remove_where(&mut inner, &k, |e| e.body.len() > max);
@@ -491,12 +516,15 @@ impl Store {
             return None;
         }
         let vary = entry.meta.vary.clone();
-        self.remove_where(inner, key, |e| e.meta.vary == vary);
+        // the key keeps its place in the policy's queues (a refill is not a new key)
+        self.drop_variants(inner, key, |e| e.meta.vary == vary);
         let need = (inner.bytes + cost).saturating_sub(inner.limits.memory);
-        self.evict(inner, need);
-        let slot = inner.keys.get_or_insert_mut(key.to_owned(), Slot::default);
+        let incoming = inner.keys.small_part(key, cost);
+        self.evict(inner, need, incoming);
         let entry = Arc::new(entry);
-        slot.variants.push((entry.clone(), cost));
+        inner
+            .keys
+            .upsert(key, |slot| slot.variants.push((entry.clone(), cost)));
         inner.bytes += cost;
         inner.objects += 1;
         Some(entry)
@@ -508,23 +536,24 @@ impl Store {
         // the same body: its compressed variants stay valid
         let new = Arc::new(Entry::reusing(meta, old));
         let mut inner = self.lock();
-        let mut delta: isize = 0;
-        let mut found = false;
-        if let Some(slot) = inner.keys.get_mut(key) {
-            if let Some(v) = slot.variants.iter_mut().find(|(e, _)| Arc::ptr_eq(e, old)) {
-                let cost = new.cost(key);
-                delta = cost as isize - v.1 as isize;
-                *v = (new.clone(), cost);
-                found = true;
-            }
-        }
-        if found {
-            // the disk copy gets the new head too (a restart would otherwise revalidate)
-            self.queue_write(&inner, key, new.clone());
-        }
+        let cost = new.cost(key);
+        let delta = inner.keys.update(key, |slot| {
+            let v = slot
+                .variants
+                .iter_mut()
+                .find(|(e, _)| Arc::ptr_eq(e, old))?;
+            let delta = cost as isize - v.1 as isize;
+            *v = (new.clone(), cost);
+            Some(delta)
+        });
+        let Some(delta) = delta.flatten() else {
+            return new;
+        };
+        // the disk copy gets the new head too (a restart would otherwise revalidate)
+        self.queue_write(&inner, key, new.clone());
         inner.bytes = inner.bytes.saturating_add_signed(delta);
         let over = inner.bytes.saturating_sub(inner.limits.memory);
-        self.evict(&mut inner, over);
+        self.evict(&mut inner, over, 0);
         self.publish(&inner);
         new
     }
@@ -576,7 +605,7 @@ impl Store {
             .keys
             .iter()
             .filter(|(k, _)| k.starts_with(prefix))
-            .map(|(k, _)| k.clone())
+            .map(|(k, _)| k.to_owned())
             .collect();
         let n = keys
             .iter()
@@ -596,41 +625,65 @@ impl Store {
         n
     }
 
-    /// Removes the variants of `key` that `which` picks; how many.
+    /// Removes the variants of `key` that `which` picks, and the key when none is left; how
+    /// many.
     fn remove_where(&self, inner: &mut Inner, key: &str, which: impl Fn(&Entry) -> bool) -> usize {
-        let Some(slot) = inner.keys.peek_mut(key) else {
-            return 0;
-        };
-        let before = slot.variants.len();
-        let mut freed = 0;
-        slot.variants.retain(|(e, cost)| {
-            let keep = !which(e);
-            if !keep {
-                freed += cost;
-            }
-            keep
-        });
-        let removed = before - slot.variants.len();
-        if slot.variants.is_empty() {
-            inner.keys.pop(key);
+        let (removed, empty) = self.drop_variants(inner, key, which);
+        if empty {
+            inner.keys.remove(key);
         }
-        inner.bytes -= freed;
-        inner.objects -= removed;
         removed
     }
 
-    /// Evicts least recently used keys until `need` bytes were freed.
-    fn evict(&self, inner: &mut Inner, need: usize) {
+    /// Removes the variants of `key` that `which` picks (the key stays, even empty); how many,
+    /// and whether none is left.
+    fn drop_variants(
+        &self,
+        inner: &mut Inner,
+        key: &str,
+        which: impl Fn(&Entry) -> bool,
+    ) -> (usize, bool) {
+        let dropped = inner.keys.update(key, |slot| {
+            let before = slot.variants.len();
+            let mut freed = 0;
+            slot.variants.retain(|(e, cost)| {
+                let keep = !which(e);
+                if !keep {
+                    freed += cost;
+                }
+                keep
+            });
+            (
+                before - slot.variants.len(),
+                freed,
+                slot.variants.is_empty(),
+            )
+        });
+        let Some((removed, freed, empty)) = dropped else {
+            return (0, false);
+        };
+        inner.bytes -= freed;
+        inner.objects -= removed;
+        (removed, empty)
+    }
+
+    /// Evicts keys in the policy's order until `need` bytes were freed, `incoming` bytes being
+    /// about to enter the small queue ([`Keys::small_part`]).
+    fn evict(&self, inner: &mut Inner, need: usize, incoming: usize) {
         let mut freed = 0;
         while freed < need {
-            let Some((_, slot)) = inner.keys.pop_lru() else {
+            let Some(victim) = inner.keys.evict(incoming) else {
                 break;
             };
-            for (_, cost) in &slot.variants {
+            let n = victim.value.variants.len() as u64;
+            for (_, cost) in &victim.value.variants {
                 freed += cost;
                 inner.bytes -= cost;
                 inner.objects -= 1;
-                self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+            }
+            self.stats.evictions.fetch_add(n, Ordering::Relaxed);
+            if victim.one_hit {
+                self.stats.one_hit_evictions.fetch_add(n, Ordering::Relaxed);
             }
         }
     }
@@ -706,6 +759,109 @@ mod tests {
         assert!(objects > 100 && objects < 400, "{objects}");
         assert!(store.lookup("http://h/9999", &HeaderMap::new()).is_some());
         assert!(store.lookup("http://h/0", &HeaderMap::new()).is_none());
+    }
+
+    /// A hot set hit between passes of a scan (10 times the memory bound in keys asked once)
+    /// stays stored under S3-FIFO; plain LRU loses it at the first pass (the same test with
+    /// [`Eviction::Lru`] shows it).
+    #[test]
+    fn a_scan_does_not_evict_the_hot_set() {
+        let run = |eviction| {
+            let store = Store::with_eviction(Limits::new(1 << 20, 1 << 16), eviction);
+            let hot: Vec<String> = (0..20).map(|i| format!("http://h/hot/{i}")).collect();
+            for k in &hot {
+                assert!(store.insert(k, entry(10_000, None)));
+                assert!(store.lookup(k, &HeaderMap::new()).is_some());
+            }
+            let mut lost = 0;
+            let mut once = 0;
+            for _ in 0..10 {
+                // more than one memory bound's worth of keys never asked again
+                for _ in 0..110 {
+                    once += 1;
+                    let k = format!("http://h/once/{once}");
+                    assert!(store.lookup(&k, &HeaderMap::new()).is_none());
+                    assert!(store.insert(&k, entry(10_000, None)));
+                    assert!(stat(&store.stats().bytes) <= 1 << 20);
+                }
+                for k in &hot {
+                    if store.lookup(k, &HeaderMap::new()).is_none() {
+                        lost += 1;
+                        assert!(store.insert(k, entry(10_000, None)));
+                    }
+                }
+            }
+            lost
+        };
+        assert_eq!(run(Eviction::S3Fifo), 0, "S3-FIFO lost hot keys");
+        assert_eq!(
+            run(Eviction::Lru),
+            20 * 10,
+            "LRU loses the hot set at every pass"
+        );
+    }
+
+    /// A million distinct keys asked once: the bytes never go over the bound and the ghost
+    /// stays within its bound in hashes.
+    #[test]
+    fn a_million_distinct_keys_stay_within_memory() {
+        let store = Store::new(Limits::new(1 << 20, 10_000));
+        let mut k = String::new();
+        for i in 0..1_000_000 {
+            use std::fmt::Write as _;
+            k.clear();
+            let _ = write!(k, "http://h/{i}");
+            store.insert(&k, entry(100, None));
+            if i % 1000 == 0 {
+                assert!(stat(&store.stats().bytes) <= 1 << 20);
+                let inner = store.lock();
+                assert!(inner.keys.ghosts() <= inner.keys.len().max(MIN_GHOSTS));
+            }
+        }
+        assert!(stat(&store.stats().bytes) <= 1 << 20);
+        assert!(stat(&store.stats().one_hit_evictions) > 990_000);
+        assert_eq!(
+            stat(&store.stats().one_hit_evictions),
+            stat(&store.stats().evictions)
+        );
+    }
+
+    /// An object larger than the small queue's share (40 % of the bound, where the small
+    /// queue holds 10 %) is stored within the bound, taken from the small queue's one-time
+    /// keys; never hit, it leaves in its turn (60 small entries later), and the keys hit
+    /// before it stay throughout.
+    #[test]
+    fn a_huge_object_keeps_the_bound_and_leaves_first() {
+        let mem = 1 << 20;
+        let store = Store::new(Limits::new(mem, mem / 2));
+        let hot: Vec<String> = (0..30).map(|i| format!("http://h/hot/{i}")).collect();
+        for _ in 0..2 {
+            for k in &hot {
+                if store.lookup(k, &HeaderMap::new()).is_none() {
+                    store.insert(k, entry(10_000, None));
+                }
+            }
+        }
+        for i in 0..200 {
+            store.insert(&format!("http://h/once/{i}"), entry(10_000, None));
+        }
+        assert!(store.insert("http://h/huge", entry(mem * 4 / 10, None)));
+        assert!(stat(&store.stats().bytes) <= mem as u64);
+        // the small queue's entries older than it go first, then it
+        for i in 0..60 {
+            store.insert(&format!("http://h/after/{i}"), entry(10_000, None));
+            assert!(stat(&store.stats().bytes) <= mem as u64);
+        }
+        assert!(store.lookup("http://h/huge", &HeaderMap::new()).is_none());
+        for k in &hot {
+            assert!(store.lookup(k, &HeaderMap::new()).is_some(), "{k}");
+        }
+        // set_limits (a reload) shrinking the bound keeps working
+        store.set_limits(Limits::new(mem / 4, mem / 8));
+        assert!(stat(&store.stats().bytes) <= mem as u64 / 4);
+        let held = stat(&store.stats().objects) as usize;
+        assert_eq!(store.purge_prefix("http://h/"), held);
+        assert_eq!(stat(&store.stats().bytes), 0);
     }
 
     #[test]

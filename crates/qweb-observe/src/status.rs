@@ -352,6 +352,7 @@ fn cache(s: &Samples) -> Value {
         "bypass": num(sum("qweb_proxy_cache_bypass_total")),
         "stored": num(sum("qweb_proxy_cache_stored_total")),
         "evictions": num(sum("qweb_proxy_cache_evictions_total")),
+        "one_hit_evictions": num(sum("qweb_proxy_cache_one_hit_evictions_total")),
         "invalidations": num(sum("qweb_proxy_cache_invalidations_total")),
         "objects": num(sum("qweb_proxy_cache_objects")),
         "bytes": num(sum("qweb_proxy_cache_bytes")),

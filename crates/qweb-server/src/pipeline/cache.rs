@@ -76,6 +76,7 @@ impl prometheus_client::collector::Collector for Collector {
             ("qweb_proxy_cache_too_large", "Storable responses not stored because their body is over cache.max_object_size.", &s.too_large),
             ("qweb_proxy_cache_abandoned", "Fills given up before the body's end (client gone, upstream error, short body).", &s.abandoned),
             ("qweb_proxy_cache_evictions", "Stored responses evicted to stay within cache.memory.", &s.evictions),
+            ("qweb_proxy_cache_one_hit_evictions", "Of the evictions, responses that left the S3-FIFO small queue never hit since they were stored (one-hit wonders kept out of the main queue).", &s.one_hit_evictions),
             ("qweb_proxy_cache_invalidations", "Stored responses removed by unsafe methods, purges and replacements.", &s.invalidated),
             ("qweb_proxy_cache_superseded", "Fills not stored because their key was purged or invalidated while they were in flight.", &s.superseded),
             ("qweb_proxy_cache_disk_hits", "Requests answered from the disk tier (the entry read, checked and promoted to memory).", &s.disk_hits),
