@@ -4,8 +4,8 @@
 //!
 //! A bcrypt or argon2 verification is 50 to 250 ms of CPU: it never runs on a worker. It is a
 //! [`CheckOp`] on the process's password engine (a [`PoolEngine`] of one thread per core
-//! behind a queue of [`ENGINE_QUEUE`], started at the first verification), awaited like an
-//! offloaded compression chunk; at most `max_pending` verifications of one `basic_auth` block
+//! behind a queue of [`ENGINE_QUEUE`], started at the first verification, its threads at
+//! `SCHED_IDLE`), awaited like an offloaded compression chunk; at most `max_pending` verifications of one `basic_auth` block
 //! wait or run at once, and past that (or a full engine queue) a request is answered 503 with
 //! `Retry-After` at once rather than queued. A success is remembered for `cache_ttl` by the
 //! SHA-256 of its `Authorization` value (never the password), as Caddy does, so a browser
@@ -189,17 +189,32 @@ impl Drop for Slot<'_> {
     }
 }
 
-/// The nice value of the password engine's threads: under a guessing flood they take the
-/// CPU the workers leave, not the other way round (CFS weighs nice 10 at about a tenth of 0).
+/// The nice value of the password engine's threads where `SCHED_IDLE` is refused: under a
+/// guessing flood they take the CPU the workers leave, not the other way round (CFS weighs
+/// nice 10 at about a tenth of 0).
 const ENGINE_NICE: i32 = 10;
 
-/// Lowers the calling engine thread's priority to [`ENGINE_NICE`] at its first verification
-/// (Linux keeps a nice value per thread; the password engine's threads run nothing else).
-/// Where it cannot (another system), the thread keeps its priority.
+/// Moves the calling engine thread to `SCHED_IDLE` at its first verification (Linux keeps a
+/// policy per thread; the password engine's threads run nothing else), else lowers it to
+/// [`ENGINE_NICE`]. Nice 10 is not enough on two cores under a flood: both engine threads are
+/// always runnable, and a waking worker waits out a nice-10 thread's slice (EEVDF lets the
+/// running task finish it: a few ms at each wake-up, 8 to 10 ms of small-request p99 at 1000
+/// guesses/s, `tests/it/basic_auth_guessing.rs`); a `SCHED_IDLE` thread is preempted at once
+/// by any waking normal thread. Where neither can be set, the thread keeps its priority.
 fn lower_priority_once() {
     thread_local!(static DONE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
     DONE.with(|done| {
         if !done.replace(true) {
+            #[cfg(target_os = "linux")]
+            {
+                let param = libc::sched_param { sched_priority: 0 };
+                // SAFETY: `param` is a valid sched_param for the call; pid 0 is this thread.
+                #[allow(unsafe_code)]
+                let set = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+                if set == 0 {
+                    return;
+                }
+            }
             let now = rustix::process::getpriority_process(None).unwrap_or(0);
             if now < ENGINE_NICE {
                 let _ = rustix::process::setpriority_process(None, ENGINE_NICE);

@@ -6,6 +6,7 @@
 mod access_rules;
 mod admin_listener;
 mod basic_auth;
+mod basic_auth_guessing;
 mod client_auth;
 mod compression;
 mod file_cache;
