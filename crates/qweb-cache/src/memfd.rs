@@ -4,8 +4,8 @@
 //! the pages into the socket without the copy from user space that a `writev` makes (30 % of
 //! the worker's CPU on a 100 KiB hit, docs/BENCHMARKS.md).
 //!
-//! Each such body holds a descriptor, so at most [`MAX_FILES`] live at once; beyond, bodies
-//! stay in ordinary memory. A file is sealed against writes, growth, shrinking and further
+//! Each such body holds a descriptor, so at most [`MAX_FILES`] live at once (a quarter of the
+//! open-file limit when that is less: `max_files`); beyond, bodies stay in ordinary memory. A file is sealed against writes, growth, shrinking and further
 //! seals before it is mapped: its content cannot change while anything reads it.
 
 use std::fs::File;
@@ -21,8 +21,22 @@ use rustix::fs::{fcntl_add_seals, memfd_create, MemfdFlags, SealFlags};
 /// cost more than the copy it saves).
 pub const MIN_BODY: usize = 32 * 1024;
 
-/// Bodies in memfds at most (each holds a descriptor while it lives).
+/// Bodies in memfds at most (each holds a descriptor while it lives); fewer when the process's
+/// open-file limit is small ([`max_files`]).
 pub const MAX_FILES: usize = 1024;
+
+/// [`MAX_FILES`], or a quarter of the soft `RLIMIT_NOFILE` when that is less (read once): the
+/// cache never takes the descriptors its connections need (a hard limit of 1024 leaves it
+/// 256).
+fn max_files() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .unwrap_or(u64::MAX);
+        MAX_FILES.min(usize::try_from(soft / 4).unwrap_or(usize::MAX))
+    })
+}
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 
@@ -47,7 +61,7 @@ pub(crate) fn seal(body: &[u8]) -> Option<FileBytes> {
     if body.len() < MIN_BODY {
         return None;
     }
-    if LIVE.fetch_add(1, Ordering::Relaxed) >= MAX_FILES {
+    if LIVE.fetch_add(1, Ordering::Relaxed) >= max_files() {
         LIVE.fetch_sub(1, Ordering::Relaxed);
         return None;
     }
@@ -114,9 +128,10 @@ mod tests {
         let mut held = Vec::new();
         while let Some(f) = seal(&body) {
             held.push(f);
-            assert!(held.len() <= MAX_FILES);
+            assert!(held.len() <= max_files());
         }
-        assert!(LIVE.load(Ordering::Relaxed) <= MAX_FILES);
+        assert!(max_files() <= MAX_FILES);
+        assert!(LIVE.load(Ordering::Relaxed) <= max_files());
         held.pop();
         assert!(seal(&body).is_some(), "a freed slot");
     }
