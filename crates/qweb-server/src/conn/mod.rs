@@ -310,7 +310,7 @@ impl<T: AsyncRead + AsyncWrite + ReadReady + Unpin> AsyncRead for Tracked<T> {
 /// send-timeout progress as its writes.
 impl<T: AsyncWrite + ReadReady + Unpin> qweb_http::h1::write::SendFile for Tracked<T> {
     fn can_send_file(&self) -> bool {
-        self.inner.tcp().is_some() && self.flood.is_none()
+        self.sends_files()
     }
 
     fn poll_send_file(
@@ -333,17 +333,22 @@ impl<T: AsyncWrite + ReadReady + Unpin> qweb_http::h1::write::SendFile for Track
 }
 
 impl<T: ReadReady> Tracked<T> {
-    /// A write straight on the plain TCP socket (`None` on other transports), with the same
-    /// write-burst turns and send-timeout progress as the other writes.
+    /// Whether writes may go straight on the plain TCP socket: HTTP/1.1 (no flood meter to
+    /// see the bytes) over TCP, not TLS.
+    fn sends_files(&self) -> bool {
+        self.flood.is_none() && self.inner.tcp().is_some()
+    }
+
+    /// A write straight on the plain TCP socket (`None` where [`Tracked::sends_files`] says
+    /// no), with the same write-burst turns and send-timeout progress as the other writes.
     fn tcp_write(
         &mut self,
         cx: &mut Context<'_>,
         op: impl FnOnce(&tokio::net::TcpStream, &mut Context<'_>) -> Poll<io::Result<usize>>,
     ) -> Option<Poll<io::Result<usize>>> {
-        if self.flood.is_some() {
+        if !self.sends_files() {
             return None;
         }
-        self.inner.tcp()?;
         if self.burst.poll_turn(cx).is_pending() {
             return Some(Poll::Pending);
         }
