@@ -264,6 +264,7 @@ impl Runner {
         let h2n = self.profile.h2_requests;
         let n = loads.len() * servers.len();
         let mut cells: Vec<Cell> = (0..n).map(|_| Cell::default()).collect();
+        let mut rate = vec![0.0f64; n];
         for round in 0..=self.g_rounds_n() {
             // Warm-up: one short run per server and load (checked like any other).
             let warm = round == 0;
@@ -277,12 +278,20 @@ impl Runner {
                 let Some(server) = servers[si].as_ref() else {
                     continue;
                 };
-                let (s, count) = if warm { (1, h2n / 10) } else { (secs, h2n) };
+                // h2load runs by count: sized from the warm-up's rate to last about `secs`
+                // (at least the profile's count), so CPU ticks (10 ms) stay a small error.
+                let (s, count) = if warm {
+                    (1, h2n / 10)
+                } else {
+                    (secs, h2n.max((rate[i] * secs as f64) as u64))
+                };
                 let cell = &mut cells[i];
                 match self.run_client(server, loads[li], s, count) {
                     Ok(g) => {
                         cell.problems.extend(g.run.problems.iter().cloned());
-                        if !warm {
+                        if warm {
+                            rate[i] = g.run.req_per_sec;
+                        } else {
                             cell.runs.push(g);
                         }
                     }
@@ -444,12 +453,13 @@ impl Runner {
              RSA-2048 certificate and files, `keepalive_requests 10000000` in nginx. wrk: \
              {} s per round, `-t{}`; its byte count (exact, from a Lua `done` hook) must be \
              one body plus a header per request, every status 2xx/3xx, no socket error. \
-             h2load: `-n {}` requests per round (a count, not a duration), every one 2xx and \
-             exactly n × size data bytes. Medians over {} interleaved round(s) after one \
+             h2load: a request count per round (not a duration): the warm-up's rate × {} s, \
+             at least {}; every one 2xx and exactly n × size data bytes. Medians over {} interleaved round(s) after one \
              warm-up round.",
             self.workers,
             self.profile.wrk_secs,
             1,
+            self.profile.wrk_secs,
             self.profile.h2_requests,
             self.g_rounds_n()
         )
