@@ -50,9 +50,11 @@ const CLIENT_CPU: usize = 1;
 impl Load {
     fn title(self) -> String {
         match self {
-            Load::WrkPlain(f, c) => format!("{f} plain HTTP/1.1 keep-alive (wrk -c{c})"),
-            Load::WrkTls(f, c) => format!("{f} HTTPS HTTP/1.1 keep-alive (wrk -c{c})"),
-            Load::H2(f, c, m) => format!("{f} HTTPS h2, {c} conns × {m} streams (h2load)"),
+            Load::WrkPlain(f, c) => format!("{f} plain HTTP/1.1 keep-alive (wrk -t1 -c{c})"),
+            Load::WrkTls(f, c) => format!("{f} HTTPS HTTP/1.1 keep-alive (wrk -t1 -c{c})"),
+            Load::H2(f, c, m) => {
+                format!("{f} HTTPS h2, {c} conns × {m} streams (h2load -t1 -c{c} -m{m})")
+            }
         }
     }
 }
