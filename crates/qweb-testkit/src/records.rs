@@ -87,8 +87,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for RecordCounter<T> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = r {
-            let new = buf.filled()[before..].to_vec();
-            self.scan(&new);
+            self.scan(&buf.filled()[before..]);
         }
         r
     }

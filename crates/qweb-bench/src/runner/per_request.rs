@@ -46,6 +46,8 @@ struct Cell {
 /// The CPU G's servers are pinned to, and the one its load generator is pinned to.
 const SERVER_CPU: usize = 0;
 const CLIENT_CPU: usize = 1;
+/// wrk's and h2load's threads in G (`-t`): one, on [`CLIENT_CPU`].
+const CLIENT_THREADS: usize = 1;
 
 impl Load {
     fn title(self) -> String {
@@ -116,7 +118,7 @@ impl Runner {
         secs: u64,
         requests: u64,
     ) -> Result<GRun> {
-        let threads = 1;
+        let threads = CLIENT_THREADS;
         let tls_port = server.port;
         let plain_port = server.plain_port.unwrap_or(1);
         let (s0, c0, t0) = (server.cpu_secs(), children_cpu_secs(), Instant::now());
@@ -460,7 +462,7 @@ impl Runner {
              warm-up round.",
             self.workers,
             self.profile.wrk_secs,
-            1,
+            CLIENT_THREADS,
             self.profile.wrk_secs,
             self.profile.h2_requests,
             self.g_rounds_n()
