@@ -1,10 +1,11 @@
 //! HTTP primitives, the bottom layer: response bodies, generated responses, request-path
 //! normalisation, request rules, connection-specific and trailer fields (`fields`), and
-//! HTTP/1.1 on the wire without I/O (`h1`). Depends on no other qweb crate.
+//! HTTP/1.1 and HTTP/2 on the wire without I/O (`h1`, `h2`). Depends on no other qweb crate.
 
 pub mod body;
 pub mod fields;
 pub mod h1;
+pub mod h2;
 pub mod path;
 pub mod request_body;
 pub mod request_rules;

@@ -25,6 +25,8 @@ pub enum RequestBody {
     H1(H1Body),
     /// HTTP/2 (hyper).
     Hyper(Incoming),
+    /// HTTP/2 (qweb's own connection layer, [`crate::h2`]).
+    H2(crate::h2::H2Body),
     /// HTTP/3: the request stream's DATA frames, then its trailers (boxed: the stream is
     /// larger than hyper's body).
     H3(Box<H3Body>),
@@ -75,6 +77,7 @@ impl HttpBody for RequestBody {
             RequestBody::Empty => Poll::Ready(None),
             RequestBody::H1(b) => b.poll_frame(cx),
             RequestBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            RequestBody::H2(b) => b.poll_frame(cx).map_err(Into::into),
             RequestBody::H3(b) => b.poll_frame(cx),
         }
     }
@@ -84,6 +87,7 @@ impl HttpBody for RequestBody {
             RequestBody::Empty => true,
             RequestBody::H1(b) => b.is_end_stream(),
             RequestBody::Hyper(b) => b.is_end_stream(),
+            RequestBody::H2(b) => b.is_end_stream(),
             RequestBody::H3(b) => b.done || (b.length == Some(0) && b.data_done),
         }
     }
@@ -93,6 +97,7 @@ impl HttpBody for RequestBody {
             RequestBody::Empty => SizeHint::with_exact(0),
             RequestBody::H1(b) => b.size_hint(),
             RequestBody::Hyper(b) => b.size_hint(),
+            RequestBody::H2(b) => b.size_hint(),
             RequestBody::H3(b) => match b.length {
                 Some(n) => SizeHint::with_exact(n.saturating_sub(b.seen)),
                 None => SizeHint::default(),

@@ -52,6 +52,13 @@ impl StreamCancel {
     }
 }
 
+/// qweb's own HTTP/2 layer cancels a stream's task through this (the client reset it).
+impl qweb_http::h2::Cancel for StreamCancel {
+    fn cancel(&self) {
+        StreamCancel::cancel(self);
+    }
+}
+
 /// The phase a connection is in; each phase owns its deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {

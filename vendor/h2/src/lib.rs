@@ -110,7 +110,10 @@ macro_rules! ready {
 #[cfg_attr(feature = "unstable", allow(missing_docs))]
 mod codec;
 mod error;
-mod hpack;
+// qweb: the HPACK codec is public (hidden from the docs) for qweb's own HTTP/2 server layer.
+#[doc(hidden)]
+#[allow(missing_docs, unreachable_pub)]
+pub mod hpack;
 
 #[cfg(not(feature = "unstable"))]
 mod proto;

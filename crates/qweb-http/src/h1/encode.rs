@@ -303,6 +303,31 @@ thread_local! {
     static DATE: RefCell<(u64, [u8; 29])> = const { RefCell::new((u64::MAX, [0; 29])) };
 }
 
+thread_local! {
+    /// [`DATE`] as a header value (HTTP/2 responses), made once a second.
+    static DATE_VALUE: RefCell<(u64, Option<http::HeaderValue>)> = const { RefCell::new((u64::MAX, None)) };
+}
+
+/// The current `Date` value as a header value (shared: cloning it allocates nothing).
+pub fn date_value() -> http::HeaderValue {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    DATE_VALUE.with(|v| {
+        let mut v = v.borrow_mut();
+        match &v.1 {
+            Some(h) if v.0 == secs => h.clone(),
+            _ => {
+                let mut h = None;
+                with_date(|d| h = http::HeaderValue::from_bytes(d).ok());
+                let h = h.unwrap_or_else(|| http::HeaderValue::from_static(""));
+                *v = (secs, Some(h.clone()));
+                h
+            }
+        }
+    })
+}
+
 /// Calls `f` with the current `Date` value.
 fn with_date(f: impl FnOnce(&[u8])) {
     let now = std::time::SystemTime::now();

@@ -260,6 +260,11 @@ impl Output {
         self.pieces.is_empty()
     }
 
+    /// Bytes queued.
+    pub fn queued(&self) -> usize {
+        self.queued
+    }
+
     /// Appends framing bytes.
     #[inline]
     pub fn small(&mut self, f: impl FnOnce(&mut Vec<u8>)) {

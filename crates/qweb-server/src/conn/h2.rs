@@ -2,7 +2,9 @@
 //! send and flood deadlines, shutdown and retirement; how the connection is ending is the
 //! session's [`Closing`], as for HTTP/1 and HTTP/3.
 
-use std::pin::pin;
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::task::{Context, Poll};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -80,7 +82,50 @@ impl Quiet {
     }
 }
 
-/// Serves HTTP/2 on `io` until the connection ends.
+/// The HTTP/2 connection the loop below drives: hyper's (over the `h2` crate), or qweb's own
+/// ([`super::h2_own`]).
+pub(super) trait H2Conn {
+    /// Drives the connection; `Ready` when it is over (`Err`: why, for the log).
+    fn poll_conn(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), String>>;
+    /// Sends GOAWAY: the streams open are served, no new one is.
+    fn graceful_shutdown(&mut self);
+}
+
+type HyperConn<T, S> =
+    hyper::server::conn::http2::Connection<TokioIo<Box<Tracked<T>>>, S, LocalExec>;
+
+impl<T, S> H2Conn for Pin<Box<HyperConn<T, S>>>
+where
+    T: AsyncRead + AsyncWrite + ReadReady + Unpin + 'static,
+    S: HyperService,
+{
+    fn poll_conn(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), String>> {
+        self.as_mut().poll(cx).map_err(|e| format!("{e:?}"))
+    }
+
+    fn graceful_shutdown(&mut self) {
+        self.as_mut().graceful_shutdown();
+    }
+}
+
+/// Which HTTP/2 connection serves: qweb's own layer where `QWEB_H2=own` is set in the
+/// environment (read once), hyper's otherwise. The own layer is new and lacks RFC 8441
+/// (WebSocket over HTTP/2) so far: it is not the default yet.
+pub(super) fn own_layer() -> bool {
+    static OWN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OWN.get_or_init(|| std::env::var("QWEB_H2").is_ok_and(|v| v == "own"))
+}
+
+/// The flood meter on the transport, and the protocol noted.
+fn prepare<T, H: Host>(io: &mut Tracked<T>, state: &ConnState, worker: &H) {
+    io.flood = Some(Box::new((
+        FloodMeter::new(worker.limits().h2_control_frames_per_second),
+        0,
+    )));
+    state.protocol.set("HTTP/2");
+}
+
+/// Serves HTTP/2 on `io` with hyper's connection until the connection ends.
 pub(super) async fn serve<T, H: Host>(
     mut io: Box<Tracked<T>>,
     state: Rc<ConnState>,
@@ -90,19 +135,11 @@ pub(super) async fn serve<T, H: Host>(
     T: AsyncRead + AsyncWrite + ReadReady + Unpin + 'static,
 {
     let limits = worker.limits();
-    let mut shutdown = worker.shutdown();
-    // A reload retired this connection's configuration: HTTP/2 gets a GOAWAY (HTTP/1.1
-    // responses say `Connection: close`, see `Service::handle`).
-    let mut retire = worker.retired();
-    io.flood = Some(Box::new((
-        FloodMeter::new(limits.h2_control_frames_per_second),
-        0,
-    )));
+    prepare(&mut io, &state, worker);
     // hyper owns the transport from here; the send queue is read by the socket's fd, which
     // stays open while `conn` lives (to the end of this function)
     let fd = io.socket_fd();
     let io = TokioIo::new(io);
-    state.protocol.set("HTTP/2");
     let conn = hyper::server::conn::http2::Builder::new(LocalExec)
         .timer(TokioTimer::new())
         .max_concurrent_streams(limits.max_concurrent_streams)
@@ -112,7 +149,41 @@ pub(super) async fn serve<T, H: Host>(
         // WebSocket over HTTP/2 (RFC 8441), for proxy routes
         .enable_connect_protocol()
         .serve_connection(io, service);
-    let mut conn = pin!(conn);
+    run(Box::pin(conn), fd, state, worker).await;
+}
+
+/// Serves HTTP/2 on `io` with qweb's own connection layer until the connection ends.
+pub(super) async fn serve_own<T, H: Host, S: super::Handle>(
+    mut io: Box<Tracked<T>>,
+    state: Rc<ConnState>,
+    worker: &H,
+    svc: Rc<S>,
+) where
+    T: AsyncRead + AsyncWrite + ReadReady + Unpin + 'static,
+{
+    let limits = worker.limits();
+    prepare(&mut io, &state, worker);
+    let fd = io.socket_fd();
+    let config = qweb_http::h2::Config {
+        max_concurrent_streams: limits.max_concurrent_streams,
+        max_header_list_size: limits.max_request_header_size as u32,
+        ..qweb_http::h2::Config::default()
+    };
+    run(super::h2_own::Own::new(io, svc, config), fd, state, worker).await;
+}
+
+/// The loop around either connection: deadlines, drains and the flood's end.
+async fn run<H: Host>(
+    mut conn: impl H2Conn,
+    fd: std::os::fd::RawFd,
+    state: Rc<ConnState>,
+    worker: &H,
+) {
+    let limits = worker.limits();
+    let mut shutdown = worker.shutdown();
+    // A reload retired this connection's configuration: HTTP/2 gets a GOAWAY (HTTP/1.1
+    // responses say `Connection: close`, see `Service::handle`).
+    let mut retire = worker.retired();
     let mut timer = LazyTimer::new();
     // Kept across turns of the loop: a wait made anew each turn registers with its watch or
     // `Notify` each time (7 % of a worker's time on HTTP/1 keep-alive).
@@ -144,7 +215,7 @@ pub(super) async fn serve<T, H: Host>(
         } = state.closing()
         {
             if why != Drain::Retired || state.requests_started() > 0 {
-                conn.as_mut().graceful_shutdown();
+                conn.graceful_shutdown();
                 state.set_closing(state.closing().announce(None));
             }
         }
@@ -158,19 +229,18 @@ pub(super) async fn serve<T, H: Host>(
                 .map(|d| d.0),
         );
         tokio::select! {
-            r = conn.as_mut() => {
+            r = std::future::poll_fn(|cx| conn.poll_conn(cx)) => {
                 if state.flooded() && !matches!(state.closing(), Closing::Cutting { .. }) {
                     // the flood ended the connection before the loop saw it
                     log_flood(worker, &state);
                 }
-                if let Err(e) = r {
-                    let text = format!("{e:?}");
+                if let Err(text) = r {
                     if text.contains("ENHANCE_YOUR_CALM") && !state.flooded() {
                         if let Some(n) = worker.peer_log().hit(state.peer.ip()) {
                             tracing::warn!(peer = %state.peer, suppressed = n, "HTTP/2 peer misbehaved (too many resets): GOAWAY ENHANCE_YOUR_CALM");
                         }
                     } else {
-                        tracing::debug!(peer = %state.peer, "HTTP/2 connection error: {e}");
+                        tracing::debug!(peer = %state.peer, "HTTP/2 connection error: {text}");
                     }
                 }
                 return;
@@ -189,13 +259,13 @@ pub(super) async fn serve<T, H: Host>(
                             {
                                 // Every stream waits on a client that takes nothing.
                                 tracing::debug!(peer = %state.peer, "closing: {}", why.as_str());
-                                conn.as_mut().graceful_shutdown();
+                                conn.graceful_shutdown();
                                 state.reset_all_streams();
                                 state.set_closing(Closing::Cutting { at: Instant::now() + GRACE });
                             }
                         }
                         Expiry::Idle | Expiry::Head if !state.closing().announced() => {
-                            conn.as_mut().graceful_shutdown();
+                            conn.graceful_shutdown();
                             let drained = state.closing().drain(Drain::Idle);
                             state.set_closing(drained.announce(Some(Instant::now() + GRACE)));
                         }

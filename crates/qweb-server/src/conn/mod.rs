@@ -11,6 +11,7 @@
 pub(crate) mod h1;
 pub(crate) mod h2;
 pub(crate) mod h2_flood;
+mod h2_own;
 pub(crate) mod h3;
 #[cfg(test)]
 mod h3_tests;
@@ -643,7 +644,11 @@ async fn drive<T, H: Host, S: Handle>(
     }
     // Boxed: what an HTTP/2 connection holds while it lives does not size the task of every
     // connection (see `crate::conn::idle`).
-    Box::pin(h2::serve(io, state, worker, hyper_service(svc))).await;
+    if h2::own_layer() {
+        Box::pin(h2::serve_own(io, state, worker, svc)).await;
+    } else {
+        Box::pin(h2::serve(io, state, worker, hyper_service(svc))).await;
+    }
 }
 
 /// The connection's [`Handle`] as hyper's HTTP/2 connection takes a service.

@@ -175,7 +175,7 @@ impl Decoder {
 
     /// qweb: frees the scratch buffer of Huffman-decoded strings (the strings decoded
     /// into it keep their own reference); the next decode allocates what it needs.
-    pub(crate) fn release_buffer(&mut self) {
+    pub fn release_buffer(&mut self) {
         self.buffer = BytesMut::new();
     }
 

@@ -278,12 +278,14 @@ impl BytesStr {
         Ok(BytesStr(bytes))
     }
 
-    pub(crate) fn as_str(&self) -> &str {
+    // qweb: public, for qweb's own HTTP/2 server layer
+    pub fn as_str(&self) -> &str {
         // Safety: check valid utf-8 in constructor
         unsafe { std::str::from_utf8_unchecked(self.0.as_ref()) }
     }
 
-    pub(crate) fn into_inner(self) -> Bytes {
+    // qweb: public, for qweb's own HTTP/2 server layer
+    pub fn into_inner(self) -> Bytes {
         self.0
     }
 }
