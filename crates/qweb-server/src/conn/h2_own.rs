@@ -84,7 +84,9 @@ where
             let cancel = Rc::new(StreamCancel::default());
             self.conn.borrow_mut().set_task(id, cancel.clone());
             let conn = self.conn.clone();
-            let answer = self.svc.clone().call(req);
+            // boxed at once: the pipeline's future is large, and the task moves it
+            let answer: Pin<Box<dyn Future<Output = hyper::Response<Logged>>>> =
+                Box::pin(self.svc.clone().call(req));
             let task = async move {
                 StreamCancel::run(cancel, answer_stream(conn.clone(), id, head, answer)).await;
                 // (a response already complete: nothing; else the client is told)
