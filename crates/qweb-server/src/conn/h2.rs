@@ -4,8 +4,8 @@
 
 use std::future::Future;
 use std::pin::{pin, Pin};
-use std::task::{Context, Poll};
 use std::rc::Rc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -493,7 +493,8 @@ mod write_tests {
 }
 
 /// The HTTP/2 loop over in-memory I/O (`conn/test_kit.rs`) with the `h2` crate's client and
-/// the clock paused: idle GOAWAY, shutdown and retirement drains, and the send deadline.
+/// the clock paused: idle GOAWAY, shutdown and retirement drains, and the send deadline; each
+/// test runs with hyper's connection and with qweb's own (`_own`).
 #[cfg(test)]
 mod loop_tests {
     use std::time::Duration;
@@ -512,9 +513,10 @@ mod loop_tests {
         }
     }
 
-    /// The driver on a new connection, an HTTP/2 client on its other end; the driver's task
-    /// and the client's connection task.
+    /// The driver on a new connection (`own`: qweb's own layer, else hyper's), an HTTP/2
+    /// client on its other end; the driver's task and the client's connection task.
     async fn connect(
+        own: bool,
         limits: Limits,
         pipe: usize,
         before: impl FnOnce(&TestHost),
@@ -527,8 +529,12 @@ mod loop_tests {
         before(&p.host);
         let host = p.host.clone();
         let served = tokio::task::spawn_local(async move {
-            let service = super::super::hyper_service(p.svc);
-            super::serve(p.io, p.state, &*p.host, service).await;
+            if own {
+                super::serve_own(p.io, p.state, &*p.host, p.svc).await;
+            } else {
+                let service = super::super::hyper_service(p.svc);
+                super::serve(p.io, p.state, &*p.host, service).await;
+            }
         });
         let (send, conn) = h2::client::Builder::new()
             .handshake::<_, Bytes>(client)
@@ -541,12 +547,27 @@ mod loop_tests {
     }
 
     async fn get(send: &mut h2::client::SendRequest<Bytes>, path: &str) -> (u16, Vec<u8>) {
+        request(send, "GET", path, None).await
+    }
+
+    /// A request with an optional body; the status and the body of its response.
+    async fn request(
+        send: &mut h2::client::SendRequest<Bytes>,
+        method: &str,
+        path: &str,
+        body: Option<Bytes>,
+    ) -> (u16, Vec<u8>) {
         let req = http::Request::builder()
+            .method(method)
             .uri(format!("https://t{path}"))
             .body(())
             .unwrap();
         let mut send = send.clone().ready().await.expect("a stream");
-        let (resp, _) = send.send_request(req, true).expect("sent");
+        let (resp, mut tx) = send.send_request(req, body.is_none()).expect("sent");
+        if let Some(b) = body {
+            tx.reserve_capacity(b.len());
+            tx.send_data(b, true).expect("the body sent");
+        }
         let resp = resp.await.expect("a response");
         let status = resp.status().as_u16();
         let mut body = resp.into_body();
@@ -568,80 +589,139 @@ mod loop_tests {
         t0.elapsed().as_secs()
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn an_idle_connection_gets_goaway_after_the_keepalive_timeout() {
-        local(async {
-            let (_host, mut send, served) = connect(limits(), 64 << 10, |_| {}).await;
-            assert_eq!(get(&mut send, "/").await, (200, b"hello".to_vec()));
-            // (the client keeps its handle: dropping it would close the connection itself)
-            let t = ends_within(served, 600).await;
-            assert!((30..=31).contains(&t), "ended after {t} s");
-            drop(send);
-        })
-        .await;
+    /// Each test once per connection: hyper's, and qweb's own (`NAME_own`).
+    macro_rules! both {
+        ($($name:ident, $own:ident => $body:ident;)*) => {$(
+            #[tokio::test(start_paused = true)]
+            async fn $name() {
+                local($body(false)).await;
+            }
+            #[tokio::test(start_paused = true)]
+            async fn $own() {
+                local($body(true)).await;
+            }
+        )*};
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_shutdown_lets_the_stream_in_flight_finish() {
-        local(async {
-            let (host, send, served) = connect(limits(), 64 << 10, |_| {}).await;
-            let slow = tokio::task::spawn_local({
-                let mut send = send.clone();
-                async move { get(&mut send, "/slow").await }
-            });
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            host.shutdown.send_replace(true);
-            assert_eq!(slow.await.unwrap(), (200, b"slow".to_vec()));
-            // no new stream after the GOAWAY
-            let late = send.clone().ready().await;
-            assert!(
-                late.is_err() || {
-                    let req = http::Request::builder().uri("https://t/").body(()).unwrap();
-                    match late.unwrap().send_request(req, true) {
-                        Ok((resp, _)) => resp.await.is_err(),
-                        Err(_) => true,
-                    }
+    both! {
+        an_idle_connection_gets_goaway_after_the_keepalive_timeout,
+        an_idle_connection_gets_goaway_after_the_keepalive_timeout_own => idle_goaway;
+        a_shutdown_lets_the_stream_in_flight_finish,
+        a_shutdown_lets_the_stream_in_flight_finish_own => shutdown_drains;
+        a_retirement_before_the_first_request_still_serves_it,
+        a_retirement_before_the_first_request_still_serves_it_own => retired_first;
+        a_client_that_takes_nothing_is_cut_after_the_send_timeout,
+        a_client_that_takes_nothing_is_cut_after_the_send_timeout_own => takes_nothing;
+        bodies_both_ways_arrive_whole,
+        bodies_both_ways_arrive_whole_own => bodies;
+        a_stream_the_client_resets_stops_its_answer,
+        a_stream_the_client_resets_stops_its_answer_own => client_reset;
+    }
+
+    async fn idle_goaway(own: bool) {
+        let (_host, mut send, served) = connect(own, limits(), 64 << 10, |_| {}).await;
+        assert_eq!(get(&mut send, "/").await, (200, b"hello".to_vec()));
+        // (the client keeps its handle: dropping it would close the connection itself)
+        let t = ends_within(served, 600).await;
+        assert!((30..=31).contains(&t), "ended after {t} s");
+        drop(send);
+    }
+
+    async fn shutdown_drains(own: bool) {
+        let (host, send, served) = connect(own, limits(), 64 << 10, |_| {}).await;
+        let slow = tokio::task::spawn_local({
+            let mut send = send.clone();
+            async move { get(&mut send, "/slow").await }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        host.shutdown.send_replace(true);
+        assert_eq!(slow.await.unwrap(), (200, b"slow".to_vec()));
+        // no new stream after the GOAWAY
+        let late = send.clone().ready().await;
+        assert!(
+            late.is_err() || {
+                let req = http::Request::builder().uri("https://t/").body(()).unwrap();
+                match late.unwrap().send_request(req, true) {
+                    Ok((resp, _)) => resp.await.is_err(),
+                    Err(_) => true,
                 }
-            );
-            drop(send);
-            assert!(ends_within(served, 10).await <= 5);
-        })
-        .await;
+            }
+        );
+        drop(send);
+        assert!(ends_within(served, 10).await <= 5);
     }
 
     /// A retirement that finds the connection before its first request waits for it: the
     /// request is served, then GOAWAY (hyper would drop a connection still in its handshake).
-    #[tokio::test(start_paused = true)]
-    async fn a_retirement_before_the_first_request_still_serves_it() {
-        local(async {
-            let (_host, mut send, served) = connect(limits(), 64 << 10, |h| {
-                h.retire.send_replace(true);
-            })
-            .await;
-            assert_eq!(get(&mut send, "/").await, (200, b"hello".to_vec()));
-            drop(send);
-            assert!(ends_within(served, 10).await <= 2);
+    async fn retired_first(own: bool) {
+        let (_host, mut send, served) = connect(own, limits(), 64 << 10, |h| {
+            h.retire.send_replace(true);
         })
         .await;
+        assert_eq!(get(&mut send, "/").await, (200, b"hello".to_vec()));
+        drop(send);
+        assert!(ends_within(served, 10).await <= 2);
     }
 
     /// A client that opens a large response and never takes a byte: the stream is reset and
     /// the connection cut after `send_timeout` (and its grace), not kept to the keep-alive.
-    #[tokio::test(start_paused = true)]
-    async fn a_client_that_takes_nothing_is_cut_after_the_send_timeout() {
-        local(async {
-            let (_host, send, served) = connect(limits(), 64 << 10, |_| {}).await;
-            let req = http::Request::builder()
-                .uri("https://t/bigstream")
-                .body(())
-                .unwrap();
-            let mut ready = send.ready().await.expect("a stream");
-            let (resp, _) = ready.send_request(req, true).expect("sent");
-            let resp = resp.await.expect("the head");
-            let _body = resp.into_body(); // never read: no window given back
-            let t = ends_within(served, 600).await;
-            assert!((20..=22).contains(&t), "ended after {t} s");
-        })
-        .await;
+    async fn takes_nothing(own: bool) {
+        let (_host, send, served) = connect(own, limits(), 64 << 10, |_| {}).await;
+        let req = http::Request::builder()
+            .uri("https://t/bigstream")
+            .body(())
+            .unwrap();
+        let mut ready = send.ready().await.expect("a stream");
+        let (resp, _) = ready.send_request(req, true).expect("sent");
+        let resp = resp.await.expect("the head");
+        let _body = resp.into_body(); // never read: no window given back
+        let t = ends_within(served, 600).await;
+        assert!((20..=22).contains(&t), "ended after {t} s");
+    }
+
+    /// A 100 KiB request body (past the client's first window), a 1 MiB response in one
+    /// piece and one in 16 KiB chunks (past the 64 KiB window the client grants), and a body
+    /// of unknown length, several at once.
+    async fn bodies(own: bool) {
+        let (_host, send, _served) = connect(own, limits(), 64 << 10, |_| {}).await;
+        let body = Bytes::from(vec![7u8; 100 << 10]);
+        let mut tasks = Vec::new();
+        for path in ["/echo", "/big", "/bigstream", "/stream", "/echo"] {
+            let mut send = send.clone();
+            let body = body.clone();
+            tasks.push(tokio::task::spawn_local(async move {
+                if path == "/echo" {
+                    request(&mut send, "POST", path, Some(body)).await
+                } else {
+                    get(&mut send, path).await
+                }
+            }));
+        }
+        let mut got = Vec::new();
+        for t in tasks {
+            let (status, body) = t.await.unwrap();
+            assert_eq!(status, 200);
+            got.push(body);
+        }
+        assert_eq!(got[0], b"102400");
+        assert_eq!(got[1], vec![b'x'; 1 << 20]);
+        assert_eq!(got[2], vec![b'y'; 1 << 20]);
+        assert_eq!(got[3], b"one two three");
+        assert_eq!(got[4], b"102400");
+    }
+
+    /// A client resets a stream whose answer is still being made: the connection serves on.
+    async fn client_reset(own: bool) {
+        let (_host, mut send, _served) = connect(own, limits(), 64 << 10, |_| {}).await;
+        let req = http::Request::builder()
+            .uri("https://t/slow")
+            .body(())
+            .unwrap();
+        let mut ready = send.clone().ready().await.expect("a stream");
+        let (resp, mut tx) = ready.send_request(req, true).expect("sent");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        tx.send_reset(h2::Reason::CANCEL);
+        assert!(resp.await.is_err());
+        assert_eq!(get(&mut send, "/").await, (200, b"hello".to_vec()));
     }
 }
