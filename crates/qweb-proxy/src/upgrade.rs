@@ -220,7 +220,7 @@ impl Proxy {
         target: &Target<'_>,
         client: &ClientInfo,
         order: &[usize],
-        h2_client: Option<hyper::upgrade::OnUpgrade>,
+        h2_client: Option<super::connect::ClientStream>,
     ) -> Response<Body> {
         if order.is_empty() {
             return self.all_down();
@@ -327,8 +327,8 @@ impl Proxy {
                 .started_on(client.conn.task, client.shutdown.clone());
             tokio::task::spawn_local(async move {
                 let _held = (busy, registered);
-                match tokio::time::timeout(HANDOFF_TIMEOUT, down).await {
-                    Ok(Ok(d)) => run(TokioIo::new(d), Bytes::new(), tunnel, Some(ending)).await,
+                match tokio::time::timeout(HANDOFF_TIMEOUT, down.open()).await {
+                    Ok(Ok(d)) => run(d, Bytes::new(), tunnel, Some(ending)).await,
                     _ => tracing::debug!(upstream = %tunnel.name, "client stream not handed over"),
                 }
             });

@@ -211,6 +211,9 @@ pub struct ConnState {
     /// A reader that waits while requests are in flight, woken when the last one ends (see
     /// [`ConnState::wake_reader_when_idle`]).
     idle_reader: Cell<Option<std::task::Waker>>,
+    /// HTTP/2 served by qweb's own layer: its connection, for the tunnels of extended
+    /// CONNECT streams ([`qweb_http::h2::UpgradeId`]).
+    pub h2: RefCell<std::rc::Weak<RefCell<qweb_http::h2::Connection>>>,
 }
 
 impl ConnState {
@@ -236,6 +239,7 @@ impl ConnState {
             tunnel: Default::default(),
             task: tokio::task::try_id(),
             idle_reader: Cell::new(None),
+            h2: RefCell::default(),
         }
     }
 

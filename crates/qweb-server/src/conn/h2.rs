@@ -13,6 +13,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 
 use super::h2_flood::FloodMeter;
+use super::h2_own::H2Conn;
 use super::idle::{send_queue, SendQueue, QUEUE_CHECK};
 use super::lazy_timer::LazyTimer;
 use super::{sleep_or_never, HyperService, LocalExec, Tracked};
@@ -82,15 +83,6 @@ impl Quiet {
     }
 }
 
-/// The HTTP/2 connection the loop below drives: hyper's (over the `h2` crate), or qweb's own
-/// ([`super::h2_own`]).
-pub(super) trait H2Conn {
-    /// Drives the connection; `Ready` when it is over (`Err`: why, for the log).
-    fn poll_conn(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), String>>;
-    /// Sends GOAWAY: the streams open are served, no new one is.
-    fn graceful_shutdown(&mut self);
-}
-
 type HyperConn<T, S> =
     hyper::server::conn::http2::Connection<TokioIo<Box<Tracked<T>>>, S, LocalExec>;
 
@@ -109,8 +101,7 @@ where
 }
 
 /// Which HTTP/2 connection serves: qweb's own layer where `QWEB_H2=own` is set in the
-/// environment (read once), hyper's otherwise. The own layer is new and lacks RFC 8441
-/// (WebSocket over HTTP/2) so far: it is not the default yet.
+/// environment (read once), hyper's otherwise (the own layer is new: not the default yet).
 pub(super) fn own_layer() -> bool {
     static OWN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OWN.get_or_init(|| std::env::var("QWEB_H2").is_ok_and(|v| v == "own"))
@@ -167,9 +158,12 @@ pub(super) async fn serve_own<T, H: Host, S: super::Handle>(
     let config = qweb_http::h2::Config {
         max_concurrent_streams: limits.max_concurrent_streams,
         max_header_list_size: limits.max_request_header_size as u32,
+        // WebSocket over HTTP/2 (RFC 8441), for proxy routes
+        connect_protocol: true,
         ..qweb_http::h2::Config::default()
     };
-    run(super::h2_own::Own::new(io, svc, config), fd, state, worker).await;
+    let conn = super::h2_own::Own::new(io, &state, svc, config);
+    run(conn, fd, state, worker).await;
 }
 
 /// The loop around either connection: deadlines, drains and the flood's end.

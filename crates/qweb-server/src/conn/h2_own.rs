@@ -19,13 +19,12 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use http_body::Body as _;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::h2::H2Conn;
 use super::idle::ReadReady;
 use super::{Handle, Tracked};
 use qweb_http::h2::{Config, ConnError, Connection, H2Body, Reason};
 use qweb_http::request_body::RequestBody;
 use qweb_session::logged::Logged;
-use qweb_session::StreamCancel;
+use qweb_session::{ConnState, StreamCancel};
 
 /// The read buffer's size when bytes arrive (a frame larger than what is left reserves its
 /// whole length).
@@ -38,6 +37,15 @@ const READS_PER_TURN: usize = 8;
 const READ_PAUSE: usize = 256 * 1024;
 
 type StreamTask = Pin<Box<dyn Future<Output = ()>>>;
+
+/// The HTTP/2 connection `h2.rs`'s loop drives: hyper's (over the `h2` crate), or qweb's
+/// own ([`Own`]).
+pub(super) trait H2Conn {
+    /// Drives the connection; `Ready` when it is over (`Err`: why, for the log).
+    fn poll_conn(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), String>>;
+    /// Sends GOAWAY: the streams open are served, no new one is.
+    fn graceful_shutdown(&mut self);
+}
 
 /// One HTTP/2 connection served by qweb's own layer.
 pub(super) struct Own<T, S> {
@@ -55,10 +63,13 @@ impl<T, S: Handle> Own<T, S>
 where
     T: AsyncRead + AsyncWrite + ReadReady + Unpin + 'static,
 {
-    pub(super) fn new(io: Box<Tracked<T>>, svc: Rc<S>, config: Config) -> Self {
+    pub(super) fn new(io: Box<Tracked<T>>, state: &ConnState, svc: Rc<S>, config: Config) -> Self {
+        let conn = Rc::new(RefCell::new(Connection::new(config)));
+        // (extended CONNECT streams find it there: the proxy opens their tunnels)
+        *state.h2.borrow_mut() = Rc::downgrade(&conn);
         Own {
             io,
-            conn: Rc::new(RefCell::new(Connection::new(config))),
+            conn,
             svc,
             tasks: FuturesUnordered::new(),
             buf: BytesMut::new(),
@@ -80,7 +91,10 @@ where
             } else {
                 RequestBody::H2(H2Body::new(self.conn.clone(), id))
             };
-            let req = new.request.map(|()| body);
+            let mut req = new.request.map(|()| body);
+            if new.tunnel {
+                req.extensions_mut().insert(qweb_http::h2::UpgradeId(id));
+            }
             let cancel = Rc::new(StreamCancel::default());
             self.conn.borrow_mut().set_task(id, cancel.clone());
             let conn = self.conn.clone();
