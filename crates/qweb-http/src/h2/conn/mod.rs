@@ -25,6 +25,8 @@ use super::frame::{self, flag, kind, setting, Head, HEAD_LEN};
 
 mod recv;
 mod send;
+#[cfg(test)]
+mod tests;
 use crate::h1::write::Output;
 
 /// What a connection allows its client.
@@ -315,8 +317,15 @@ impl Connection {
     }
 
     /// The next request the client opened.
+    /// A request the client reset in the same read it opened it is skipped: no work starts
+    /// for it (the rapid-reset attack, CVE-2023-44487, opens and resets streams in pairs).
     pub fn next_request(&mut self) -> Option<NewStream> {
-        self.requests.pop_front()
+        while let Some(r) = self.requests.pop_front() {
+            if self.streams.contains_key(&r.id) {
+                return Some(r);
+            }
+        }
+        None
     }
 
     /// Sets the task that serves stream `id` (cancelled when the stream ends early).
