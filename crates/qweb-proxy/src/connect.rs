@@ -43,7 +43,7 @@ impl Proxy {
             tracing::debug!(%protocol, "extended CONNECT refused");
             return response::status(StatusCode::NOT_IMPLEMENTED);
         }
-        let down = ClientStream::of(&mut req, &client.conn);
+        let down = super::upgrade::ClientStream::of(&mut req, &client.conn);
         let (mut parts, _tunnel_body) = req.into_parts();
         parts.method = Method::GET;
         parts.version = Version::HTTP_11;
@@ -58,37 +58,6 @@ impl Proxy {
         let req = Request::from_parts(parts, SendBody::Whole(bytes::Bytes::new()));
         self.upgrade(req, token, target, client, order, Some(down))
             .await
-    }
-}
-
-/// The client's side of an extended CONNECT: its stream, handed over by hyper's HTTP/2
-/// connection or by qweb's own once the 200 went out.
-pub(super) enum ClientStream {
-    Hyper(hyper::upgrade::OnUpgrade),
-    Own(qweb_http::h2::Upgrade),
-}
-
-impl ClientStream {
-    fn of(req: &mut Request<RequestBody>, conn: &qweb_session::ConnState) -> Self {
-        let own = req.extensions_mut().remove::<qweb_http::h2::UpgradeId>();
-        match own.zip(conn.h2.borrow().upgrade()) {
-            Some((id, c)) => ClientStream::Own(qweb_http::h2::Upgrade::new(c, id.0)),
-            None => ClientStream::Hyper(hyper::upgrade::on(req)),
-        }
-    }
-
-    /// The stream, once the answer went out.
-    pub(super) async fn open(self) -> Result<Box<dyn qweb_session::tunnel::TunnelIo>, String> {
-        match self {
-            ClientStream::Hyper(u) => match u.await {
-                Ok(d) => Ok(Box::new(hyper_util::rt::TokioIo::new(d))),
-                Err(e) => Err(e.to_string()),
-            },
-            ClientStream::Own(u) => match u.open().await {
-                Ok(t) => Ok(Box::new(t)),
-                Err(e) => Err(e.to_string()),
-            },
-        }
     }
 }
 

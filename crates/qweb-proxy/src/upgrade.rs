@@ -139,6 +139,40 @@ fn close_1001_to_upstream() -> [u8; 8] {
     [0x88, 0x82, k[0], k[1], k[2], k[3], 0x03 ^ k[0], 0xe9 ^ k[1]]
 }
 
+/// The client's side of an extended CONNECT: its stream, handed over by hyper's HTTP/2
+/// connection or by qweb's own once the 200 went out.
+pub(super) enum ClientStream {
+    Hyper(hyper::upgrade::OnUpgrade),
+    Own(qweb_http::h2::Upgrade),
+}
+
+impl ClientStream {
+    pub(super) fn of(
+        req: &mut http::Request<qweb_http::request_body::RequestBody>,
+        conn: &qweb_session::ConnState,
+    ) -> Self {
+        let own = req.extensions_mut().remove::<qweb_http::h2::UpgradeId>();
+        match own.zip(conn.h2.borrow().upgrade()) {
+            Some((id, c)) => ClientStream::Own(qweb_http::h2::Upgrade::new(c, id.0)),
+            None => ClientStream::Hyper(hyper::upgrade::on(req)),
+        }
+    }
+
+    /// The stream, once the answer went out.
+    pub(super) async fn open(self) -> Result<Box<dyn qweb_session::tunnel::TunnelIo>, String> {
+        match self {
+            ClientStream::Hyper(u) => match u.await {
+                Ok(d) => Ok(Box::new(hyper_util::rt::TokioIo::new(d))),
+                Err(e) => Err(e.to_string()),
+            },
+            ClientStream::Own(u) => match u.open().await {
+                Ok(t) => Ok(Box::new(t)),
+                Err(e) => Err(e.to_string()),
+            },
+        }
+    }
+}
+
 /// An upgrade the upstream accepted, waiting for the client connection to be free.
 pub struct Tunnel {
     pub(super) upstream: hyper::upgrade::OnUpgrade,
@@ -220,7 +254,7 @@ impl Proxy {
         target: &Target<'_>,
         client: &ClientInfo,
         order: &[usize],
-        h2_client: Option<super::connect::ClientStream>,
+        h2_client: Option<ClientStream>,
     ) -> Response<Body> {
         if order.is_empty() {
             return self.all_down();

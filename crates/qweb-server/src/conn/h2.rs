@@ -100,11 +100,12 @@ where
     }
 }
 
-/// Which HTTP/2 connection serves: qweb's own layer where `QWEB_H2=own` is set in the
-/// environment (read once), hyper's otherwise (the own layer is new: not the default yet).
+/// Which HTTP/2 connection serves: qweb's own layer ([`super::h2_own`]), unless `QWEB_H2=hyper`
+/// is set in the environment (read once): hyper's server over the `h2` crate, kept for a
+/// release as the way back should the own layer misbehave somewhere the tests do not reach.
 pub(super) fn own_layer() -> bool {
     static OWN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OWN.get_or_init(|| std::env::var("QWEB_H2").is_ok_and(|v| v == "own"))
+    *OWN.get_or_init(|| std::env::var("QWEB_H2").map_or(true, |v| v != "hyper"))
 }
 
 /// The flood meter on the transport, and the protocol noted.
