@@ -63,16 +63,28 @@ impl Setup {
         tls: &str,
         up: SocketAddr,
     ) -> (RunningServer, SocketAddr) {
+        let policy = format!("ca = \"{}\", required = {required}", ca.display());
+        self.serve_policy(address, name, &policy, tls, up)
+    }
+
+    /// [`Setup::serve_at`] with `client_auth = { <policy> }`.
+    fn serve_policy(
+        &self,
+        address: &str,
+        name: &str,
+        policy: &str,
+        tls: &str,
+        up: SocketAddr,
+    ) -> (RunningServer, SocketAddr) {
         let d = self.dir.path().display();
         let text = format!(
             "workers = 1\nstate_dir = \"{d}/state-{name}\"\n[log]\naccess = false\n\
              [[listener]]\naddress = \"{address}\"\nhttp3 = true\n[listener.tls]\n\
              certificates = [{{ cert = \"{d}/site.crt\", key = \"{d}/site.key\" }}]\n\
-             client_auth = {{ ca = \"{}\", required = {required} }}\n{tls}\n\
+             client_auth = {{ {policy} }}\n{tls}\n\
              [[route]]\nprefix = \"/\"\nupstreams = [\"{up}\"]\n\
              request_headers = {{ set = {{ \"X-Client-Subject\" = \"{{tls_client_subject}}\", \
              \"X-Client-Fingerprint\" = \"{{tls_client_fingerprint}}\" }} }}\n",
-            ca.display()
         );
         common::start_text(self.dir.path(), name, &text)
     }
@@ -315,7 +327,19 @@ fn key_file(path: &Path) {
 /// `s_client` with alice's certificate saving the session, then offering it without a
 /// certificate; `(resumed, printed)` of the second.
 fn resume(s: &Setup, first: SocketAddr, second: SocketAddr, v: Tls, sess: &Path) -> (bool, String) {
-    let (cert, key) = s.pki.client("alice");
+    resume_as(s, "alice", first, second, v, sess)
+}
+
+/// [`resume`] presenting `stem`'s certificate.
+fn resume_as(
+    s: &Setup,
+    stem: &str,
+    first: SocketAddr,
+    second: SocketAddr,
+    v: Tls,
+    sess: &Path,
+) -> (bool, String) {
+    let (cert, key) = s.pki.client(stem);
     let r = SClient::new(first, v)
         .arg("-cert")
         .arg(cert.to_str().unwrap())
@@ -600,4 +624,131 @@ async fn a_site_policy_with_async_offload_signs_on_the_engine() {
         .send()
         .await;
     assert!(r.is_err(), "{r:?}");
+}
+
+/// The `names` policy of the listener tests: one exact name and one wildcard.
+const NAMES: &str = "names = [\"api-client.example\", \"*.ops.example\"]";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_without_an_accepted_name_fails_the_handshake_with_access_denied() {
+    let s = Setup::new();
+    let up = common::recorder::start().await;
+    let policy = format!("ca = \"{}\", {NAMES}", s.pki.ca.display());
+    let (_server, addr) = s.serve_policy("127.0.0.1:0", "names", &policy, "", up.addr);
+    // alice: no SAN; cn_named: the accepted name in its CN only; other_name and deep_ops:
+    // DNS names the patterns do not take (two labels before `ops.example`)
+    for stem in ["alice", "cn_named", "other_name", "deep_ops"] {
+        for v in [Tls::V13, Tls::V12] {
+            let out = tokio::task::block_in_place(|| s_client(&s, addr, v, Some(stem)));
+            assert!(out.contains("alert access denied"), "{stem} {v:?}: {out}");
+            assert!(!out.contains("up:/"), "{stem}: {out}");
+        }
+        for proto in BOTH {
+            let r = s
+                .reqwest(proto, Some(stem))
+                .get(format!("https://localhost:{}/x", addr.port()))
+                .send()
+                .await;
+            assert!(r.is_err(), "{stem} {proto:?}: {r:?}");
+        }
+    }
+    // another CA's certificate is still refused by the chain check first
+    let out = tokio::task::block_in_place(|| s_client(&s, addr, Tls::V13, Some("stranger")));
+    assert!(out.contains("alert unknown ca"), "{out}");
+    assert!(up.take().is_empty(), "nothing reached the upstream");
+    for (stem, cn) in [("api", "CN=api,O=ops"), ("ops_box", "CN=box1,O=ops")] {
+        for proto in BOTH {
+            let r = s
+                .reqwest(proto, Some(stem))
+                .get(format!("https://localhost:{}/x", addr.port()))
+                .send()
+                .await
+                .expect("an accepted name connects");
+            assert_eq!(r.status(), 200, "{stem} {proto:?}");
+            assert_eq!(up.take()[0].header_all("x-client-subject"), [cn]);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http3_refuses_a_name_the_listener_does_not_accept() {
+    if !common::h3::aioquic_available() {
+        eprintln!("SKIPPED: python3 with aioquic is needed (pip install aioquic)");
+        return;
+    }
+    let s = Setup::new();
+    let up = common::recorder::start().await;
+    let policy = format!("ca = \"{}\", {NAMES}", s.pki.ca.display());
+    let (_server, addr) = s.serve_policy("127.0.0.1:0", "names-h3", &policy, "", up.addr);
+    let site = s.site_cert();
+    let req = common::h3::H3Request::get("/h3");
+    let (cert, key) = s.pki.client("other_name");
+    let out = tokio::task::block_in_place(|| {
+        common::h3::aioquic_as(
+            addr,
+            &site,
+            Some((&cert, &key)),
+            std::slice::from_ref(&req),
+            false,
+        )
+    });
+    let refused = match &out {
+        Err(_) => true,
+        Ok(list) => list.iter().all(|r| r.is_err()),
+    };
+    assert!(refused, "{out:?}");
+    assert!(up.take().is_empty());
+    let (cert, key) = s.pki.client("api");
+    let out = tokio::task::block_in_place(|| {
+        common::h3::aioquic_as(
+            addr,
+            &site,
+            Some((&cert, &key)),
+            std::slice::from_ref(&req),
+            false,
+        )
+    })
+    .expect("aioquic connects");
+    assert_eq!(out[0].as_ref().expect("answered").status, 200);
+    assert_eq!(
+        up.take()[0].header_all("x-client-subject"),
+        ["CN=api,O=ops"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_of_a_policy_without_names_does_not_resume_under_one_with_names() {
+    let s = Setup::new();
+    let up = common::recorder::start().await;
+    let keys = s.dir.path().join("keys.bin");
+    key_file(&keys);
+    let tk = format!("ticket_keys = \"{}\"", keys.display());
+    let ca = s.pki.ca.display();
+    // the same CA and ticket keys; B and C accept names, alice has none
+    let open = format!("ca = \"{ca}\", required = false");
+    let (_a, a) = s.serve_policy("127.0.0.1:0", "a", &open, &tk, up.addr);
+    let named = format!("ca = \"{ca}\", required = false, {NAMES}");
+    let (_b, b) = s.serve_policy("127.0.0.1:0", "b", &named, &tk, up.addr);
+    let (_c, c) = s.serve_policy("127.0.0.1:0", "c", &named, &tk, up.addr);
+    for v in [Tls::V13, Tls::V12] {
+        let sess = s.dir.path().join(format!("{v:?}.sess"));
+        let (resumed, out) = tokio::task::block_in_place(|| resume(&s, a, b, v, &sess));
+        assert!(!resumed, "{v:?}: A's session must not resume on B\n{out}");
+        let got = up.take();
+        assert_eq!(got.len(), 2, "{v:?}");
+        assert_eq!(
+            got[1].header("x-client-subject"),
+            None,
+            "{v:?}: no identity"
+        );
+        // the same names: an accepted client's session resumes with its identity
+        let (resumed, out) = tokio::task::block_in_place(|| resume_as(&s, "api", b, c, v, &sess));
+        assert!(resumed, "{v:?}: B's session resumes on C\n{out}");
+        let got = up.take();
+        assert_eq!(
+            got[1].header_all("x-client-subject"),
+            ["CN=api,O=ops"],
+            "{v:?}"
+        );
+    }
 }
