@@ -182,7 +182,7 @@ impl NamePattern {
 
 /// The chain verifier of a policy with `names`: the inner verifier's checks, then the leaf's
 /// DNS subject alternative names against the accepted names. The subject's CN is not read:
-/// a name in the CN is not one the CA vouched for as a name (RFC 6125 and webpki read only
+/// a name in the CN is not one the CA vouched for as a name (RFC 9525 and webpki read only
 /// the SAN for servers, Envoy's `match_typed_subject_alt_names` likewise for clients).
 #[derive(Debug)]
 pub struct NamesVerifier {
@@ -196,10 +196,8 @@ impl NamesVerifier {
         let Ok(ee) = webpki::EndEntityCert::try_from(der) else {
             return false;
         };
-        let accepted = ee
-            .valid_dns_names()
-            .any(|n| names.iter().any(|p| p.matches(n)));
-        accepted
+        ee.valid_dns_names()
+            .any(|n| names.iter().any(|p| p.matches(n)))
     }
 }
 

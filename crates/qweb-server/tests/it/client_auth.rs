@@ -119,15 +119,19 @@ fn openssl_fingerprint(cert: &Path) -> String {
 fn s_client(s: &Setup, addr: SocketAddr, v: Tls, client: Option<&str>) -> String {
     let mut c = SClient::new(addr, v);
     if let Some(stem) = client {
-        let (cert, key) = s.pki.client(stem);
-        c = c
-            .arg("-cert")
-            .arg(cert.to_str().unwrap())
-            .arg("-key")
-            .arg(key.to_str().unwrap());
+        c = presenting(s, c, stem);
     }
     let run = c.run();
     format!("{}\n{}", run.stdout, run.stderr).to_ascii_lowercase()
+}
+
+/// `c` with `-cert` and `-key` of client `stem` (a [`ClientPki`] stem).
+fn presenting(s: &Setup, c: SClient, stem: &str) -> SClient {
+    let (cert, key) = s.pki.client(stem);
+    c.arg("-cert")
+        .arg(cert.to_str().unwrap())
+        .arg("-key")
+        .arg(key.to_str().unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -339,12 +343,7 @@ fn resume_as(
     v: Tls,
     sess: &Path,
 ) -> (bool, String) {
-    let (cert, key) = s.pki.client(stem);
-    let r = SClient::new(first, v)
-        .arg("-cert")
-        .arg(cert.to_str().unwrap())
-        .arg("-key")
-        .arg(key.to_str().unwrap())
+    let r = presenting(s, SClient::new(first, v), stem)
         .sess_out(sess)
         .run();
     r.answered("up:/");
@@ -398,62 +397,91 @@ async fn a_reload_that_changes_the_ca_resumes_no_session_of_the_old_policy() {
     let port = common::free_port();
     let at = format!("127.0.0.1:{port}");
     let (mut server, addr) = s.serve_at(&at, "reload", &s.pki.ca, false, "", up.addr);
-    let (cert, key) = s.pki.client("alice");
-    // TLS 1.3: a ticket (the listener's local keys survive the reload); TLS 1.2 without
-    // tickets: a session id (the session cache survives it)
-    let runs = [(Tls::V13, None), (Tls::V12, Some("-no_ticket"))];
-    let first = |v: Tls, extra: Option<&str>, sess: &Path, at: SocketAddr| {
-        let mut c = SClient::new(at, v);
-        if let Some(a) = extra {
-            c = c.arg(a);
-        }
-        let r = c
-            .arg("-cert")
-            .arg(cert.to_str().unwrap())
-            .arg("-key")
-            .arg(key.to_str().unwrap())
-            .sess_out(sess)
-            .run();
-        r.answered("up:/");
-    };
-    let again = |v: Tls, extra: Option<&str>, sess: &Path, at: SocketAddr| {
-        let mut c = SClient::new(at, v);
-        if let Some(a) = extra {
-            c = c.arg(a);
-        }
-        let r = c.sess_in(sess).run();
-        r.answered("up:/");
-        r.resumed()
-    };
-    for (v, extra) in runs {
-        let sess = s.dir.path().join(format!("reload-{v:?}.sess"));
-        tokio::task::block_in_place(|| first(v, extra, &sess, addr));
-        assert!(
-            tokio::task::block_in_place(|| again(v, extra, &sess, addr)),
-            "{v:?}: resumes before the reload"
-        );
-    }
-    up.take();
+    let other = s.dir.path().join("other-ca.crt");
     // the same listener, trusting another CA now
-    let file = s.dir.path().join("reload.toml");
-    let text = std::fs::read_to_string(&file).unwrap().replace(
-        &s.pki.ca.display().to_string(),
-        &s.dir.path().join("other-ca.crt").display().to_string(),
-    );
-    std::fs::write(&file, text).unwrap();
-    tokio::task::block_in_place(|| server.reload_from(None)).unwrap();
-    let addr = server.local_addrs()[0];
-    for (v, extra) in runs {
-        let sess = s.dir.path().join(format!("reload-{v:?}.sess"));
-        let resumed = tokio::task::block_in_place(|| again(v, extra, &sess, addr));
-        assert!(
-            !resumed,
-            "{v:?}: a session of the old CA resumed after the reload"
-        );
-        let got = up.take();
-        assert_eq!(got[0].header("x-client-subject"), None, "{v:?}");
+    let ca = s.pki.ca.display().to_string();
+    let edit = (ca.as_str(), other.to_str().unwrap());
+    let subjects = resume_across_a_reload(&s, &mut server, addr, "reload", "alice", edit, &up);
+    for (v, subject) in subjects {
+        assert_eq!(subject, None, "{v:?}: a session of the old CA resumed");
     }
     tokio::task::block_in_place(|| server.shutdown());
+}
+
+/// TLS 1.3 with a ticket (the listener's local keys survive a reload) and TLS 1.2 without
+/// tickets, with a session id (the session cache survives it).
+const RELOAD_RUNS: [(Tls, Option<&str>); 2] = [(Tls::V13, None), (Tls::V12, Some("-no_ticket"))];
+
+/// `s_client` on `at` over `v` with `extra`, offering the session in `sess` (or saving one
+/// there presenting `save_as`'s certificate); whether it resumed. Either way `/` answers.
+fn session_run(
+    s: &Setup,
+    at: SocketAddr,
+    (v, extra): (Tls, Option<&str>),
+    sess: &Path,
+    save_as: Option<&str>,
+) -> bool {
+    let mut c = SClient::new(at, v);
+    if let Some(a) = extra {
+        c = c.arg(a);
+    }
+    let c = match save_as {
+        Some(stem) => presenting(s, c, stem).sess_out(sess),
+        None => c.sess_in(sess),
+    };
+    let r = c.run();
+    r.answered("up:/");
+    r.resumed()
+}
+
+/// For each of [`RELOAD_RUNS`]: a session of `stem` on `server` (the config `name`, at a
+/// fixed port `addr`) that resumes; then the config with `edit.0` replaced by `edit.1`,
+/// reloaded; then the session offered again. For each run: `None` where it did not resume,
+/// else the subject the upstream got.
+fn resume_across_a_reload(
+    s: &Setup,
+    server: &mut RunningServer,
+    addr: SocketAddr,
+    name: &str,
+    stem: &str,
+    edit: (&str, &str),
+    up: &common::recorder::Recorder,
+) -> Vec<(Tls, Option<String>)> {
+    let sess = |v: Tls| s.dir.path().join(format!("{name}-{v:?}.sess"));
+    for run in RELOAD_RUNS {
+        let path = sess(run.0);
+        let first = tokio::task::block_in_place(|| session_run(s, addr, run, &path, Some(stem)));
+        assert!(!first, "{:?}: a fresh session", run.0);
+        let again = tokio::task::block_in_place(|| session_run(s, addr, run, &path, None));
+        assert!(again, "{:?}: resumes before the reload", run.0);
+    }
+    up.take();
+    let file = s.dir.path().join(format!("{name}.toml"));
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains(edit.0), "{text}");
+    std::fs::write(&file, text.replace(edit.0, edit.1)).unwrap();
+    tokio::task::block_in_place(|| server.reload_from(None)).unwrap();
+    let addr = server.local_addrs()[0];
+    RELOAD_RUNS
+        .iter()
+        .map(|&run| {
+            let path = sess(run.0);
+            let resumed = tokio::task::block_in_place(|| session_run(s, addr, run, &path, None));
+            let got = up.take();
+            let subject = got[0].header("x-client-subject");
+            if resumed {
+                // a resumed session brings its identity, or the upstream would say so
+                (run.0, Some(subject.unwrap_or_default()))
+            } else {
+                assert_eq!(
+                    subject, None,
+                    "{:?}: a full handshake without a cert",
+                    run.0
+                );
+                (run.0, None)
+            }
+        })
+        .collect()
 }
 
 /// One listener, two sites with their own certificates: `secure.test` with `client_auth`
@@ -470,11 +498,25 @@ fn two_sites_with(
     top: &str,
     listener: &str,
 ) -> (RunningServer, SocketAddr) {
+    let secure = format!("ca = \"{}\", required = true", s.pki.ca.display());
+    sites_with(s, up, top, listener, [Some(&secure), None])
+}
+
+/// [`two_sites_with`] with `client_auth = { <auth> }` of `secure.test` and `public.test`
+/// (`None`: no `client_auth`).
+fn sites_with(
+    s: &Setup,
+    up: SocketAddr,
+    top: &str,
+    listener: &str,
+    auth: [Option<&str>; 2],
+) -> (RunningServer, SocketAddr) {
     let d = s.dir.path();
     common::tls::write_self_signed(d, "secure", &["secure.test"]);
     common::tls::write_self_signed(d, "public", &["public.test"]);
     let d = d.display();
-    let site = |name: &str, auth: &str| {
+    let site = |name: &str, auth: Option<&str>| {
+        let auth = auth.map_or(String::new(), |a| format!("client_auth = {{ {a} }}\n"));
         format!(
             "[[site]]\nserver_names = [\"{name}.test\"]\n\
              certificates = [{{ cert = \"{d}/{name}.crt\", key = \"{d}/{name}.key\" }}]\n{auth}\
@@ -487,14 +529,8 @@ fn two_sites_with(
          [[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\n\
          certificates = [{{ cert = \"{d}/site.crt\", key = \"{d}/site.key\" }}]\n{listener}\n\
          [[listener]]\naddress = \"127.0.0.1:0\"\n{}{}",
-        site(
-            "secure",
-            &format!(
-                "client_auth = {{ ca = \"{}\", required = true }}\n",
-                s.pki.ca.display()
-            )
-        ),
-        site("public", "")
+        site("secure", auth[0]),
+        site("public", auth[1])
     );
     common::start_text(s.dir.path(), "sites", &text)
 }
@@ -751,4 +787,76 @@ async fn a_session_of_a_policy_without_names_does_not_resume_under_one_with_name
             "{v:?}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sites_on_one_listener_accept_their_own_names() {
+    let s = Setup::new();
+    let up = common::recorder::start().await;
+    // the same CA, other names: api for secure.test, the ops boxes for public.test
+    let ca = s.pki.ca.display();
+    let secure = format!("ca = \"{ca}\", names = [\"api-client.example\"]");
+    let public = format!("ca = \"{ca}\", names = [\"*.ops.example\"]");
+    let (_server, addr) = sites_with(&s, up.addr, "", "", [Some(&secure), Some(&public)]);
+    let port = addr.port();
+    for (stem, site, refused_on, cn) in [
+        ("api", "secure", "public", "CN=api,O=ops"),
+        ("ops_box", "public", "secure", "CN=box1,O=ops"),
+    ] {
+        let r = site_client(&s, addr, Some(stem))
+            .get(format!("https://{site}.test:{port}/"))
+            .send()
+            .await
+            .expect("accepted on its site");
+        assert_eq!(r.status(), 200, "{stem} on {site}");
+        assert_eq!(up.take()[0].header_all("x-client-subject"), [cn]);
+        let r = site_client(&s, addr, Some(stem))
+            .get(format!("https://{refused_on}.test:{port}/"))
+            .send()
+            .await;
+        assert!(r.is_err(), "{stem} on {refused_on}: {r:?}");
+        for v in [Tls::V13, Tls::V12] {
+            let out = tokio::task::block_in_place(|| {
+                let c = SClient::new(addr, v).servername(&format!("{refused_on}.test"));
+                let run = presenting(&s, c, stem).run();
+                format!("{}\n{}", run.stdout, run.stderr).to_ascii_lowercase()
+            });
+            assert!(out.contains("alert access denied"), "{stem} {v:?}: {out}");
+        }
+    }
+    // alice (no SAN) is accepted on neither
+    for site in ["secure", "public"] {
+        let r = site_client(&s, addr, Some("alice"))
+            .get(format!("https://{site}.test:{port}/"))
+            .send()
+            .await;
+        assert!(r.is_err(), "alice on {site}: {r:?}");
+    }
+    assert!(
+        up.take().is_empty(),
+        "no refused client reached the upstream"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_the_names_resumes_no_session_of_the_old_names() {
+    let s = Setup::new();
+    let up = common::recorder::start().await;
+    // a fixed port, as in the CA reload test above
+    let port = common::free_port();
+    let at = format!("127.0.0.1:{port}");
+    let before = "names = [\"*.ops.example\"]";
+    let policy = format!(
+        "ca = \"{}\", required = false, {before}",
+        s.pki.ca.display()
+    );
+    let (mut server, addr) = s.serve_policy(&at, "names-reload", &policy, "", up.addr);
+    // ops_box is accepted before the reload and not after: its session must not bring its
+    // name past the new list (the CA and `required` are the same, only `names` changed)
+    let edit = (before, "names = [\"api-client.example\"]");
+    let got = resume_across_a_reload(&s, &mut server, addr, "names-reload", "ops_box", edit, &up);
+    for (v, subject) in got {
+        assert_eq!(subject, None, "{v:?}: a session of the old names resumed");
+    }
+    tokio::task::block_in_place(|| server.shutdown());
 }
