@@ -102,6 +102,30 @@ impl Setup {
     }
 }
 
+/// One aioquic connection to `addr` (trusting the site) presenting `client` (a [`ClientPki`]
+/// stem), sending `req`.
+fn h3(
+    s: &Setup,
+    addr: SocketAddr,
+    client: Option<&str>,
+    req: &common::h3::H3Request,
+) -> common::h3::AioquicResult {
+    let id = client.map(|stem| s.pki.client(stem));
+    let id = id.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
+    let site = s.site_cert();
+    tokio::task::block_in_place(|| {
+        common::h3::aioquic_as(addr, &site, id, std::slice::from_ref(req), false)
+    })
+}
+
+/// The connection of `out` failed or answered nothing.
+fn h3_refused(out: &common::h3::AioquicResult) -> bool {
+    match out {
+        Err(_) => true,
+        Ok(list) => list.iter().all(|r| r.is_err()),
+    }
+}
+
 /// SHA-256 of `cert`'s DER as openssl computes it, lower-case hex without colons.
 fn openssl_fingerprint(cert: &Path) -> String {
     let out = Command::new("openssl")
@@ -292,19 +316,9 @@ async fn http3_forwards_the_subject_and_refuses_a_client_without_a_certificate()
     let s = Setup::new();
     let up = common::recorder::start().await;
     let (_server, addr) = s.serve("h3", &s.pki.ca, true, "", up.addr);
-    let (cert, key) = s.pki.client("alice");
-    let site = s.site_cert();
+    let (cert, _) = s.pki.client("alice");
     let req = common::h3::H3Request::get("/h3").header("x-client-subject", "CN=admin");
-    let out = tokio::task::block_in_place(|| {
-        common::h3::aioquic_as(
-            addr,
-            &site,
-            Some((&cert, &key)),
-            std::slice::from_ref(&req),
-            false,
-        )
-    })
-    .expect("aioquic connects");
+    let out = h3(&s, addr, Some("alice"), &req).expect("aioquic connects");
     let r = out[0].as_ref().expect("answered");
     assert_eq!(r.status, 200);
     let got = up.take();
@@ -313,13 +327,8 @@ async fn http3_forwards_the_subject_and_refuses_a_client_without_a_certificate()
         got[0].header_all("x-client-fingerprint"),
         [openssl_fingerprint(&cert)]
     );
-    let anon =
-        tokio::task::block_in_place(|| common::h3::aioquic_as(addr, &site, None, &[req], false));
-    let refused = match &anon {
-        Err(_) => true,
-        Ok(list) => list.iter().all(|r| r.is_err()),
-    };
-    assert!(refused, "{anon:?}");
+    let anon = h3(&s, addr, None, &req);
+    assert!(h3_refused(&anon), "{anon:?}");
     assert!(up.take().is_empty());
 }
 
@@ -716,35 +725,11 @@ async fn http3_refuses_a_name_the_listener_does_not_accept() {
     let up = common::recorder::start().await;
     let policy = format!("ca = \"{}\", {NAMES}", s.pki.ca.display());
     let (_server, addr) = s.serve_policy("127.0.0.1:0", "names-h3", &policy, "", up.addr);
-    let site = s.site_cert();
     let req = common::h3::H3Request::get("/h3");
-    let (cert, key) = s.pki.client("other_name");
-    let out = tokio::task::block_in_place(|| {
-        common::h3::aioquic_as(
-            addr,
-            &site,
-            Some((&cert, &key)),
-            std::slice::from_ref(&req),
-            false,
-        )
-    });
-    let refused = match &out {
-        Err(_) => true,
-        Ok(list) => list.iter().all(|r| r.is_err()),
-    };
-    assert!(refused, "{out:?}");
+    let out = h3(&s, addr, Some("other_name"), &req);
+    assert!(h3_refused(&out), "{out:?}");
     assert!(up.take().is_empty());
-    let (cert, key) = s.pki.client("api");
-    let out = tokio::task::block_in_place(|| {
-        common::h3::aioquic_as(
-            addr,
-            &site,
-            Some((&cert, &key)),
-            std::slice::from_ref(&req),
-            false,
-        )
-    })
-    .expect("aioquic connects");
+    let out = h3(&s, addr, Some("api"), &req).expect("aioquic connects");
     assert_eq!(out[0].as_ref().expect("answered").status, 200);
     assert_eq!(
         up.take()[0].header_all("x-client-subject"),
