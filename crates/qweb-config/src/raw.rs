@@ -188,6 +188,7 @@ pub(crate) struct RawTls {
 pub(crate) struct RawClientAuth {
     pub ca: Spanned<PathBuf>,
     pub required: Option<bool>,
+    pub names: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -51,6 +51,9 @@ pub struct ClientAuthConfig {
     /// A client without a certificate fails the handshake (default `true`); `false`: it is
     /// let through without an identity (a certificate it sends is still verified).
     pub required: bool,
+    /// `names`: a certificate must carry one of these as a DNS subject alternative name
+    /// (`*.ops.example`: any one label before `ops.example`); empty: any name the CA signed.
+    pub names: Vec<qweb_tls::NamePattern>,
 }
 
 /// `ocsp` of a certificate.
@@ -132,9 +135,25 @@ impl Validator<'_> {
         let path = self.path(r.ca.get_ref(), r.ca.span());
         qweb_tls::ClientAuth::from_ca_file(&path, true)
             .map_err(|e| self.err(Some(r.ca.span()), format!("{key}.ca"), e.to_string()))?;
+        let mut names = Vec::new();
+        if let Some(list) = &r.names {
+            if list.get_ref().is_empty() {
+                return Err(self.err(
+                    Some(list.span()),
+                    format!("{key}.names"),
+                    "is empty: no certificate would be accepted (leave `names` out to accept any name the CA signed)",
+                ));
+            }
+            for n in list.get_ref() {
+                names.push(qweb_tls::NamePattern::parse(n.get_ref()).map_err(|e| {
+                    self.err(Some(n.span()), format!("{key}.names"), e.to_string())
+                })?);
+            }
+        }
         Ok(ClientAuthConfig {
             ca: path,
             required: r.required.unwrap_or(true),
+            names,
         })
     }
 
@@ -313,9 +332,34 @@ mod tests {
             c.listeners[0].client_auth,
             Some(ClientAuthConfig {
                 ca: dir.path().join("ca.pem"),
-                required: true
+                required: true,
+                names: Vec::new(),
             })
         );
+        let c = with("{ ca = \"ca.pem\", names = [\"API.example\", \"*.ops.example\"] }").unwrap();
+        let names: Vec<&str> = c.listeners[0]
+            .client_auth
+            .as_ref()
+            .unwrap()
+            .names
+            .iter()
+            .map(|n| n.as_str())
+            .collect();
+        assert_eq!(names, ["api.example", "*.ops.example"]);
+        for (v, want) in [
+            ("[]", "is empty"),
+            ("[\"a b.example\"]", "no spaces"),
+            ("[\"*.example\"]", "a wildcard is"),
+            ("[\"a.*.example\"]", "a wildcard is"),
+        ] {
+            let e = with(&format!("{{ ca = \"ca.pem\", names = {v} }}"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("key `listener[0].tls.client_auth.names`") && e.contains(want),
+                "{v}: {e}"
+            );
+        }
         let c = with("{ ca = \"ca.pem\", required = false }").unwrap();
         assert!(!c.listeners[0].client_auth.as_ref().unwrap().required);
         assert_eq!(parse(HEAD).unwrap().listeners[0].client_auth, None);

@@ -278,7 +278,7 @@ pub struct ClientPki {
 
 impl ClientPki {
     /// The certificate and key of client `stem` (`alice`, `stranger`, `expired`,
-    /// `server_only`).
+    /// `server_only`, `api`, `ops_box`, `deep_ops`, `other_name`, `cn_named`).
     pub fn client(&self, stem: &str) -> (std::path::PathBuf, std::path::PathBuf) {
         (
             self.dir.join(format!("{stem}.crt")),
@@ -291,7 +291,10 @@ impl ClientPki {
 /// (the CA of `stranger`), and client
 /// certificates `alice` (`CN=alice,O=ops`, from that CA, clientAuth), `stranger` (from
 /// another CA), `expired` (from the CA, valid 2020 only) and `server_only` (from the CA,
-/// extended key usage serverAuth only).
+/// extended key usage serverAuth only); from the CA too, with DNS subject alternative names:
+/// `api` (`api-client.example`), `ops_box` (`box1.ops.example`), `deep_ops`
+/// (`a.box1.ops.example`), `other_name` (`db.example`), and `cn_named` (no SAN,
+/// `CN=api-client.example`).
 pub fn client_pki(dir: &Path) -> ClientPki {
     use rcgen::{
         BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
@@ -315,9 +318,11 @@ pub fn client_pki(dir: &Path) -> ClientPki {
                   cn: &str,
                   issuer: (&rcgen::Certificate, &KeyPair),
                   eku: ExtendedKeyUsagePurpose,
-                  expired: bool| {
+                  expired: bool,
+                  sans: &[&str]| {
         let key = new_key();
-        let mut p = CertificateParams::new(Vec::<String>::new()).expect("params");
+        let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
+        let mut p = CertificateParams::new(sans).expect("params");
         // O first, CN last: RFC 4514 writes it `CN=...,O=ops`
         p.distinguished_name = rcgen::DistinguishedName::new();
         p.distinguished_name.push(DnType::OrganizationName, "ops");
@@ -339,6 +344,7 @@ pub fn client_pki(dir: &Path) -> ClientPki {
         ours,
         ExtendedKeyUsagePurpose::ClientAuth,
         false,
+        &[],
     );
     client(
         "stranger",
@@ -346,6 +352,7 @@ pub fn client_pki(dir: &Path) -> ClientPki {
         (&other_cert, &other_key),
         ExtendedKeyUsagePurpose::ClientAuth,
         false,
+        &[],
     );
     client(
         "expired",
@@ -353,6 +360,7 @@ pub fn client_pki(dir: &Path) -> ClientPki {
         ours,
         ExtendedKeyUsagePurpose::ClientAuth,
         true,
+        &[],
     );
     client(
         "server_only",
@@ -360,7 +368,25 @@ pub fn client_pki(dir: &Path) -> ClientPki {
         ours,
         ExtendedKeyUsagePurpose::ServerAuth,
         false,
+        &[],
     );
+    // for `client_auth.names`: DNS names in the subject alternative names, or only in the CN
+    for (stem, cn, sans) in [
+        ("api", "api", &["api-client.example"][..]),
+        ("ops_box", "box1", &["box1.ops.example"][..]),
+        ("deep_ops", "deep", &["a.box1.ops.example"][..]),
+        ("other_name", "db", &["db.example"][..]),
+        ("cn_named", "api-client.example", &[][..]),
+    ] {
+        client(
+            stem,
+            cn,
+            ours,
+            ExtendedKeyUsagePurpose::ClientAuth,
+            false,
+            sans,
+        );
+    }
     ClientPki {
         ca: dir.join("client-ca.crt"),
         dir: dir.to_owned(),

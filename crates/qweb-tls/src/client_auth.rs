@@ -7,6 +7,10 @@
 //! with a TLS alert (`certificate_required` for no certificate where one is required,
 //! `unknown_ca`, `certificate_expired`, `bad_certificate`, ...). With `required = false`
 //! a client may send none; one that is sent is still checked.
+//!
+//! With `names`, [`NamesVerifier`] wraps it: a chain that verifies must also carry one of
+//! the accepted names as a DNS subject alternative name, or the handshake fails with
+//! `access_denied` (the certificate is valid, the site does not accept its holder).
 
 use std::fmt::Write;
 use std::path::Path;
@@ -42,19 +46,37 @@ impl ClientAuth {
     /// The policy "certificates chaining to one in `ca` (PEM); none allowed unless
     /// `required`".
     pub fn from_ca_file(ca: &Path, required: bool) -> Result<ClientAuth, TlsError> {
+        ClientAuth::with_names(ca, required, &[])
+    }
+
+    /// [`ClientAuth::from_ca_file`], and a certificate must carry one of `names` (lower
+    /// case [`NamePattern`]s; empty: any name) as a DNS subject alternative name.
+    pub fn with_names(
+        ca: &Path,
+        required: bool,
+        names: &[NamePattern],
+    ) -> Result<ClientAuth, TlsError> {
         let certs = crate::load_certs(ca)?;
-        ClientAuth::new(ca, certs, required)
+        ClientAuth::new(ca, certs, required, names)
     }
 
     fn new(
         ca: &Path,
         certs: Vec<CertificateDer<'static>>,
         required: bool,
+        names: &[NamePattern],
     ) -> Result<ClientAuth, TlsError> {
         let mut roots = RootCertStore::empty();
         let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
-        ctx.update(b"qweb client_auth v1");
+        ctx.update(b"qweb client_auth v2");
         ctx.update(&[u8::from(required)]);
+        // the names are part of the policy: a session verified under other names (or none)
+        // does not resume here
+        ctx.update(&(names.len() as u64).to_be_bytes());
+        for n in names {
+            ctx.update(&(n.0.len() as u64).to_be_bytes());
+            ctx.update(n.0.as_bytes());
+        }
         for c in &certs {
             roots.add(c.clone()).map_err(|e| TlsError::Pem {
                 path: ca.to_owned(),
@@ -76,9 +98,162 @@ impl ClientAuth {
             path: ca.to_owned(),
             message: format!("cannot verify client certificates with it: {e}"),
         })?;
+        let verifier: Arc<dyn ClientCertVerifier> = if names.is_empty() {
+            verifier
+        } else {
+            Arc::new(NamesVerifier {
+                inner: verifier,
+                names: names.to_vec(),
+            })
+        };
         let mut tag = [0u8; 32];
         tag.copy_from_slice(ctx.finish().as_ref());
         Ok(ClientAuth { verifier, tag })
+    }
+}
+
+/// Why a `client_auth` name is refused (`qweb -t` names the key).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NameError {
+    /// Empty, or with a character other than letters, digits, `-` and `.`.
+    #[error("{0:?} is not a DNS name (letters, digits, `-` and `.` only, no spaces)")]
+    NotDns(String),
+    /// A `*` elsewhere than as the whole first label of a name of at least two more labels.
+    #[error("{0:?}: a wildcard is `*.` before at least two labels (`*.ops.example`)")]
+    Wildcard(String),
+}
+
+/// An accepted client name: `api-client.example` (that name) or `*.ops.example` (one label,
+/// any, before `ops.example`; not `ops.example` itself, nor two labels), matched without
+/// regard to case.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamePattern(String);
+
+impl NamePattern {
+    /// Reads `s` (a trailing `.` is dropped).
+    pub fn parse(s: &str) -> Result<NamePattern, NameError> {
+        let n = s.strip_suffix('.').unwrap_or(s).to_ascii_lowercase();
+        let rest = match n.strip_prefix("*.") {
+            Some(rest) => {
+                if rest.split('.').count() < 2 {
+                    return Err(NameError::Wildcard(s.to_owned()));
+                }
+                rest
+            }
+            None => &n,
+        };
+        if rest.contains('*') {
+            return Err(NameError::Wildcard(s.to_owned()));
+        }
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        };
+        if rest.len() > 253 || !rest.split('.').all(label_ok) {
+            return Err(NameError::NotDns(s.to_owned()));
+        }
+        Ok(NamePattern(n))
+    }
+
+    /// The pattern as written (lower case).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// `name` (a certificate's DNS name) is one this pattern accepts. A wildcard name in
+    /// the certificate (`*.ops.example`) is never accepted: it names no one client.
+    pub fn matches(&self, name: &str) -> bool {
+        let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+        if name.contains('*') {
+            return false;
+        }
+        match self.0.strip_prefix("*.") {
+            Some(parent) => name
+                .split_once('.')
+                .is_some_and(|(first, rest)| !first.is_empty() && rest == parent),
+            None => name == self.0,
+        }
+    }
+}
+
+/// The chain verifier of a policy with `names`: the inner verifier's checks, then the leaf's
+/// DNS subject alternative names against the accepted names. The subject's CN is not read:
+/// a name in the CN is not one the CA vouched for as a name (RFC 9525 and webpki read only
+/// the SAN for servers, Envoy's `match_typed_subject_alt_names` likewise for clients).
+#[derive(Debug)]
+pub struct NamesVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+    names: Vec<NamePattern>,
+}
+
+impl NamesVerifier {
+    /// The leaf `der` carries a DNS name one of `names` accepts.
+    fn accepts(names: &[NamePattern], der: &CertificateDer<'_>) -> bool {
+        let Ok(ee) = webpki::EndEntityCert::try_from(der) else {
+            return false;
+        };
+        ee.valid_dns_names()
+            .any(|n| names.iter().any(|p| p.matches(n)))
+    }
+}
+
+impl ClientCertVerifier for NamesVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        let ok = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        if NamesVerifier::accepts(&self.names, end_entity) {
+            Ok(ok)
+        } else {
+            // rustls sends `access_denied` for this one: the chain is valid, its holder is
+            // not one the policy lets in
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
     }
 }
 
@@ -379,6 +554,30 @@ fn dotted(oid: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn name_patterns_parse_and_match() {
+        let p = |s: &str| NamePattern::parse(s).unwrap();
+        assert!(p("API-client.example.").matches("api-client.EXAMPLE"));
+        assert!(!p("api-client.example").matches("x.api-client.example"));
+        let w = p("*.ops.example");
+        assert!(w.matches("a.ops.example"));
+        assert!(!w.matches("ops.example"));
+        assert!(!w.matches("a.b.ops.example"));
+        assert!(!w.matches("*.ops.example"));
+        for bad in ["", "a b.example", "a..b", "-a.example", "x.ex ample"] {
+            assert!(
+                matches!(NamePattern::parse(bad), Err(NameError::NotDns(_))),
+                "{bad}"
+            );
+        }
+        for bad in ["*", "*.example", "a*.ops.example", "x.*.example", "**.a.b"] {
+            assert!(
+                matches!(NamePattern::parse(bad), Err(NameError::Wildcard(_))),
+                "{bad}"
+            );
+        }
+    }
 
     fn cert(dn: &[(rcgen::DnType, &str)]) -> Vec<u8> {
         let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();

@@ -32,7 +32,7 @@ pub use certs::{
     cert_key_id, load_certified_key, load_certified_key_with, load_certs, load_offloaded,
     load_private_key, LoadedCert,
 };
-pub use client_auth::{ClientAuth, ClientCert, SitePolicies};
+pub use client_auth::{ClientAuth, ClientCert, NamePattern, SitePolicies};
 pub use error::TlsError;
 pub use handshake::HandshakeError;
 pub use managed::{Managed, ALPN_ACME};

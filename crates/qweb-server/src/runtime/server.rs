@@ -427,7 +427,9 @@ fn listener_setup(
                 })?,
             };
             let client_auth = match &l.client_auth {
-                Some(c) => Some(qweb_tls::ClientAuth::from_ca_file(&c.ca, c.required)?),
+                Some(c) => Some(qweb_tls::ClientAuth::with_names(
+                    &c.ca, c.required, &c.names,
+                )?),
                 None => None,
             };
             let resolver: Arc<dyn rustls::server::ResolvesServerCert> = Arc::new(resolver);
@@ -473,7 +475,7 @@ fn site_policies(
     let mut out = qweb_tls::SitePolicies::default();
     for (i, site) in config.sites.sites.iter().enumerate() {
         let Some(c) = &site.client_auth else { continue };
-        let auth = qweb_tls::ClientAuth::from_ca_file(&c.ca, c.required)?;
+        let auth = qweb_tls::ClientAuth::with_names(&c.ca, c.required, &c.names)?;
         let mut sc = qweb_tls::server_config(resolver.clone(), http2, Some(&auth))?;
         sc.alpn_protocols = base.alpn_protocols.clone();
         sc.max_early_data_size = base.max_early_data_size;

@@ -246,7 +246,8 @@ async fn recipe_9_internal_api_with_client_certificates() {
             .build()
             .unwrap()
     };
-    let resp = with(Some("alice"))
+    // ops_box: `box1.ops.example`, a name `*.ops.example` accepts
+    let resp = with(Some("ops_box"))
         .get(format!("https://example.com:{port}/orders"))
         .header("x-client-subject", "CN=admin")
         .send()
@@ -254,12 +255,19 @@ async fn recipe_9_internal_api_with_client_certificates() {
         .unwrap();
     assert_eq!(resp.status(), 200);
     let got = up.take();
-    assert_eq!(got[0].header_all("x-client-subject"), ["CN=alice,O=ops"]);
+    assert_eq!(got[0].header_all("x-client-subject"), ["CN=box1,O=ops"]);
     assert_eq!(
         got[0].header("x-client-fingerprint").map(|f| f.len()),
         Some(64)
     );
-    for stem in [None, Some("stranger"), Some("expired")] {
+    // alice: the CA's, without a name; api: another name of the CA's
+    for stem in [
+        None,
+        Some("stranger"),
+        Some("expired"),
+        Some("alice"),
+        Some("api"),
+    ] {
         let r = with(stem)
             .get(format!("https://example.com:{port}/orders"))
             .send()
