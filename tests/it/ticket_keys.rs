@@ -18,7 +18,7 @@ use qweb_testkit::start_text;
 const BIN: &str = env!("CARGO_BIN_EXE_qweb");
 
 /// A certificate for localhost, a key for the key server, a site.
-fn setup() -> tempfile::TempDir {
+pub(crate) fn setup() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
@@ -79,7 +79,7 @@ fn serve(dir: &Path, name: &str, fleet: bool) -> (RunningServer, SocketAddr) {
 
 /// One `openssl s_client` connection (TLS 1.2 or 1.3) that sends a request and reads the
 /// whole answer; true when the session was resumed.
-fn s_client(addr: SocketAddr, tls13: bool, sess: &Path, save: bool) -> bool {
+pub(crate) fn s_client(addr: SocketAddr, tls13: bool, sess: &Path, save: bool) -> bool {
     let v = if tls13 {
         TlsVersion::V13
     } else {
@@ -92,7 +92,7 @@ fn s_client(addr: SocketAddr, tls13: bool, sess: &Path, save: bool) -> bool {
         .resumed()
 }
 
-fn fetches(server: &RunningServer, result: &str) -> u64 {
+pub(crate) fn fetches(server: &RunningServer, result: &str) -> u64 {
     let m = metrics::of(server);
     let v = m
         .matching("qweb_tls_ticket_key_fetches_total", &[("result", result)])

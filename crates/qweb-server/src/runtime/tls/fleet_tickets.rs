@@ -288,17 +288,18 @@ impl FleetRing {
             )
             .await?;
         if got.is_none() {
-            // another node rotates: its keys are read next time; these (aged) meanwhile
-            let mut keys = match ring {
-                Some(r) => r.keys,
-                None => {
-                    return Err(RingError::Store(
-                        "the ring is being made by another node".into(),
-                    ))
+            // another node rotates: its keys are read next time; these meanwhile, not
+            // rotated here (their next key takes over now; the one after is not known)
+            return match ring {
+                Some(r) if r.keys.current_age < 2 * self.rotation => {
+                    let mut keys = r.keys;
+                    keys.next_in = Duration::ZERO;
+                    Ok(keys)
                 }
+                _ => Err(RingError::Store(
+                    "the ring is being made by another node".into(),
+                )),
             };
-            keys.advance().map_err(|_| RingError::Random)?;
-            return Ok(keys);
         }
         let result = self.rotate().await;
         // released only if still this node's (it may have expired and been taken)
