@@ -13,7 +13,7 @@ use qweb_testkit::metrics;
 use qweb_testkit::redis::RedisServer;
 use qweb_testkit::start_text;
 
-use crate::ticket_keys::{fetches, s_client, setup};
+use crate::ticket_keys::{fetches, s_client, setup, shared_after_rotation};
 
 const SECRET: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 const OTHER: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
@@ -90,27 +90,12 @@ fn a_ticket_from_node_a_resumes_on_b_and_c_and_not_on_a_node_with_another_secret
     );
     assert_eq!(fetches(&a, "refused"), 0);
     assert!(fetches(&x, "refused") >= 1, "{}", metrics::of(&x));
-    assert!(
-        t0.elapsed() < Duration::from_secs(10),
-        "too slow for this test's timeline"
-    );
     // past a rotation (made by one node, under the lock): the old tickets still resume
-    // and new ones are shared
-    std::thread::sleep(
-        (t0 + Duration::from_millis(11_500)).saturating_duration_since(Instant::now()),
-    );
-    for tls13 in [false, true] {
-        let f = d.join(format!("{tls13}.sess"));
-        assert!(
-            s_client(c_addr, tls13, &f, false),
-            "tls13={tls13}: after rotation"
-        );
-        let g = d.join(format!("{tls13}-2.sess"));
-        assert!(!s_client(b_addr, tls13, &g, true));
-        assert!(
-            s_client(a_addr, tls13, &g, false),
-            "tls13={tls13}: B's new ticket on A"
-        );
+    // (on C) and new ones are shared
+    shared_after_rotation(d, t0, Duration::from_secs(10), c_addr, a_addr);
+    // it did rotate: the keys that encrypt now are younger than the ring
+    for n in [&a, &b, &c] {
+        assert!(key_age(n) < 5.0, "{}", metrics::of(n));
     }
     for s in [a, b, c, x] {
         s.shutdown();

@@ -92,6 +92,38 @@ pub(crate) fn s_client(addr: SocketAddr, tls13: bool, sess: &Path, save: bool) -
         .resumed()
 }
 
+/// Two nodes sharing keys that rotate every `period` (from `t0`, tickets saved in `dir` by
+/// the first period as `{tls13}.sess`): past the rotation the old tickets still resume on
+/// `b` (the previous key), and a new ticket from `b` resumes on `a`.
+pub(crate) fn shared_after_rotation(
+    dir: &Path,
+    t0: Instant,
+    period: Duration,
+    b: SocketAddr,
+    a: SocketAddr,
+) {
+    assert!(
+        t0.elapsed() < period,
+        "the machine is too slow for this test's timeline"
+    );
+    std::thread::sleep(
+        (t0 + period + Duration::from_millis(1_000)).saturating_duration_since(Instant::now()),
+    );
+    for tls13 in [false, true] {
+        let f = dir.join(format!("{tls13}.sess"));
+        assert!(
+            s_client(b, tls13, &f, false),
+            "tls13={tls13}: after rotation"
+        );
+        let g = dir.join(format!("{tls13}-2.sess"));
+        assert!(!s_client(b, tls13, &g, true));
+        assert!(
+            s_client(a, tls13, &g, false),
+            "tls13={tls13}: B's new ticket on A"
+        );
+    }
+}
+
 pub(crate) fn fetches(server: &RunningServer, result: &str) -> u64 {
     let m = metrics::of(server);
     let v = m
@@ -124,28 +156,9 @@ fn a_ticket_from_node_a_resumes_on_node_b_through_the_key_server() {
             "tls13={tls13}: A's ticket on C (local keys)"
         );
     }
-    assert!(
-        t0.elapsed() < Duration::from_secs(10),
-        "the machine is too slow for this test's timeline"
-    );
     // past a rotation: the nodes switched keys together; the old tickets still resume
     // (previous key) and new ones are shared too
-    std::thread::sleep(
-        (t0 + Duration::from_millis(10_500)).saturating_duration_since(Instant::now()),
-    );
-    for tls13 in [false, true] {
-        let f = d.join(format!("{tls13}.sess"));
-        assert!(
-            s_client(b_addr, tls13, &f, false),
-            "tls13={tls13}: after rotation"
-        );
-        let g = d.join(format!("{tls13}-2.sess"));
-        assert!(!s_client(b_addr, tls13, &g, true));
-        assert!(
-            s_client(a_addr, tls13, &g, false),
-            "tls13={tls13}: B's new ticket on A"
-        );
-    }
+    shared_after_rotation(d, t0, Duration::from_secs(10), b_addr, a_addr);
     assert!(t0.elapsed() < Duration::from_secs(20));
     assert!(fetches(&a, "ok") >= 2, "{}", metrics::of(&a));
     assert_eq!(fetches(&a, "failed"), 0);

@@ -47,7 +47,7 @@ impl FleetSecret {
     /// The secret written in hex (at least [`Self::MIN_LEN`] bytes), or why not.
     pub fn from_hex(text: &str) -> Result<FleetSecret, &'static str> {
         let t = text.trim().as_bytes();
-        if t.len() % 2 != 0 || t.len() < 2 * Self::MIN_LEN {
+        if !t.len().is_multiple_of(2) || t.len() < 2 * Self::MIN_LEN {
             return Err("64 or more hex characters (32 bytes or more: `openssl rand -hex 32`)");
         }
         let nibble = |c: u8| (c as char).to_digit(16);

@@ -64,17 +64,17 @@ impl std::fmt::Display for RingError {
 pub(crate) struct Seal(LessSafeKey);
 
 impl Seal {
-    /// The sealing key of the ticket keys, from `secret`.
-    pub(crate) fn tickets(secret: &[u8]) -> Seal {
+    /// The sealing key of the ticket keys, from `secret` (`None`: aws-lc refused, which
+    /// a 32-byte key never is).
+    pub(crate) fn tickets(secret: &[u8]) -> Option<Seal> {
         let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, SEAL_SALT).extract(secret);
         let mut key = Zeroizing::new([0u8; 32]);
-        // 32 bytes are always within HKDF-SHA256's limit
-        if let Ok(okm) = prk.expand(&[TICKETS_INFO], hkdf::HKDF_SHA256) {
-            let _ = okm.fill(&mut key[..]);
-        }
-        let unbound = UnboundKey::new(&AES_256_GCM, &key[..]);
-        // AES-256-GCM takes any 32-byte key
-        Seal(LessSafeKey::new(unbound.unwrap_or_else(|_| unreachable!())))
+        prk.expand(&[TICKETS_INFO], hkdf::HKDF_SHA256)
+            .ok()?
+            .fill(&mut key[..])
+            .ok()?;
+        let unbound = UnboundKey::new(&AES_256_GCM, &key[..]).ok()?;
+        Some(Seal(LessSafeKey::new(unbound)))
     }
 
     /// `plain` sealed under the store key `name`.
@@ -199,7 +199,7 @@ impl FleetRing {
             client,
             conn: None,
             timeout: fleet.timeout,
-            seal: Seal::tickets(secret.bytes()),
+            seal: Seal::tickets(secret.bytes())?,
             lock: format!("{key}:lock"),
             key,
             token: format!("{}:{}", fleet.node_name, std::process::id()),
@@ -374,7 +374,7 @@ mod tests {
 
     #[test]
     fn a_sealed_ring_opens_under_its_name_and_secret_only() {
-        let seal = Seal::tickets(&[7u8; 32]);
+        let seal = Seal::tickets(&[7u8; 32]).unwrap();
         let keys = FleetKeys::random(Duration::from_secs(60)).unwrap();
         let ring = Stored { keys, since_us: 42 };
         let v = seal.seal("qweb:tickets:60000", &encode(&ring)).unwrap();
@@ -385,7 +385,7 @@ mod tests {
             seal.open("qweb:tickets:1000", &v),
             Err(RingError::Refused)
         ));
-        let other = Seal::tickets(&[8u8; 32]);
+        let other = Seal::tickets(&[8u8; 32]).unwrap();
         assert!(matches!(
             other.open("qweb:tickets:60000", &v),
             Err(RingError::Refused)

@@ -190,7 +190,7 @@ pub(crate) fn setup(
                         )
                     })
                     .ok_or_else(
-                        || bad("`ticket_keys = \"fleet\"` without `fleet.secret`".into()),
+                        || bad("`ticket_keys = \"fleet\"`: no `fleet.secret`, or `fleet.store` is not usable".into()),
                     )?;
                 // local keys until the fleet's arrive, as with a key server
                 let t = match kept_ticketer {
