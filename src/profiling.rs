@@ -9,7 +9,7 @@
 //!   to exit at `QWEB_PROFILE_HZ` (default 499) samples per second of CPU time and writes a
 //!   flame graph to `out.svg` and the folded stacks to `out.svg.folded` when qweb stops.
 //!
-//! docs/BENCHMARKS.md ("Method: where a request's cost goes") shows how to use both.
+//! docs/bench/history.md ("Method: where a request's cost goes") shows how to use both.
 
 #[cfg(feature = "alloc-count")]
 #[allow(unsafe_code)]

@@ -176,14 +176,24 @@ impl ServerProc {
         self.child.as_ref().map(|c| c.id())
     }
 
-    /// The main process and its children (nginx workers).
+    /// The main process and all its descendants (nginx master and workers, h2o's helpers).
     pub fn pids(&self) -> Vec<u32> {
-        let Some(pid) = self.pid() else {
-            return vec![];
-        };
-        let mut v = vec![pid];
-        v.extend(children_of(pid));
-        v
+        self.pid().map(process_tree).unwrap_or_default()
+    }
+
+    /// Pins every thread of the process tree to CPU `cpu` (children forked later inherit it).
+    pub fn pin_to(&self, cpu: usize) -> Result<()> {
+        for p in self.pids() {
+            let tasks = std::fs::read_dir(format!("/proc/{p}/task"))
+                .map_err(|e| Error::io(format!("list threads of {p}"), e))?;
+            for t in tasks.flatten() {
+                if let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) {
+                    pin_thread(tid, cpu)
+                        .map_err(|e| Error::io(format!("pin {} thread {tid}", self.name), e))?;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Resident memory of the process tree, KiB: (RSS sum, PSS sum). PSS counts pages shared
@@ -198,7 +208,8 @@ impl ServerProc {
         (rss, pss)
     }
 
-    /// CPU seconds (user + system) used so far by the process tree.
+    /// CPU seconds (user + system) used so far by the whole process tree, read from
+    /// /proc/PID/stat of the main process and every descendant.
     pub fn cpu_secs(&self) -> f64 {
         self.pids().into_iter().map(proc_cpu_secs).sum()
     }
@@ -244,22 +255,71 @@ impl Drop for ServerProc {
     }
 }
 
-fn children_of(pid: u32) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return vec![];
-    };
-    let mut v = Vec::new();
-    for e in dir.flatten() {
-        let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
-            if stat_field(&stat, 4).and_then(|f| f.parse::<u32>().ok()) == Some(pid) {
-                v.push(p);
+/// `pid` and every descendant of it (one scan of /proc, parent ids followed down).
+fn process_tree(pid: u32) -> Vec<u32> {
+    let mut parent_of: Vec<(u32, u32)> = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
+                if let Some(pp) = stat_field(&stat, 4).and_then(|f| f.parse::<u32>().ok()) {
+                    parent_of.push((p, pp));
+                }
             }
         }
     }
-    v
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let cur = tree[i];
+        tree.extend(
+            parent_of
+                .iter()
+                .filter(|(_, pp)| *pp == cur)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    tree
+}
+
+/// Restricts thread `tid` (0: the calling thread) to CPU `cpu`.
+pub fn pin_thread(tid: u32, cpu: usize) -> std::io::Result<()> {
+    set_affinity(tid, Some(cpu))
+}
+
+/// Lets thread `tid` (0: the calling thread) run on every CPU again.
+pub fn unpin_thread(tid: u32) -> std::io::Result<()> {
+    set_affinity(tid, None)
+}
+
+/// sched_setaffinity of `tid` to `cpu`, or to every CPU (the kernel drops absent ones).
+#[allow(unsafe_code)]
+fn set_affinity(tid: u32, cpu: Option<usize>) -> std::io::Result<()> {
+    let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
+    if cpu.is_some_and(|c| c >= max) {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: cpu_set_t is plain data and zeroed is its empty set; CPU_SET writes only bits
+    // below `max` (checked above), inside the set; sched_setaffinity only reads it.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        match cpu {
+            Some(c) => libc::CPU_SET(c, &mut set),
+            None => (0..max).for_each(|c| libc::CPU_SET(c, &mut set)),
+        }
+        libc::sched_setaffinity(
+            tid as libc::pid_t,
+            std::mem::size_of::<libc::cpu_set_t>(),
+            &set,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Field `n` (1-based, as in proc(5)) of a /proc/PID/stat line; the command name in

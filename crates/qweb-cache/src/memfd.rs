@@ -5,8 +5,9 @@
 //! the worker's CPU on a 100 KiB hit, docs/BENCHMARKS.md).
 //!
 //! Each such body holds a descriptor, so at most [`MAX_FILES`] live at once (a quarter of the
-//! open-file limit when that is less: `max_files`); beyond, bodies stay in ordinary memory. A file is sealed against writes, growth, shrinking and further
-//! seals before it is mapped: its content cannot change while anything reads it.
+//! open-file limit when that is less: `max_files`); beyond, bodies stay in ordinary memory. A
+//! file is sealed against writes, growth, shrinking and further seals before it is mapped: its
+//! content cannot change while anything reads it.
 
 use std::fs::File;
 use std::io::{self, Write};

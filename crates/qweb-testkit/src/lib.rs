@@ -34,6 +34,7 @@ pub mod modgraph;
 pub mod openssl;
 pub mod process;
 pub mod recorder;
+pub mod records;
 pub mod redis;
 pub mod server;
 pub mod tls;

@@ -84,6 +84,12 @@ pub struct RunArgs {
     /// Only these experiments (comma-separated: A,sweep,B,C,D,E,F,G,H,I,J,K).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+    /// Interleaved rounds per row (default: the profile's; G takes at least 3 by default).
+    #[arg(long)]
+    pub rounds: Option<usize>,
+    /// Seconds of one wrk run in G (default: the profile's).
+    #[arg(long)]
+    pub secs: Option<u64>,
 }
 
 /// Durations and sizes of a profile.
@@ -352,11 +358,17 @@ struct Runner {
 /// Runs the experiment matrix; returns the results folder. Fails (after writing the results)
 /// when a server did not answer or any run counted errors.
 pub fn run(args: RunArgs) -> Result<PathBuf> {
-    let profile = if args.quick {
+    let mut profile = if args.quick {
         Profile::quick()
     } else {
         Profile::full()
     };
+    if let Some(r) = args.rounds {
+        profile.rounds = r.max(1);
+    }
+    if let Some(s) = args.secs {
+        profile.wrk_secs = s.max(1);
+    }
     let started = Instant::now();
     let workspace = workspace_root();
     let out = match &args.out {

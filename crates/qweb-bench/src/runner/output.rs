@@ -76,7 +76,8 @@ impl Runner {
         ));
         md.push_str(&format!(
             "- Workers: {} (qweb worker threads = nginx worker processes); profile: warm-up {} s, \
-             {} s measured, {} interleaved round(s) per row (median reported)\n",
+             {} s measured, {} interleaved round(s) per row (median reported); G: one worker \
+             per server, pinned\n",
             self.workers, self.profile.warmup, self.profile.duration, self.profile.rounds
         ));
         md.push_str(&format!(
@@ -85,10 +86,29 @@ impl Runner {
             feature_note(&self.compression)
         ));
         md.push_str(&format!(
-            "- Command: `qweb-bench run --{}` (run took {:.0} s; workspace {})\n\n",
-            self.profile.name,
+            "- Command: `{}` (run took {:.0} s; workspace {})\n",
+            command_line(),
             self.started.elapsed().as_secs_f64(),
             self.workspace.display()
+        ));
+        let git = |args: &[&str]| {
+            Command::new("git")
+                .arg("-C")
+                .arg(&self.workspace)
+                .args(args)
+                .output()
+                .ok()
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+                .unwrap_or_default()
+        };
+        md.push_str(&format!(
+            "- Commit: {}{}\n\n",
+            git(&["rev-parse", "--short=10", "HEAD"]),
+            if git(&["status", "--porcelain", "--untracked-files=no"]).is_empty() {
+                ""
+            } else {
+                " (with uncommitted changes)"
+            }
         ));
         md.push_str("## Results\n\n");
         for s in &self.sections {
@@ -133,6 +153,13 @@ impl Runner {
         std::fs::write(&p, text).map_err(|e| Error::path("write", &p, e))?;
         Ok(())
     }
+}
+
+/// The runner's own command line, program name shortened to `qweb-bench`.
+fn command_line() -> String {
+    let mut v: Vec<String> = std::env::args().skip(1).collect();
+    v.insert(0, "qweb-bench".into());
+    v.join(" ")
 }
 
 /// The first line of a tool's version output, or "not installed".

@@ -196,7 +196,7 @@ impl FileBody {
 /// `want` bytes of `file` from `offset`, read into a new buffer's spare capacity (never
 /// zeroed first: the kernel writes every byte); a file that ends sooner is an error. The
 /// zeroing was 6-7 % of a worker's samples serving 100 KiB files over HTTP/2, but the kernel's
-/// copy into the cold buffer then took most of that time back (docs/BENCHMARKS.md, bc6dc92).
+/// copy into the cold buffer then took most of that time back (docs/bench/history.md, bc6dc92).
 pub(crate) fn read_exact_at(file: &File, want: usize, offset: u64) -> Result<Vec<u8>, BoxError> {
     let mut buf = Vec::with_capacity(want);
     while buf.len() < want {

@@ -93,3 +93,31 @@ fn tls11_client_hello() -> Vec<u8> {
     rec.extend_from_slice(&hs);
     rec
 }
+
+/// Small HTTP/2 answers asked for together leave in a few TLS records, not one record each
+/// (issue 37: h2 chained every DATA frame over 256 bytes to the socket on its own, so the
+/// 32 answers below were sealed as 32 or more records; h2o packs them).
+#[tokio::test]
+async fn small_http2_answers_asked_together_share_tls_records() {
+    let t = common::start();
+    std::fs::write(t.site().join("1k.txt"), vec![b'x'; 1024]).unwrap();
+    let cfg = std::sync::Arc::new(common::tls_client_config(&t.cert(), Proto::H2));
+    let (tls, counts) = common::records::connect(t.addrs[0], &cfg).await.unwrap();
+    let send = common::h2client::handshake(tls).await;
+    let (status, body, _) = common::h2client::get(&send, "/1k.txt", &[]).await;
+    assert_eq!((status.as_u16(), body.len()), (200, 1024));
+    let before = counts.application_data();
+    const N: usize = 32;
+    let answers = futures_util::future::join_all(
+        (0..N).map(|_| common::h2client::get(&send, "/1k.txt", &[])),
+    )
+    .await;
+    for (status, body, _) in answers {
+        assert_eq!((status.as_u16(), body.len()), (200, 1024));
+    }
+    let records = counts.application_data() - before;
+    assert!(
+        records <= N / 4,
+        "{N} answers of 1 KiB came in {records} TLS records"
+    );
+}
