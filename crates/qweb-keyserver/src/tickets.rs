@@ -145,6 +145,11 @@ fn install(
 /// Where a refresher gets the fleet's keys: the key servers of an engine, or the fleet's
 /// store (the server's `ticket_keys = "fleet"`).
 pub trait KeySource: Send + 'static {
+    /// The refresher's warning when the keys stop coming (`"no key server answers"`): the
+    /// line operators and tests look for, so each source keeps its own.
+    const DOWN: &'static str;
+    /// Its note when they come again (`"the key server answers again"`).
+    const BACK: &'static str;
     /// The keys now, or why there are none.
     fn fetch(&mut self) -> impl std::future::Future<Output = Result<FleetKeys, String>>;
 }
@@ -153,6 +158,8 @@ pub trait KeySource: Send + 'static {
 pub struct Keyservers(pub ClientConfig);
 
 impl KeySource for Keyservers {
+    const DOWN: &'static str = "no key server answers";
+    const BACK: &'static str = "the key server answers again";
     async fn fetch(&mut self) -> Result<FleetKeys, String> {
         fetch_any(&self.0).await
     }
@@ -206,7 +213,7 @@ pub fn spawn_refresher_from<S: KeySource>(
                     match install(got, &ticketer, &stats) {
                         Ok(()) => {
                             if !healthy {
-                                tracing::info!(source = %name, "ticket keys: the fleet's keys are back");
+                                tracing::info!(source = %name, "ticket keys: {}", S::BACK);
                             }
                             healthy = true;
                             let every = rotation.unwrap_or(Duration::from_secs(4)) / 4;
@@ -214,7 +221,7 @@ pub fn spawn_refresher_from<S: KeySource>(
                         }
                         Err(e) => {
                             if healthy {
-                                tracing::warn!(source = %name, "ticket keys: no fleet keys ({e}); resuming with the last keys for their time");
+                                tracing::warn!(source = %name, "ticket keys: {} ({e}); resuming with the last keys for their time", S::DOWN);
                             }
                             healthy = false;
                             wait = Duration::from_secs(1);

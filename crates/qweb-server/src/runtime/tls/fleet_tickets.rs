@@ -349,6 +349,8 @@ impl FleetRing {
 }
 
 impl qweb_keyserver::tickets::KeySource for FleetRing {
+    const DOWN: &'static str = "no keys from the fleet's store";
+    const BACK: &'static str = "the fleet's store gives keys again";
     async fn fetch(&mut self) -> Result<FleetKeys, String> {
         match self.fetch_inner().await {
             Ok(k) => Ok(k),
