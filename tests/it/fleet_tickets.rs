@@ -2,7 +2,8 @@
 //! share their ticket keys through the store (`openssl s_client -sess_out` on one node,
 //! `-sess_in` on another); a node with another `fleet.secret` cannot read them (it serves
 //! on its own keys); with the store killed the nodes keep resuming on the keys they have
-//! and retire them by age; a tampered ring is refused, counted, and left alone.
+//! and retire them by age; a tampered ring is refused, counted, and left alone; SIGTERM
+//! with the store killed or hanging exits at once.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -10,11 +11,13 @@ use std::time::{Duration, Instant};
 
 use qweb_server::RunningServer;
 use qweb_testkit::metrics;
+use qweb_testkit::process::Qweb;
 use qweb_testkit::redis::RedisServer;
 use qweb_testkit::start_text;
 
 use crate::ticket_keys::{fetches, s_client, setup, shared_after_rotation};
 
+const BIN: &str = env!("CARGO_BIN_EXE_qweb");
 const SECRET: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 const OTHER: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
 
@@ -198,4 +201,59 @@ fn a_tampered_ring_is_refused_counted_and_left_alone() {
     assert_eq!(redis.command(&["GET", "qweb:tickets:10000"]), garbage);
     a.shutdown();
     b.shutdown();
+}
+
+/// SIGTERM with the store killed, or stopped with SIGSTOP (its connections open, nothing
+/// answering for the store's 10 s timeout), and nothing in flight: `qweb serve` exits at
+/// once, not after `shutdown_timeout` (30 s) nor the timeout. Nothing waits on the store:
+/// not the ticket-key refresher (in its backoff sleep, or inside a request), not the fleet
+/// client.
+#[test]
+fn sigterm_with_the_store_gone_or_hanging_exits_at_once() {
+    let dir = setup();
+    let d = dir.path();
+    for (round, paused) in [false, true].into_iter().enumerate() {
+        let mut redis = RedisServer::start();
+        let text = format!(
+            "workers = 2\nshutdown_timeout = \"30s\"\nstate_dir = \"{dd}/state-p{round}\"\n\
+             [admin]\naddress = \"127.0.0.1:0\"\n[log]\naccess = false\n\
+             [fleet]\nstore = \"{url}\"\nnode_name = \"p{round}\"\nsecret = \"{SECRET}\"\n\
+             timeout = \"10s\"\n\
+             [[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\n\
+             certificates = [{{ cert = \"{dd}/site.crt\", key = \"{dd}/site.key\" }}]\n\
+             session_cache = 0\nticket_keys = \"fleet\"\nticket_rotation = \"4s\"\n\
+             [[route]]\nprefix = \"/\"\nroot = \"{dd}/site\"\n",
+            dd = d.display(),
+            url = redis.url(),
+        );
+        let file = qweb_testkit::process::write_file(d, &format!("p{round}.toml"), &text);
+        let mut q = Qweb::serve(BIN, &file);
+        assert_eq!(q.count("not from the fleet's store"), 0, "{:#?}", q.lines());
+        let addr: SocketAddr = q.addr("https").parse().unwrap();
+        let f = d.join(format!("p{round}.sess"));
+        assert!(!s_client(addr, true, &f, true));
+        if paused {
+            redis.pause();
+            // 4 s periods: the refresher asks every second, so it is waiting on the store now
+            std::thread::sleep(Duration::from_millis(1_500));
+        } else {
+            redis.kill();
+            q.wait_for_within(
+                "ticket keys: no keys from the fleet's store",
+                1,
+                Duration::from_secs(10),
+            );
+        }
+        let started = Instant::now();
+        q.signal(libc::SIGTERM);
+        let status = q.wait_exit(Duration::from_secs(40));
+        let took = started.elapsed();
+        eprintln!("paused={paused}: SIGTERM to exit {took:?}");
+        assert!(status.success(), "{status:?}: {:#?}", q.lines());
+        assert!(
+            took < Duration::from_secs(2),
+            "paused={paused}: SIGTERM took {took:?}: {:#?}",
+            q.lines()
+        );
+    }
 }

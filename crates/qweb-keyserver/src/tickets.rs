@@ -208,7 +208,13 @@ pub fn spawn_refresher_from<S: KeySource>(
                         _ = tokio::time::sleep(wait) => {}
                         _ = crate::shutdown::stopped(&mut shutdown) => return,
                     }
-                    let got = source.fetch().await;
+                    // a request stuck on a hanging source ends with the stop too, not up
+                    // to the source's timeout later (installing, after a reload, keys
+                    // its successor has replaced)
+                    let got = tokio::select! {
+                        got = source.fetch() => got,
+                        _ = crate::shutdown::stopped(&mut shutdown) => return,
+                    };
                     let rotation = got.as_ref().map(|k| k.rotation).ok();
                     match install(got, &ticketer, &stats) {
                         Ok(()) => {
