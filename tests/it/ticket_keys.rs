@@ -269,6 +269,22 @@ fn serve_process(dir: &Path, name: &str) -> Qweb {
     Qweb::serve(BIN, &file)
 }
 
+/// SIGTERM to `q`, which must exit successfully within `within` (`what`: the round, for
+/// the messages).
+pub(crate) fn sigterm_exits_within(q: &mut Qweb, what: &str, within: Duration) {
+    let started = Instant::now();
+    q.signal(libc::SIGTERM);
+    let status = q.wait_exit(Duration::from_secs(40));
+    let took = started.elapsed();
+    eprintln!("{what}: SIGTERM to exit {took:?}");
+    assert!(status.success(), "{what}: {status:?}: {:#?}", q.lines());
+    assert!(
+        took < within,
+        "{what}: SIGTERM took {took:?}: {:#?}",
+        q.lines()
+    );
+}
+
 /// SIGTERM with the key server gone (killed, or stopped with SIGSTOP) and nothing in
 /// flight: qweb exits at once, not after `shutdown_timeout` (30 s here). Nothing waits on
 /// the dead key server: not the engine's reconnecting connections, not the ticket-key
@@ -296,17 +312,7 @@ fn sigterm_with_the_key_server_gone_exits_at_once() {
             .sess(&d.join(format!("p{round}-down.sess")), true)
             .run();
         assert!(!run.stdout.contains("hello"), "{}", run.stdout);
-        let started = Instant::now();
-        q.signal(libc::SIGTERM);
-        let status = q.wait_exit(Duration::from_secs(40));
-        let took = started.elapsed();
-        eprintln!("signal {how}: SIGTERM to exit {took:?}");
-        assert!(status.success(), "{status:?}: {:#?}", q.lines());
-        assert!(
-            took < Duration::from_secs(3),
-            "signal {how}: SIGTERM took {took:?}: {:#?}",
-            q.lines()
-        );
+        sigterm_exits_within(&mut q, &format!("signal {how}"), Duration::from_secs(3));
         drop(ks); // SIGKILL (also for a stopped process)
     }
 }
