@@ -15,7 +15,9 @@ use qweb_testkit::process::Qweb;
 use qweb_testkit::redis::RedisServer;
 use qweb_testkit::start_text;
 
-use crate::ticket_keys::{fetches, s_client, setup, shared_after_rotation, sigterm_exits_within};
+use crate::ticket_keys::{
+    fetches, issue, offer, s_client, setup, shared_after_rotation, sigterm_exits_within,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_qweb");
 const SECRET: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
@@ -73,29 +75,14 @@ fn a_ticket_from_node_a_resumes_on_b_and_c_and_not_on_a_node_with_another_secret
     let (b, b_addr) = node(d, &redis, "b", SECRET, "10s");
     let (c, c_addr) = node(d, &redis, "c", SECRET, "10s");
     let (x, x_addr) = node(d, &redis, "x", OTHER, "10s");
-    for tls13 in [false, true] {
-        let f = d.join(format!("{tls13}.sess"));
-        assert!(!s_client(a_addr, tls13, &f, true));
-        assert!(
-            s_client(b_addr, tls13, &f, false),
-            "tls13={tls13}: A's ticket on B"
-        );
-        assert!(
-            s_client(c_addr, tls13, &f, false),
-            "tls13={tls13}: A's ticket on C"
-        );
-        assert!(
-            !s_client(x_addr, tls13, &f, false),
-            "tls13={tls13}: A's ticket on X (another secret)"
-        );
-        // X serves on keys of its own
-        let g = d.join(format!("{tls13}-x.sess"));
-        assert!(!s_client(x_addr, tls13, &g, true));
-        assert!(
-            s_client(x_addr, tls13, &g, false),
-            "tls13={tls13}: X's ticket on X"
-        );
-    }
+    let on = [
+        (b_addr, true, "A's ticket on B"),
+        (c_addr, true, "A's ticket on C"),
+        (x_addr, false, "A's ticket on X (another secret)"),
+    ];
+    issue(d, a_addr, "", &on);
+    // X serves on keys of its own
+    issue(d, x_addr, "-x", &[(x_addr, true, "X's ticket on X")]);
     assert!(
         fetches(&a, "ok") >= 1 && fetches(&b, "ok") >= 1,
         "{}",
@@ -131,24 +118,15 @@ fn with_the_store_killed_nodes_resume_on_their_keys_then_retire_them_by_age() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let issued = Instant::now();
-    for tls13 in [false, true] {
-        let f = d.join(format!("{tls13}.sess"));
-        assert!(!s_client(a_addr, tls13, &f, true));
-    }
+    issue(d, a_addr, "", &[]);
     redis.kill();
     let started = Instant::now();
     while fetches(&b, "failed") == 0 && started.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(fetches(&b, "failed") >= 1, "{}", metrics::of(&b));
-    for tls13 in [false, true] {
-        // the keys they have: A's ticket resumes on B with the store gone
-        let f = d.join(format!("{tls13}.sess"));
-        assert!(
-            s_client(b_addr, tls13, &f, false),
-            "tls13={tls13}: store down"
-        );
-    }
+    // the keys they have: A's ticket resumes on B with the store gone
+    offer(d, "", &[(b_addr, true, "store down")]);
     assert!(
         issued.elapsed() < Duration::from_secs(5),
         "too slow for this test's timeline"
@@ -156,20 +134,13 @@ fn with_the_store_killed_nodes_resume_on_their_keys_then_retire_them_by_age() {
     std::thread::sleep(
         (issued + Duration::from_millis(6_500)).saturating_duration_since(Instant::now()),
     );
-    for tls13 in [false, true] {
-        let f = d.join(format!("{tls13}.sess"));
-        assert!(
-            !s_client(b_addr, tls13, &f, false),
-            "tls13={tls13}: a ticket past its key's two periods resumed"
-        );
-        // still serving, on local keys
-        let g = d.join(format!("{tls13}-local.sess"));
-        assert!(!s_client(b_addr, tls13, &g, true));
-        assert!(
-            s_client(b_addr, tls13, &g, false),
-            "tls13={tls13}: local ticket"
-        );
-    }
+    offer(
+        d,
+        "",
+        &[(b_addr, false, "a ticket past its key's two periods")],
+    );
+    // still serving, on local keys
+    issue(d, b_addr, "-local", &[(b_addr, true, "local ticket")]);
     assert!(
         issued.elapsed() < Duration::from_secs(8),
         "too slow: the lifetime hint ran out"
@@ -192,19 +163,12 @@ fn a_tampered_ring_is_refused_counted_and_left_alone() {
     let (b, b_addr) = node(d, &redis, "b", SECRET, "10s");
     assert!(fetches(&a, "refused") >= 1, "{}", metrics::of(&a));
     assert_eq!(fetches(&a, "ok"), 0);
-    for tls13 in [false, true] {
-        let f = d.join(format!("{tls13}.sess"));
-        assert!(!s_client(a_addr, tls13, &f, true));
-        // no shared keys: B does not take A's ticket, A does (its own keys)
-        assert!(
-            !s_client(b_addr, tls13, &f, false),
-            "tls13={tls13}: shared from garbage"
-        );
-        assert!(
-            s_client(a_addr, tls13, &f, false),
-            "tls13={tls13}: A's own keys"
-        );
-    }
+    // no shared keys: B does not take A's ticket, A does (its own keys)
+    let on = [
+        (b_addr, false, "shared from garbage"),
+        (a_addr, true, "A's own keys"),
+    ];
+    issue(d, a_addr, "", &on);
     std::thread::sleep(Duration::from_millis(1_500));
     assert!(fetches(&b, "refused") >= 2, "{}", metrics::of(&b));
     // nobody overwrote it with a ring of its own
