@@ -6,6 +6,7 @@ mod access_log;
 mod acme;
 mod cli;
 mod config_files;
+mod fleet_tickets;
 mod idle_memory;
 mod keyserver;
 mod module_cycles;

@@ -18,7 +18,7 @@ use qweb_testkit::start_text;
 const BIN: &str = env!("CARGO_BIN_EXE_qweb");
 
 /// A certificate for localhost, a key for the key server, a site.
-fn setup() -> tempfile::TempDir {
+pub(crate) fn setup() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
@@ -79,7 +79,7 @@ fn serve(dir: &Path, name: &str, fleet: bool) -> (RunningServer, SocketAddr) {
 
 /// One `openssl s_client` connection (TLS 1.2 or 1.3) that sends a request and reads the
 /// whole answer; true when the session was resumed.
-fn s_client(addr: SocketAddr, tls13: bool, sess: &Path, save: bool) -> bool {
+pub(crate) fn s_client(addr: SocketAddr, tls13: bool, sess: &Path, save: bool) -> bool {
     let v = if tls13 {
         TlsVersion::V13
     } else {
@@ -92,7 +92,56 @@ fn s_client(addr: SocketAddr, tls13: bool, sess: &Path, save: bool) -> bool {
         .resumed()
 }
 
-fn fetches(server: &RunningServer, result: &str) -> u64 {
+/// For TLS 1.2 and 1.3: the tickets saved in `dir` as `{tls13}{tag}.sess` offered to each
+/// node of `on`, `(node, whether it must resume them, what is checked)`.
+pub(crate) fn offer(dir: &Path, tag: &str, on: &[(SocketAddr, bool, &str)]) {
+    for tls13 in [false, true] {
+        let f = dir.join(format!("{tls13}{tag}.sess"));
+        for &(node, resumes, what) in on {
+            assert_eq!(
+                s_client(node, tls13, &f, false),
+                resumes,
+                "tls13={tls13}: {what}"
+            );
+        }
+    }
+}
+
+/// For TLS 1.2 and 1.3: a full handshake with `from`, its ticket saved in `dir` as
+/// `{tls13}{tag}.sess`, then [`offer`]ed to `on`.
+pub(crate) fn issue(dir: &Path, from: SocketAddr, tag: &str, on: &[(SocketAddr, bool, &str)]) {
+    for tls13 in [false, true] {
+        let f = dir.join(format!("{tls13}{tag}.sess"));
+        assert!(
+            !s_client(from, tls13, &f, true),
+            "tls13={tls13}: a first handshake resumed"
+        );
+    }
+    offer(dir, tag, on);
+}
+
+/// Two nodes sharing keys that rotate every `period` (from `t0`, tickets saved in `dir` by
+/// the first period as `{tls13}.sess`): past the rotation the old tickets still resume on
+/// `b` (the previous key), and a new ticket from `b` resumes on `a`.
+pub(crate) fn shared_after_rotation(
+    dir: &Path,
+    t0: Instant,
+    period: Duration,
+    b: SocketAddr,
+    a: SocketAddr,
+) {
+    assert!(
+        t0.elapsed() < period,
+        "the machine is too slow for this test's timeline"
+    );
+    std::thread::sleep(
+        (t0 + period + Duration::from_millis(1_000)).saturating_duration_since(Instant::now()),
+    );
+    offer(dir, "", &[(b, true, "after rotation")]);
+    issue(dir, b, "-2", &[(a, true, "B's new ticket on A")]);
+}
+
+pub(crate) fn fetches(server: &RunningServer, result: &str) -> u64 {
     let m = metrics::of(server);
     let v = m
         .matching("qweb_tls_ticket_key_fetches_total", &[("result", result)])
@@ -112,40 +161,14 @@ fn a_ticket_from_node_a_resumes_on_node_b_through_the_key_server() {
     let (a, a_addr) = serve(d, "a", true);
     let (b, b_addr) = serve(d, "b", true);
     let (c, c_addr) = serve(d, "c", false);
-    for tls13 in [false, true] {
-        let f = d.join(format!("{tls13}.sess"));
-        assert!(!s_client(a_addr, tls13, &f, true));
-        assert!(
-            s_client(b_addr, tls13, &f, false),
-            "tls13={tls13}: A's ticket on B"
-        );
-        assert!(
-            !s_client(c_addr, tls13, &f, false),
-            "tls13={tls13}: A's ticket on C (local keys)"
-        );
-    }
-    assert!(
-        t0.elapsed() < Duration::from_secs(10),
-        "the machine is too slow for this test's timeline"
-    );
+    let on = [
+        (b_addr, true, "A's ticket on B"),
+        (c_addr, false, "A's ticket on C (local keys)"),
+    ];
+    issue(d, a_addr, "", &on);
     // past a rotation: the nodes switched keys together; the old tickets still resume
     // (previous key) and new ones are shared too
-    std::thread::sleep(
-        (t0 + Duration::from_millis(10_500)).saturating_duration_since(Instant::now()),
-    );
-    for tls13 in [false, true] {
-        let f = d.join(format!("{tls13}.sess"));
-        assert!(
-            s_client(b_addr, tls13, &f, false),
-            "tls13={tls13}: after rotation"
-        );
-        let g = d.join(format!("{tls13}-2.sess"));
-        assert!(!s_client(b_addr, tls13, &g, true));
-        assert!(
-            s_client(a_addr, tls13, &g, false),
-            "tls13={tls13}: B's new ticket on A"
-        );
-    }
+    shared_after_rotation(d, t0, Duration::from_secs(10), b_addr, a_addr);
     assert!(t0.elapsed() < Duration::from_secs(20));
     assert!(fetches(&a, "ok") >= 2, "{}", metrics::of(&a));
     assert_eq!(fetches(&a, "failed"), 0);
@@ -163,11 +186,7 @@ fn with_the_key_server_down_handshakes_go_on_and_old_tickets_resume() {
     let mut ks = Keyserver::start(d, "20s");
     let (a, a_addr) = serve(d, "a", true);
     let (b, b_addr) = serve(d, "b", true);
-    for tls13 in [false, true] {
-        let f = d.join(format!("{tls13}.sess"));
-        assert!(!s_client(a_addr, tls13, &f, true));
-        assert!(s_client(b_addr, tls13, &f, false));
-    }
+    issue(d, a_addr, "", &[(b_addr, true, "A's ticket on B")]);
     ks.kill();
     // wait for a failed refresh (at most 10 s)
     let started = Instant::now();
@@ -175,21 +194,10 @@ fn with_the_key_server_down_handshakes_go_on_and_old_tickets_resume() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(fetches(&a, "failed") >= 1, "{}", metrics::of(&a));
-    for tls13 in [false, true] {
-        // full handshakes still work
-        let g = d.join(format!("{tls13}-down.sess"));
-        assert!(!s_client(b_addr, tls13, &g, true));
-        // and tickets from before (and from now) keep resuming across nodes
-        let f = d.join(format!("{tls13}.sess"));
-        assert!(
-            s_client(b_addr, tls13, &f, false),
-            "tls13={tls13}: old ticket"
-        );
-        assert!(
-            s_client(a_addr, tls13, &g, false),
-            "tls13={tls13}: new ticket"
-        );
-    }
+    // full handshakes still work, and tickets from before (and from now) keep resuming
+    // across nodes
+    issue(d, b_addr, "-down", &[(a_addr, true, "new ticket")]);
+    offer(d, "", &[(b_addr, true, "old ticket")]);
     // a node that starts while the key server is down still serves (local keys)
     let (c, c_addr) = serve(d, "c", true);
     let h = d.join("c.sess");
@@ -214,26 +222,14 @@ fn with_the_key_server_down_fleet_tickets_expire_after_two_periods() {
     let mut ks = Keyserver::start(d, "2s");
     let (a, a_addr) = serve(d, "a", true);
     let issued = Instant::now();
-    for tls13 in [false, true] {
-        let f = d.join(format!("{tls13}.sess"));
-        assert!(!s_client(a_addr, tls13, &f, true));
-        assert!(s_client(a_addr, tls13, &f, false), "tls13={tls13}: fresh");
-    }
+    issue(d, a_addr, "", &[(a_addr, true, "fresh")]);
     ks.kill();
     std::thread::sleep(
         (issued + Duration::from_millis(5_000)).saturating_duration_since(Instant::now()),
     );
-    for tls13 in [false, true] {
-        let f = d.join(format!("{tls13}.sess"));
-        assert!(
-            !s_client(a_addr, tls13, &f, false),
-            "tls13={tls13}: a ticket older than two periods resumed"
-        );
-        // still serving: full handshakes, and their tickets resume here
-        let g = d.join(format!("{tls13}-local.sess"));
-        assert!(!s_client(a_addr, tls13, &g, true));
-        assert!(s_client(a_addr, tls13, &g, false), "tls13={tls13}: new");
-    }
+    offer(d, "", &[(a_addr, false, "a ticket older than two periods")]);
+    // still serving: full handshakes, and their tickets resume here
+    issue(d, a_addr, "-local", &[(a_addr, true, "new")]);
     assert!(fetches(&a, "failed") >= 1, "{}", metrics::of(&a));
     a.shutdown();
 }
@@ -254,6 +250,22 @@ fn serve_process(dir: &Path, name: &str) -> Qweb {
     );
     let file = qweb_testkit::process::write_file(dir, &format!("{name}.toml"), &text);
     Qweb::serve(BIN, &file)
+}
+
+/// SIGTERM to `q`, which must exit successfully within `within` (`what`: the round, for
+/// the messages).
+pub(crate) fn sigterm_exits_within(q: &mut Qweb, what: &str, within: Duration) {
+    let started = Instant::now();
+    q.signal(libc::SIGTERM);
+    let status = q.wait_exit(Duration::from_secs(40));
+    let took = started.elapsed();
+    eprintln!("{what}: SIGTERM to exit {took:?}");
+    assert!(status.success(), "{what}: {status:?}: {:#?}", q.lines());
+    assert!(
+        took < within,
+        "{what}: SIGTERM took {took:?}: {:#?}",
+        q.lines()
+    );
 }
 
 /// SIGTERM with the key server gone (killed, or stopped with SIGSTOP) and nothing in
@@ -283,17 +295,7 @@ fn sigterm_with_the_key_server_gone_exits_at_once() {
             .sess(&d.join(format!("p{round}-down.sess")), true)
             .run();
         assert!(!run.stdout.contains("hello"), "{}", run.stdout);
-        let started = Instant::now();
-        q.signal(libc::SIGTERM);
-        let status = q.wait_exit(Duration::from_secs(40));
-        let took = started.elapsed();
-        eprintln!("signal {how}: SIGTERM to exit {took:?}");
-        assert!(status.success(), "{status:?}: {:#?}", q.lines());
-        assert!(
-            took < Duration::from_secs(3),
-            "signal {how}: SIGTERM took {took:?}: {:#?}",
-            q.lines()
-        );
+        sigterm_exits_within(&mut q, &format!("signal {how}"), Duration::from_secs(3));
         drop(ks); // SIGKILL (also for a stopped process)
     }
 }

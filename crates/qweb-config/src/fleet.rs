@@ -30,6 +30,47 @@ pub struct FleetConfig {
     /// The longest wait for one answer of the store or for a connection to it (default
     /// [`DEFAULT_FLEET_TIMEOUT`]).
     pub timeout: Duration,
+    /// `secret`: what the key material the nodes put in the store is encrypted with (its
+    /// bytes, from 64 or more hex characters); `None`: no key material goes through the store.
+    pub secret: Option<FleetSecret>,
+}
+
+/// The fleet's secret: at least 32 bytes, written as hex (`openssl rand -hex 32`). Shown
+/// as `***`, wiped when dropped.
+#[derive(Clone, PartialEq, Eq)]
+pub struct FleetSecret(zeroize::Zeroizing<Vec<u8>>);
+
+impl FleetSecret {
+    /// Fewest bytes of a secret.
+    pub const MIN_LEN: usize = 32;
+
+    /// The secret written in hex (at least [`Self::MIN_LEN`] bytes), or why not.
+    pub fn from_hex(text: &str) -> Result<FleetSecret, &'static str> {
+        let t = text.trim().as_bytes();
+        if !t.len().is_multiple_of(2) || t.len() < 2 * Self::MIN_LEN {
+            return Err("64 or more hex characters (32 bytes or more: `openssl rand -hex 32`)");
+        }
+        let nibble = |c: u8| (c as char).to_digit(16);
+        let mut out = zeroize::Zeroizing::new(Vec::with_capacity(t.len() / 2));
+        for pair in t.chunks_exact(2) {
+            match (nibble(pair[0]), nibble(pair[1])) {
+                (Some(h), Some(l)) => out.push((h * 16 + l) as u8),
+                _ => return Err("hex characters only (0-9, a-f)"),
+            }
+        }
+        Ok(FleetSecret(out))
+    }
+
+    /// The secret's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for FleetSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
 }
 
 impl FleetConfig {
@@ -40,6 +81,7 @@ impl FleetConfig {
             node_name: node_name.into(),
             key_prefix: DEFAULT_FLEET_KEY_PREFIX.to_owned(),
             timeout: DEFAULT_FLEET_TIMEOUT,
+            secret: None,
         }
     }
 
@@ -57,6 +99,7 @@ pub(crate) struct RawFleet {
     pub node_name: Option<Spanned<String>>,
     pub key_prefix: Option<Spanned<String>>,
     pub timeout: Option<Dur>,
+    pub secret: Option<Spanned<String>>,
 }
 
 /// The host name (`/proc/sys/kernel/hostname`, then `$HOSTNAME`), else `qweb-PID`.
@@ -165,11 +208,19 @@ impl Validator<'_> {
                 "must be between 1ms and 30s",
             ));
         }
+        let secret = match &raw.secret {
+            Some(s) => Some(
+                FleetSecret::from_hex(s.get_ref())
+                    .map_err(|m| self.err(Some(s.span()), "fleet.secret", m))?,
+            ),
+            None => None,
+        };
         Ok(Some(FleetConfig {
             store,
             node_name,
             key_prefix,
             timeout,
+            secret,
         }))
     }
 }

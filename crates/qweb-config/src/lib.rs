@@ -51,7 +51,7 @@ pub use compression::CompressionConfig;
 pub use error::ConfigError;
 pub use file_cache::FileCacheConfig;
 pub use fleet::{
-    default_node_name, FleetConfig, DEFAULT_FLEET_KEY_PREFIX, DEFAULT_FLEET_TIMEOUT,
+    default_node_name, FleetConfig, FleetSecret, DEFAULT_FLEET_KEY_PREFIX, DEFAULT_FLEET_TIMEOUT,
     MAX_FLEET_TIMEOUT,
 };
 pub use forward_auth::{
@@ -316,6 +316,7 @@ impl Validator<'_> {
         let cache = self.cache(&raw.cache, &state_dir)?;
         let admin_limits = self.admin_limits(raw.admin.as_ref())?;
         let fleet = self.fleet(raw.fleet.as_ref())?;
+        self.fleet_ticket_keys(&listeners, fleet.as_ref())?;
         Ok(Config {
             source: self.file.map(absolute),
             files: self.sources.paths().iter().map(|p| absolute(p)).collect(),

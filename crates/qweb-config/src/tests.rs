@@ -367,3 +367,52 @@ fn fleet_defaults_keys_and_bad_values() {
     let e = err("[fleet]\nnode_name = \"a\"\n");
     assert!(e.contains("store"), "{e}");
 }
+
+#[test]
+fn fleet_ticket_keys_need_a_fleet_with_a_secret() {
+    const TLS: &str = "[[listener]]\naddress = \"127.0.0.1:0\"\n[listener.tls]\nself_signed = true\nticket_keys = \"fleet\"\n";
+    let hex = "ab".repeat(32);
+    let e = err(TLS);
+    assert!(e.contains("key `listener[0].tls.ticket_keys`"), "{e}");
+    assert!(
+        e.contains("needs a `[fleet]` section with a `secret`"),
+        "{e}"
+    );
+    let e = err(&format!("{TLS}[fleet]\nstore = \"redis://h\"\n"));
+    assert!(
+        e.contains("key `listener[0].tls.ticket_keys`") && e.contains("fleet.secret"),
+        "{e}"
+    );
+    let e = err(&format!(
+        "{TLS}[fleet]\nstore = \"redis://h\"\nsecret = \"{}\"\n",
+        &hex[..62]
+    ));
+    assert!(
+        e.contains(":8:10: key `fleet.secret`") && e.contains("64 or more hex"),
+        "{e}"
+    );
+    let e = err(&format!(
+        "{TLS}[fleet]\nstore = \"redis://h\"\nsecret = \"{}zz\"\n",
+        &hex[..62]
+    ));
+    assert!(
+        e.contains("key `fleet.secret`") && e.contains("hex characters only"),
+        "{e}"
+    );
+    let c = parse(&format!(
+        "{TLS}[fleet]\nstore = \"redis://h\"\nsecret = \"{hex}\"\n"
+    ))
+    .unwrap();
+    assert_eq!(c.listeners[0].session.ticket_keys, crate::TicketKeys::Fleet);
+    let f = c.fleet.unwrap();
+    let s = f.secret.as_ref().unwrap();
+    assert_eq!(s.bytes(), &[0xab; 32][..]);
+    // never shown
+    assert!(!format!("{f:?}").contains(&hex[..8]), "{f:?}");
+    // a secret alone is fine (no ticket keys through the store)
+    let c = parse(&format!(
+        "[fleet]\nstore = \"redis://h\"\nsecret = \"{hex}\"\n"
+    ))
+    .unwrap();
+    assert!(c.fleet.unwrap().secret.is_some());
+}

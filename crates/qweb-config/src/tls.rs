@@ -75,6 +75,8 @@ pub enum TicketKeys {
     File(PathBuf),
     /// The fleet's keys from the key servers of this `kind = "keyserver"` engine.
     Keyserver(String),
+    /// The fleet's keys from the fleet's store (`[fleet]`, encrypted with its `secret`).
+    Fleet,
 }
 
 impl Validator<'_> {
@@ -164,6 +166,10 @@ impl Validator<'_> {
         engines: &OffloadConfig,
     ) -> Result<TicketKeys, ConfigError> {
         let v = tk.get_ref().trim();
+        if v == "fleet" {
+            // `[fleet]` and its secret are checked once the whole file is read
+            return Ok(TicketKeys::Fleet);
+        }
         if let Some(name) = v.strip_prefix("keyserver:") {
             return match engines.engines.iter().find(|e| e.name == name) {
                 Some(e) if matches!(e.kind, EngineKind::Keyserver(_)) => {
@@ -185,7 +191,7 @@ impl Validator<'_> {
             return Err(self.err(
                 Some(tk.span()),
                 key,
-                "a key file path, or \"keyserver:ENGINE\"",
+                "a key file path, \"keyserver:ENGINE\" or \"fleet\"",
             ));
         }
         let path = self.path(std::path::Path::new(v), tk.span());
@@ -199,6 +205,32 @@ impl Validator<'_> {
         qweb_tls::ticket::parse_key_file(&bytes)
             .map_err(|e| self.err(Some(tk.span()), key, format!("{}: {e}", path.display())))?;
         Ok(TicketKeys::File(path))
+    }
+}
+
+impl Validator<'_> {
+    /// `ticket_keys = "fleet"` needs `[fleet]` with a `secret`.
+    pub(super) fn fleet_ticket_keys(
+        &self,
+        listeners: &[super::ListenerConfig],
+        fleet: Option<&super::FleetConfig>,
+    ) -> Result<(), ConfigError> {
+        if fleet.is_some_and(|f| f.secret.is_some()) {
+            return Ok(());
+        }
+        let Some(i) = listeners
+            .iter()
+            .position(|l| l.session.ticket_keys == TicketKeys::Fleet)
+        else {
+            return Ok(());
+        };
+        let key = format!("listener[{i}].tls.ticket_keys");
+        let why = if fleet.is_none() {
+            "`ticket_keys = \"fleet\"` needs a `[fleet]` section with a `secret`"
+        } else {
+            "`ticket_keys = \"fleet\"` needs `fleet.secret` (the keys are encrypted in the store)"
+        };
+        Err(self.err(self.span_of_key(&key), key, why))
     }
 }
 

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use qweb_tls::{FleetKeys, TicketKeyMaterial, Ticketer};
+use qweb_tls::{FleetKeys, Ticketer};
 use tokio::sync::watch;
 
 use crate::client::{ClientConfig, ClientError};
@@ -29,9 +29,7 @@ pub struct TicketKeyRing {
 }
 
 struct Ring {
-    previous: Option<TicketKeyMaterial>,
-    current: TicketKeyMaterial,
-    next: TicketKeyMaterial,
+    keys: FleetKeys,
     current_since: Instant,
 }
 
@@ -49,9 +47,7 @@ impl TicketKeyRing {
         Ok(TicketKeyRing {
             rotation: rotation.max(Duration::from_secs(1)),
             state: Mutex::new(Ring {
-                previous: None,
-                current: TicketKeyMaterial::random()?,
-                next: TicketKeyMaterial::random()?,
+                keys: FleetKeys::random(rotation.max(Duration::from_secs(1)))?,
                 current_since: Instant::now(),
             }),
         })
@@ -61,31 +57,10 @@ impl TicketKeyRing {
     pub fn snapshot(&self) -> Result<FleetKeys, qweb_tls::ticket::TicketError> {
         let mut r = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
-        let mut turns = 0;
-        while now.duration_since(r.current_since) >= self.rotation {
-            turns += 1;
-            if turns > 2 {
-                // idle for more than two periods: nothing from before is worth keeping
-                r.previous = None;
-                r.current = TicketKeyMaterial::random()?;
-                r.next = TicketKeyMaterial::random()?;
-                r.current_since = now;
-                break;
-            }
-            let next = std::mem::replace(&mut r.next, TicketKeyMaterial::random()?);
-            let old = std::mem::replace(&mut r.current, next);
-            r.previous = Some(old);
-            r.current_since += self.rotation;
-        }
-        let age = now.duration_since(r.current_since);
-        Ok(FleetKeys {
-            previous: r.previous.clone(),
-            current: r.current.clone(),
-            next: r.next.clone(),
-            next_in: self.rotation.saturating_sub(age),
-            current_age: age,
-            rotation: self.rotation,
-        })
+        r.keys.current_age = now.duration_since(r.current_since);
+        r.keys.advance()?;
+        r.current_since = now.checked_sub(r.keys.current_age).unwrap_or(now);
+        Ok(r.keys.clone())
     }
 }
 
@@ -114,8 +89,11 @@ async fn fetch_any(cfg: &ClientConfig) -> Result<FleetKeys, String> {
 pub struct FetchStats {
     /// Successful fetches.
     pub ok: AtomicU64,
-    /// Failed fetches (no key server answered).
+    /// Failed fetches (no key server answered, the store down).
     pub failed: AtomicU64,
+    /// Values refused (the fleet's store: not decryptable with this node's secret, or
+    /// tampered with).
+    pub refused: AtomicU64,
 }
 
 /// One fetch at start, on a runtime of its own (qweb is not running yet). On failure the
@@ -125,11 +103,20 @@ pub fn fetch_blocking(
     ticketer: &Ticketer,
     stats: &FetchStats,
 ) -> Result<(), String> {
+    fetch_blocking_from(&mut Keyservers(cfg.clone()), ticketer, stats)
+}
+
+/// [`fetch_blocking`] from any [`KeySource`].
+pub fn fetch_blocking_from<S: KeySource>(
+    source: &mut S,
+    ticketer: &Ticketer,
+    stats: &FetchStats,
+) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    let keys = rt.block_on(fetch_any(cfg));
+    let keys = rt.block_on(source.fetch());
     install(keys, ticketer, stats)
 }
 
@@ -155,10 +142,47 @@ fn install(
     }
 }
 
-/// Keeps `ticketer` on the fleet's keys until `shutdown`; a thread of its own.
+/// Where a refresher gets the fleet's keys: the key servers of an engine, or the fleet's
+/// store (the server's `ticket_keys = "fleet"`).
+pub trait KeySource: Send + 'static {
+    /// The refresher's warning when the keys stop coming (`"no key server answers"`): the
+    /// line operators and tests look for, so each source keeps its own.
+    const DOWN: &'static str;
+    /// Its note when they come again (`"the key server answers again"`).
+    const BACK: &'static str;
+    /// The keys now, or why there are none.
+    fn fetch(&mut self) -> impl std::future::Future<Output = Result<FleetKeys, String>>;
+}
+
+/// The key servers of an engine, in order, as a [`KeySource`].
+pub struct Keyservers(pub ClientConfig);
+
+impl KeySource for Keyservers {
+    const DOWN: &'static str = "no key server answers";
+    const BACK: &'static str = "the key server answers again";
+    async fn fetch(&mut self) -> Result<FleetKeys, String> {
+        fetch_any(&self.0).await
+    }
+}
+
+/// Keeps `ticketer` on the fleet's keys from the key servers of `cfg` until `shutdown`; a
+/// thread of its own.
 pub fn spawn_refresher(
     name: String,
     cfg: ClientConfig,
+    ticketer: Arc<Ticketer>,
+    stats: Arc<FetchStats>,
+    shutdown: watch::Receiver<bool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    spawn_refresher_from(name, Keyservers(cfg), ticketer, stats, shutdown)
+}
+
+/// Keeps `ticketer` on the keys of `source` until `shutdown`, on a thread of its own (one
+/// current-thread runtime): asked every quarter period (1 s to 5 min), every second while
+/// it fails; while it fails the ticketer keeps its last keys and retires them by age.
+pub fn spawn_refresher_from<S: KeySource>(
+    name: String,
+    mut source: S,
     ticketer: Arc<Ticketer>,
     stats: Arc<FetchStats>,
     mut shutdown: watch::Receiver<bool>,
@@ -184,12 +208,18 @@ pub fn spawn_refresher(
                         _ = tokio::time::sleep(wait) => {}
                         _ = crate::shutdown::stopped(&mut shutdown) => return,
                     }
-                    let got = fetch_any(&cfg).await;
+                    // a request stuck on a hanging source ends with the stop too, not up
+                    // to the source's timeout later (installing, after a reload, keys
+                    // its successor has replaced)
+                    let got = tokio::select! {
+                        got = source.fetch() => got,
+                        _ = crate::shutdown::stopped(&mut shutdown) => return,
+                    };
                     let rotation = got.as_ref().map(|k| k.rotation).ok();
                     match install(got, &ticketer, &stats) {
                         Ok(()) => {
                             if !healthy {
-                                tracing::info!(engine = %name, "ticket keys: the key server answers again");
+                                tracing::info!(source = %name, "ticket keys: {}", S::BACK);
                             }
                             healthy = true;
                             let every = rotation.unwrap_or(Duration::from_secs(4)) / 4;
@@ -197,7 +227,7 @@ pub fn spawn_refresher(
                         }
                         Err(e) => {
                             if healthy {
-                                tracing::warn!(engine = %name, "ticket keys: no key server answers ({e}); resuming with the last keys for their time");
+                                tracing::warn!(source = %name, "ticket keys: {} ({e}); resuming with the last keys for their time", S::DOWN);
                             }
                             healthy = false;
                             wait = Duration::from_secs(1);

@@ -226,6 +226,43 @@ pub struct FleetKeys {
     pub rotation: Duration,
 }
 
+impl FleetKeys {
+    /// A new ring: a random current and next key, no previous one, rotated every
+    /// `rotation`.
+    pub fn random(rotation: Duration) -> Result<FleetKeys, TicketError> {
+        Ok(FleetKeys {
+            previous: None,
+            current: TicketKeyMaterial::random()?,
+            next: TicketKeyMaterial::random()?,
+            next_in: rotation,
+            current_age: Duration::ZERO,
+            rotation,
+        })
+    }
+
+    /// Rotates a ring whose `current_age` has grown (the one place a ring rotates: the key
+    /// server's, and the fleet store's): every period over, the next key encrypts, the
+    /// current one becomes the previous, a random one is the next; after more than two
+    /// periods idle nothing from before is kept (a new ring, age zero). Sets `next_in`.
+    pub fn advance(&mut self) -> Result<(), TicketError> {
+        let rotation = self.rotation.max(Duration::from_secs(1));
+        let mut turns = 0;
+        while self.current_age >= rotation {
+            turns += 1;
+            if turns > 2 {
+                *self = FleetKeys::random(rotation)?;
+                break;
+            }
+            let next = std::mem::replace(&mut self.next, TicketKeyMaterial::random()?);
+            let old = std::mem::replace(&mut self.current, next);
+            self.previous = Some(old);
+            self.current_age -= rotation;
+        }
+        self.next_in = rotation.saturating_sub(self.current_age);
+        Ok(())
+    }
+}
+
 /// Where the keys come from now.
 enum Mode {
     /// Random keys, a new one every period.

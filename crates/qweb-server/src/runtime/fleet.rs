@@ -10,6 +10,9 @@
 //!   written every [`HEARTBEAT_EVERY`] with a time to live of [`HEARTBEAT_TTL`];
 //! - `{prefix}purge`: the purge channel, JSON `{kind: "url"|"prefix", value, origin}` (the
 //!   value is the cache key, as the admin listener normalised it).
+//! - `{prefix}tickets:{ms}` and `{prefix}tickets:{ms}:lock`: the ticket key rings of
+//!   `ticket_keys = "fleet"` listeners, read and rotated by their own refresher threads
+//!   (`runtime::tls::fleet_tickets`), not by this client.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -3,6 +3,7 @@
 //! and certificates ordered and renewed from an ACME CA (`acme`).
 
 pub(crate) mod acme;
+pub(crate) mod fleet_tickets;
 pub(crate) mod keyserver;
 pub(crate) mod ocsp_fetch;
 pub(crate) mod session;

@@ -42,6 +42,12 @@ pub(crate) enum Refresher {
         Arc<Ticketer>,
         Arc<qweb_keyserver::tickets::FetchStats>,
     ),
+    /// Fleet keys from the fleet's store.
+    FleetRing(
+        Box<crate::runtime::tls::fleet_tickets::FleetRing>,
+        Arc<Ticketer>,
+        Arc<qweb_keyserver::tickets::FetchStats>,
+    ),
     /// An OCSP response file.
     Ocsp(PathBuf, Arc<qweb_tls::ocsp::OcspStaple>),
     /// OCSP responses fetched from the certificate's responder.
@@ -53,6 +59,7 @@ pub(crate) enum Refresher {
 enum Refresh {
     File(PathBuf),
     Keyserver(String, qweb_keyserver::client::ClientConfig),
+    FleetRing(Box<crate::runtime::tls::fleet_tickets::FleetRing>),
 }
 
 /// Staples the OCSP response files of `list` onto `certs` (same order). A response that
@@ -170,6 +177,38 @@ pub(crate) fn setup(
                 refresh = Some(Refresh::Keyserver(engine.clone(), client));
                 t
             }
+            TicketKeys::Fleet => {
+                let stats = Arc::new(qweb_keyserver::tickets::FetchStats::default());
+                let mut ring = config
+                    .fleet
+                    .as_ref()
+                    .and_then(|f| {
+                        crate::runtime::tls::fleet_tickets::FleetRing::new(
+                            f,
+                            s.ticket_rotation,
+                            stats.clone(),
+                        )
+                    })
+                    .ok_or_else(
+                        || bad("`ticket_keys = \"fleet\"`: no `fleet.secret`, or `fleet.store` is not usable".into()),
+                    )?;
+                // local keys until the fleet's arrive, as with a key server
+                let t = match kept_ticketer {
+                    Some(t) => t,
+                    None => Ticketer::local(s.ticket_rotation).map_err(|e| bad(e.to_string()))?,
+                };
+                if let Err(e) = qweb_keyserver::tickets::fetch_blocking_from(&mut ring, &t, &stats)
+                {
+                    tracing::warn!(
+                        "ticket keys: not from the fleet's store ({e}); local keys until they are"
+                    );
+                }
+                // that connection lived on the start's runtime
+                ring.disconnect();
+                out.fetch = Some(stats);
+                refresh = Some(Refresh::FleetRing(Box::new(ring)));
+                t
+            }
         };
         out.ticketer = Some(ticketer);
     }
@@ -191,6 +230,11 @@ pub(crate) fn setup(
         (Some(Refresh::Keyserver(e, c)), Some(t)) => Some(Refresher::Keyserver(
             e,
             c,
+            t.clone(),
+            out.fetch.clone().unwrap_or_default(),
+        )),
+        (Some(Refresh::FleetRing(r)), Some(t)) => Some(Refresher::FleetRing(
+            r,
             t.clone(),
             out.fetch.clone().unwrap_or_default(),
         )),
@@ -245,6 +289,15 @@ pub(crate) fn spawn(
                 .spawn(move || crate::runtime::tls::acme::run(*job, rx)),
             Refresher::Keyserver(engine, client, ticketer, fetch) => {
                 qweb_keyserver::tickets::spawn_refresher(engine, client, ticketer, fetch, rx)
+            }
+            Refresher::FleetRing(ring, ticketer, fetch) => {
+                qweb_keyserver::tickets::spawn_refresher_from(
+                    "fleet".into(),
+                    *ring,
+                    ticketer,
+                    fetch,
+                    rx,
+                )
             }
         };
         threads.push(t.map_err(ServerError::Thread)?);
@@ -374,13 +427,18 @@ impl prometheus_client::collector::Collector for TlsSessionsCollector {
         }
         let mut f = encoder.encode_descriptor(
             "qweb_tls_ticket_key_fetches",
-            "Fleet ticket key fetches from the key server, by result.",
+            "Fleet ticket key fetches (from the key server or the fleet's store), by result.",
             None,
             MetricType::Counter,
         )?;
         for (label, s) in sessions.iter() {
             if let Some(fetch) = &s.fetch {
-                for (result, n) in [("ok", &fetch.ok), ("failed", &fetch.failed)] {
+                let results = [
+                    ("ok", &fetch.ok),
+                    ("failed", &fetch.failed),
+                    ("refused", &fetch.refused),
+                ];
+                for (result, n) in results {
                     let labels = [("listener", label.as_str()), ("result", result)];
                     ConstCounter::new(n.load(Relaxed)).encode(f.encode_family(&labels)?)?;
                 }
