@@ -294,11 +294,15 @@ impl Runner {
                     _ => "n/a: nginx's HTTP/3 is not configured here".into(),
                 };
                 set(&mut kinds, 1, Err(nginx));
-                let h2o = match &self.h2o {
-                    Ok(i) if i.version_text.contains("version 2.2") => format!(
-                        "n/a: {} has no HTTP/3 (it came in 2.3)",
-                        i.version_text.lines().next().unwrap_or("h2o 2.2").trim()
-                    ),
+                let h2o_version = self
+                    .h2o
+                    .as_ref()
+                    .ok()
+                    .and_then(|i| crate::peers::h2o::parse_version(&i.version_text));
+                let h2o = match h2o_version {
+                    Some(v) if ["2.0", "2.1", "2.2"].iter().any(|p| v.starts_with(p)) => {
+                        format!("n/a: h2o {v} has no HTTP/3 (it came in 2.3)")
+                    }
                     _ => "n/a: h2o's HTTP/3 is not configured here".into(),
                 };
                 set(&mut kinds, 2, Err(h2o));
@@ -970,5 +974,36 @@ impl Runner {
                 .into(),
         );
         self.section(t, None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_run_against_their_setup() {
+        assert_eq!(Load::WrkTls("1k.bin", 32).setup(), Setup::Plain);
+        assert_eq!(Load::Handshakes("1k.bin", 2000).setup(), Setup::Plain);
+        assert_eq!(Load::WrkGzip("page.html", 16).setup(), Setup::Gzip);
+        assert_eq!(Load::H3("1k.bin", 8, 16).setup(), Setup::Http3);
+        assert_eq!(Load::H3("1k.bin", 8, 16).file(), "1k.bin");
+        assert!(Load::Handshakes("1k.bin", 2000)
+            .title()
+            .contains("h2load --h1 -t1 -n2000 -c2000"));
+    }
+
+    #[test]
+    fn qweb_gzips_every_response_anew_at_level_1() {
+        let s = qweb_gzip_section();
+        for want in [
+            "codecs = [\"gzip\"]",
+            "engine = \"inline\"",
+            "cache_size = 0",
+            "precompressed = false",
+            "[compression.levels]\ngzip = 1\n",
+        ] {
+            assert!(s.contains(want), "{want} not in {s}");
+        }
     }
 }
