@@ -148,7 +148,7 @@ impl Load {
                  TCP send path over loopback is a large share of every server's system time."
                 .into(),
             Load::WrkPlain(..) | Load::WrkTls(..) => "What limits it: one wrk thread on CPU 1 \
-                 drives 32 connections; a server cheaper than wrk per request leaves CPU 0 idle \
+                 drives every connection; a server cheaper than wrk per request leaves CPU 0 idle \
                  (server CPU % under 100) and its requests/s is wrk's, while its µs per request \
                  still holds. HTTPS adds the TLS records of one 1 KiB response each way; the \
                  suite each server chose with wrk's OpenSSL is in the client TLS column."
@@ -181,9 +181,11 @@ impl Load {
                  the figure (`openssl speed rsa2048` gives its own cost on the machine; Go's is \
                  slower), then the X25519 exchange, the certificate, one request and the close; per connection, \
                  as every connection makes exactly one request. h2load opens all connections \
-                 at once, so listen backlogs overflow and SYNs are retried: requests/s here is \
-                 not a handshake rate (experiment A measures that), the CPU per connection is \
-                 unaffected. No resumption anywhere (G's servers have it off, and each h2load \
+                 at once and the kernel retransmits some of their SYNs (on the 2-vCPU machine \
+                 of docs/BENCHMARKS.md `nstat` counted about 860 TcpExtTCPSynRetrans per run of \
+                 2000, with no listen-queue overflow), so a run's wall time has idle seconds in it: requests/s here is not \
+                 a handshake rate (experiment A measures that); the CPU per connection is not \
+                 affected. No resumption anywhere (G's servers have it off, and each h2load \
                  connection is a new client); qweb's handshake counter must match the \
                  requests and its resumed counter stay 0."
                 .into(),
@@ -191,7 +193,7 @@ impl Load {
                  sends of one or two packets per response, acknowledgements and stream \
                  bookkeeping (quinn in qweb, quic-go in Caddy); this crate's client (quinn + h3, \
                  one runtime thread on CPU 1) is heavier per request than h2load, so it may \
-                 bound requests/s. No HTTP/3 in nginx 1.22 or h2o 2.2 (n/a)."
+                 bound requests/s (client CPU %). nginx and h2o: n/a (their cells say why)."
                 .into(),
         }
     }
