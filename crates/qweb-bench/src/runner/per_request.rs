@@ -179,14 +179,14 @@ impl Load {
             ),
             Load::Handshakes(..) => "What limits it: the server's RSA-2048 signature, most of \
                  the figure (`openssl speed rsa2048` gives its own cost on the machine; Go's is \
-                 slower), then the X25519 exchange, the certificate, one request and the close; per connection, \
-                 as every connection makes exactly one request. h2load opens all connections \
-                 at once and the kernel retransmits some of their SYNs (on the 2-vCPU machine \
-                 of docs/BENCHMARKS.md `nstat` counted about 860 TcpExtTCPSynRetrans per run of \
-                 2000, with no listen-queue overflow), so a run's wall time has idle seconds in it: requests/s here is not \
-                 a handshake rate (experiment A measures that); the CPU per connection is not \
-                 affected. No resumption anywhere (G's servers have it off, and each h2load \
-                 connection is a new client); qweb's handshake counter must match the \
+                 slower), then the X25519 exchange, the certificate, one request and the \
+                 close; per connection, as every connection makes exactly one request. h2load opens all connections \
+                 at once and the kernel retransmits some of their SYNs (on the 2-vCPU machine of \
+                 docs/BENCHMARKS.md, 730 to 860 TcpExtTCPSynRetrans per run of 2000, with no \
+                 listen-queue overflow), and neither CPU is saturated in this row: requests/s \
+                 here is not a handshake rate (experiment A measures that), the CPU per \
+                 connection is the figure. No resumption anywhere (G's servers have it off, \
+                 and each h2load connection is a new client); qweb's handshake counter must match the \
                  requests and its resumed counter stay 0."
                 .into(),
             Load::H3(..) => "What limits it: QUIC in user space: packet protection and UDP \
