@@ -479,6 +479,48 @@ plain_metric 3.5\n";
         assert_eq!(stat_field(s, 1), None);
     }
 
+    /// What G counts: a descendant that is not a direct child (nginx's workers, h2o's
+    /// `neverbleed`) is in the tree, and so is its CPU time.
+    #[test]
+    fn the_tree_holds_grandchildren_and_their_cpu() {
+        // sh (our child) starts a busy loop in the background (our grandchild) and waits.
+        let mut child = Command::new("sh")
+            .args(["-c", "sh -c 'while :; do :; done' & wait"])
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let t0 = Instant::now();
+        let mut tree = process_tree(pid);
+        while tree.len() < 2 && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(20));
+            tree = process_tree(pid);
+        }
+        let below: Vec<u32> = tree.iter().copied().filter(|&p| p != pid).collect();
+        let mut cpu = 0.0;
+        while cpu < 0.05 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+            cpu = process_tree(pid)
+                .into_iter()
+                .map(proc_cpu_secs)
+                .sum::<f64>();
+        }
+        let own = proc_cpu_secs(pid);
+        for p in below.iter().chain([&pid]) {
+            #[allow(unsafe_code)]
+            // SAFETY: kill(2) of processes this test started (the child, not reaped yet, and
+            // its descendants, which the child waits for).
+            unsafe {
+                libc::kill(*p as libc::pid_t, libc::SIGKILL);
+            }
+        }
+        let _ = child.wait();
+        assert_eq!(tree.first(), Some(&pid));
+        assert!(!below.is_empty(), "no descendant of {pid} found: {tree:?}");
+        // The busy loop's time is the grandchild's, not the waiting shell's.
+        assert!(cpu >= 0.05, "tree CPU {cpu} s");
+        assert!(own < cpu, "shell {own} s of tree {cpu} s");
+    }
+
     #[test]
     fn own_process_is_readable() {
         assert!(self_cpu_secs() >= 0.0);

@@ -25,11 +25,14 @@ pub struct H2loadSpec {
     pub threads: usize,
     /// Body bytes every response must carry.
     pub body_bytes: u64,
+    /// HTTP/1.1 instead of HTTP/2 (`--h1`).
+    pub h1: bool,
 }
 
 impl H2loadSpec {
     fn args(&self) -> Vec<String> {
-        vec![
+        let mut a: Vec<String> = if self.h1 { vec!["--h1".into()] } else { vec![] };
+        a.extend([
             "-n".into(),
             self.requests.to_string(),
             "-c".into(),
@@ -39,7 +42,8 @@ impl H2loadSpec {
             "-t".into(),
             self.threads.min(self.connections).max(1).to_string(),
             self.url.clone(),
-        ]
+        ]);
+        a
     }
 
     /// The command line.
@@ -208,6 +212,26 @@ mod tests {
         assert_eq!(check(&o, 2000, 102_400), Vec::<String>::new());
         // A count that differs from what was asked for is a problem.
         assert!(!check(&o, 3000, 102_400).is_empty());
+    }
+
+    #[test]
+    fn h1_runs_ask_for_http_1_1() {
+        let mut spec = H2loadSpec {
+            bin: "h2load".into(),
+            url: "https://127.0.0.1:1/1k.bin".into(),
+            requests: 2000,
+            connections: 2000,
+            streams: 1,
+            threads: 1,
+            body_bytes: 1024,
+            h1: true,
+        };
+        assert_eq!(
+            spec.command_line(),
+            "h2load --h1 -n 2000 -c 2000 -m 1 -t 1 https://127.0.0.1:1/1k.bin"
+        );
+        spec.h1 = false;
+        assert!(!spec.command_line().contains("--h1"));
     }
 
     #[test]

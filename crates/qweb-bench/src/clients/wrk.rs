@@ -33,13 +33,16 @@ pub struct WrkSpec {
     pub body_bytes: u64,
     /// Where the Lua script is written.
     pub script: PathBuf,
+    /// Request headers (`-H`, "Name: value").
+    pub headers: Vec<String>,
 }
 
 impl WrkSpec {
     /// The command line.
     pub fn command_line(&self) -> String {
+        let headers: String = self.headers.iter().map(|h| format!(" -H '{h}'")).collect();
         format!(
-            "wrk -t{} -c{} -d{}s --latency -s {} {}",
+            "wrk -t{} -c{} -d{}s{headers} -s {} {}",
             self.threads.min(self.connections).max(1),
             self.connections,
             self.duration_secs,
@@ -141,10 +144,14 @@ pub fn run(spec: &WrkSpec) -> Result<ClientRun> {
         std::fs::write(&spec.script, DONE_SCRIPT)
             .map_err(|e| Error::path("write", &spec.script, e))?;
     }
-    let out = Command::new(&spec.bin)
-        .arg(format!("-t{}", spec.threads.min(spec.connections).max(1)))
+    let mut cmd = Command::new(&spec.bin);
+    cmd.arg(format!("-t{}", spec.threads.min(spec.connections).max(1)))
         .arg(format!("-c{}", spec.connections))
-        .arg(format!("-d{}s", spec.duration_secs))
+        .arg(format!("-d{}s", spec.duration_secs));
+    for h in &spec.headers {
+        cmd.arg("-H").arg(h);
+    }
+    let out = cmd
         .arg("-s")
         .arg(&spec.script)
         .arg(&spec.url)
@@ -223,6 +230,26 @@ mod tests {
         let mut o = parse(include_str!("fixtures/wrk-ok.txt"));
         o.bytes = (o.requests + 32) * (1024 + 1024) + 1;
         assert!(check(&o, 1024, 32)[0].contains("bytes read"));
+    }
+
+    #[test]
+    fn headers_are_in_the_command_line() {
+        let mut spec = WrkSpec {
+            bin: "wrk".into(),
+            url: "https://127.0.0.1:1/page.html".into(),
+            connections: 16,
+            threads: 1,
+            duration_secs: 3,
+            body_bytes: 1,
+            script: "/o/wrk-done.lua".into(),
+            headers: vec!["Accept-Encoding: gzip".into()],
+        };
+        assert_eq!(
+            spec.command_line(),
+            "wrk -t1 -c16 -d3s -H 'Accept-Encoding: gzip' -s /o/wrk-done.lua https://127.0.0.1:1/page.html"
+        );
+        spec.headers.clear();
+        assert!(!spec.command_line().contains("-H"));
     }
 
     #[test]

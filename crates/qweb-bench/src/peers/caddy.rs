@@ -29,11 +29,23 @@ pub struct CaddySpec {
     pub tickets: bool,
     /// HTTP/3 too (`h3` among the TLS server's protocols; Caddy then sends `Alt-Svc`).
     pub http3: bool,
+    /// On-the-fly gzip at this level (an `encode` handler before the file server); none
+    /// when `None`.
+    pub gzip_level: Option<u32>,
 }
 
 /// The Caddy JSON configuration for `spec`.
 pub fn caddy_json(spec: &CaddySpec) -> String {
-    let route = json!([{ "handle": [{ "handler": "file_server", "root": spec.root }] }]);
+    let files = json!({ "handler": "file_server", "root": spec.root });
+    // `encode` compresses the types of its default matcher (text/* among them) from 512
+    // bytes; the file server's `precompressed` stays off.
+    let route = match spec.gzip_level {
+        Some(level) => json!([{ "handle": [
+            { "handler": "encode", "encodings": { "gzip": { "level": level } }, "prefer": ["gzip"] },
+            files
+        ] }]),
+        None => json!([{ "handle": [files] }]),
+    };
     let idle = format!("{}s", spec.keepalive_secs);
     let mut servers = serde_json::Map::new();
     servers.insert(
@@ -105,6 +117,7 @@ mod tests {
             keepalive_secs: 300,
             tickets: false,
             http3: false,
+            gzip_level: None,
         });
         let v: serde_json::Value = serde_json::from_str(&c).unwrap();
         assert_eq!(v["admin"]["disabled"], true);
@@ -117,6 +130,10 @@ mod tests {
             "no HTTP/3 unless asked"
         );
         assert_eq!(tls["routes"][0]["handle"][0]["root"], "/d/www");
+        assert_eq!(
+            tls["routes"][0]["handle"].as_array().map(|a| a.len()),
+            Some(1)
+        );
         assert_eq!(tls["automatic_https"]["disable"], true);
         let plain = &v["apps"]["http"]["servers"]["plain"];
         assert_eq!(plain["listen"][0], "127.0.0.1:9080");
@@ -125,6 +142,28 @@ mod tests {
             v["apps"]["tls"]["certificates"]["load_files"][0]["certificate"],
             "/d/c.crt"
         );
+    }
+
+    #[test]
+    fn caddy_gzip_encodes_before_the_file_server() {
+        let c = caddy_json(&CaddySpec {
+            port: 9443,
+            plain_port: None,
+            cert: "/d/c.crt".into(),
+            key: "/d/k.key".into(),
+            root: "/d/www".into(),
+            prefix: "/d/caddy".into(),
+            keepalive_secs: 300,
+            tickets: false,
+            http3: false,
+            gzip_level: Some(1),
+        });
+        let v: serde_json::Value = serde_json::from_str(&c).unwrap();
+        let h = &v["apps"]["http"]["servers"]["tls"]["routes"][0]["handle"];
+        assert_eq!(h[0]["handler"], "encode");
+        assert_eq!(h[0]["encodings"]["gzip"]["level"], 1);
+        assert_eq!(h[1]["handler"], "file_server");
+        assert!(h[1].get("precompressed").is_none());
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub struct H2oSpec {
     pub resumption: bool,
     /// Add `user: root` (h2o started as root switches to `nobody`, who cannot read the files).
     pub user_root: bool,
+    /// On-the-fly gzip at this quality (`compress: gzip: N`, every host); none when `None`.
+    pub gzip_level: Option<u32>,
 }
 
 /// A YAML double-quoted string.
@@ -54,6 +56,12 @@ pub fn h2o_conf(spec: &H2oSpec) -> String {
     let _ = writeln!(t, "http2-idle-timeout: {}", spec.keepalive_secs);
     let _ = writeln!(t, "ssl-session-resumption:");
     let _ = writeln!(t, "  mode: {}", if spec.resumption { "all" } else { "off" });
+    if let Some(q) = spec.gzip_level {
+        // h2o compresses the types its MIME map marks compressible (text/html among them),
+        // from `compress-minimum-size` (100 bytes); pre-compressed files (`file.send-gzip`)
+        // stay off.
+        let _ = writeln!(t, "compress:\n  gzip: {q}");
+    }
     let _ = writeln!(t, "hosts:");
     let host = |t: &mut String, port: u16, tls: bool| {
         let _ = writeln!(t, "  \"127.0.0.1:{port}\":");
@@ -101,6 +109,7 @@ mod tests {
             keepalive_secs: 300,
             resumption: false,
             user_root: true,
+            gzip_level: None,
         }
     }
 
@@ -115,6 +124,7 @@ mod tests {
         assert!(c.contains("  \"127.0.0.1:9080\":\n    listen:\n      host: 127.0.0.1\n      port: 9080\n    paths:"));
         assert!(c.contains("file.dir: \"/d/w\\\"w\""));
         assert!(!c.contains("access-log"));
+        assert!(!c.contains("compress"));
         // The plain host has no ssl block.
         assert_eq!(c.matches("ssl:").count(), 1);
     }
@@ -124,8 +134,10 @@ mod tests {
         let mut s = spec();
         s.resumption = true;
         s.user_root = false;
+        s.gzip_level = Some(1);
         let c = h2o_conf(&s);
         assert!(c.contains("  mode: all\n"));
+        assert!(c.contains("\ncompress:\n  gzip: 1\nhosts:\n"), "{c}");
         assert!(!c.contains("user:"));
         assert_eq!(
             parse_version("h2o version 2.2.5\nOpenSSL: OpenSSL 3.0.19\n"),

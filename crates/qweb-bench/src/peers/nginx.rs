@@ -216,6 +216,10 @@ mod tests {
         assert!(c.contains("pid /d/nginx/nginx.pid;"));
         assert!(c.contains("gzip off;"));
         assert!(!c.contains("user root;"));
+        // No connection closes within a run (nginx's default is 1000 requests, HTTP/2 too
+        // since 1.19.7): a row of G makes hundreds of thousands over 8 to 32 connections.
+        assert!(c.contains("    keepalive_requests 10000000;\n"));
+        assert!(c.contains("    keepalive_timeout 300s;\n"));
         // Braces balance.
         assert_eq!(c.matches('{').count(), c.matches('}').count());
     }

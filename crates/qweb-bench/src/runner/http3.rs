@@ -53,7 +53,7 @@ impl Runner {
             .unwrap_or(1000);
         let kinds = [
             ("qweb".to_string(), self.qweb_none()),
-            ("caddy".to_string(), ServerKind::Caddy),
+            ("caddy".to_string(), ServerKind::caddy()),
         ];
         let mut t = Table::new(
             format!("K3. Resident memory with {n} idle HTTP/3 connections (ECDSA P-256, one request each)"),
@@ -117,7 +117,7 @@ impl Runner {
                 self.pool(OffloadMode::Async, ENGINE_MS),
                 Some("pool"),
             ),
-            ("caddy".into(), ServerKind::Caddy, None),
+            ("caddy".into(), ServerKind::caddy(), None),
         ];
         let servers: Vec<Option<ServerProc>> = kinds
             .iter()

@@ -14,7 +14,7 @@ impl Runner {
             ),
             ("nginx".into(), ServerKind::nginx(None), None),
             // the issue 24 goal compares qweb none's p99 with h2o's
-            ("h2o".into(), ServerKind::H2o { resumption: false }, None),
+            ("h2o".into(), ServerKind::h2o(), None),
         ];
         let servers: Vec<Option<ServerProc>> = kinds
             .iter()

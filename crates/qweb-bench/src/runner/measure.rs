@@ -69,8 +69,11 @@ impl Runner {
                     gzip_level,
                     resumption,
                 } => self.launch_nginx(&at, cert, *gzip_level, *resumption)?,
-                ServerKind::H2o { resumption } => self.launch_h2o(&at, cert, *resumption)?,
-                ServerKind::Caddy => self.launch_caddy(&at, cert)?,
+                ServerKind::H2o {
+                    resumption,
+                    gzip_level,
+                } => self.launch_h2o(&at, cert, *resumption, *gzip_level)?,
+                ServerKind::Caddy { gzip_level } => self.launch_caddy(&at, cert, *gzip_level)?,
             };
             p.plain_port = Some(at.plain);
             Ok(p)
@@ -217,7 +220,13 @@ impl Runner {
         )
     }
 
-    fn launch_h2o(&self, at: &Slot<'_>, cert: &CertFiles, resumption: bool) -> Result<ServerProc> {
+    fn launch_h2o(
+        &self,
+        at: &Slot<'_>,
+        cert: &CertFiles,
+        resumption: bool,
+        gzip_level: Option<u32>,
+    ) -> Result<ServerProc> {
         let info = self
             .h2o
             .as_ref()
@@ -235,6 +244,7 @@ impl Runner {
             keepalive_secs: 300,
             resumption,
             user_root: at.root,
+            gzip_level,
         };
         let conf = write_conf(&prefix, "h2o.conf", &h2o_conf(&spec))?;
         ServerProc::start(
@@ -247,7 +257,12 @@ impl Runner {
         )
     }
 
-    fn launch_caddy(&self, at: &Slot<'_>, cert: &CertFiles) -> Result<ServerProc> {
+    fn launch_caddy(
+        &self,
+        at: &Slot<'_>,
+        cert: &CertFiles,
+        gzip_level: Option<u32>,
+    ) -> Result<ServerProc> {
         let info = self
             .caddy
             .as_ref()
@@ -263,6 +278,7 @@ impl Runner {
             keepalive_secs: 300,
             tickets: false,
             http3: self.http3,
+            gzip_level,
         };
         let conf = write_conf(&prefix, "caddy.json", &caddy_json(&spec))?;
         // Caddy's own state (autosave, locks) goes to its prefix, not $HOME; its

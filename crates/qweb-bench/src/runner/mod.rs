@@ -234,8 +234,13 @@ enum ServerKind {
     },
     H2o {
         resumption: bool,
+        /// On-the-fly gzip at this quality (`compress`).
+        gzip_level: Option<u32>,
     },
-    Caddy,
+    Caddy {
+        /// On-the-fly gzip at this level (`encode`).
+        gzip_level: Option<u32>,
+    },
 }
 
 impl ServerKind {
@@ -247,6 +252,19 @@ impl ServerKind {
             resumption: false,
             ticket_keyserver: None,
         }
+    }
+
+    /// h2o without resumption or compression.
+    fn h2o() -> Self {
+        ServerKind::H2o {
+            resumption: false,
+            gzip_level: None,
+        }
+    }
+
+    /// Caddy without compression.
+    fn caddy() -> Self {
+        ServerKind::Caddy { gzip_level: None }
     }
 
     /// nginx without session cache and tickets.

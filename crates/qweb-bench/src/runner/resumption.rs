@@ -33,7 +33,13 @@ impl Runner {
                     resumption: true,
                 },
             ),
-            ("h2o".into(), ServerKind::H2o { resumption: true }),
+            (
+                "h2o".into(),
+                ServerKind::H2o {
+                    resumption: true,
+                    gzip_level: None,
+                },
+            ),
         ];
         let servers: Vec<Option<ServerProc>> =
             kinds.iter().map(|(l, k)| self.start(l, k, &cert)).collect();
