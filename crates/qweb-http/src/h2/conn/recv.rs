@@ -90,7 +90,7 @@ impl Connection {
         if head.stream == 0 {
             return Err(conn_err(Reason::PROTOCOL_ERROR, "HEADERS on stream 0"));
         }
-        if head.stream % 2 == 0 {
+        if head.stream.is_multiple_of(2) {
             return Err(conn_err(
                 Reason::PROTOCOL_ERROR,
                 "HEADERS on a server stream id",
@@ -323,7 +323,7 @@ impl Connection {
             }
             return Ok(());
         }
-        if payload.len() % 6 != 0 {
+        if !payload.len().is_multiple_of(6) {
             return Err(conn_err(
                 Reason::FRAME_SIZE_ERROR,
                 "SETTINGS not a multiple of 6 bytes",
