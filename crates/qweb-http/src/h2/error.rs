@@ -3,7 +3,7 @@
 use h2::Reason;
 
 /// Why the connection ended from the server's side: a GOAWAY with this code is queued in
-/// [`Connection::out`]; the driver writes it and closes.
+/// [`Connection::out`](super::Connection::out); the driver writes it and closes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("HTTP/2 connection error {reason:?}: {why}")]
 pub struct ConnError {
