@@ -146,6 +146,29 @@ struct Stream {
     tunnel_waker: Option<Waker>,
 }
 
+impl Stream {
+    /// The stream ended early: its task is cancelled, its body and its sender woken (they
+    /// find it gone).
+    fn ended(self) {
+        if let Some(t) = &self.task {
+            t.cancel();
+        }
+        for w in [self.body_waker, self.send_waker, self.tunnel_waker]
+            .into_iter()
+            .flatten()
+        {
+            w.wake();
+        }
+    }
+}
+
+/// Keeps `cx`'s waker in `slot` (cloned only when it is another task's).
+fn set_waker(slot: &mut Option<Waker>, cx: &std::task::Context<'_>) {
+    if !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+        *slot = Some(cx.waker().clone());
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     /// The client's preface is awaited.
@@ -370,15 +393,7 @@ impl Connection {
             let last = self.last_id;
             self.small(|b| frame::put_goaway(b, last, e.reason.into(), e.why.as_bytes()));
             for (_, s) in self.streams.drain() {
-                if let Some(t) = &s.task {
-                    t.cancel();
-                }
-                if let Some(w) = s.body_waker {
-                    w.wake();
-                }
-                if let Some(w) = s.send_waker {
-                    w.wake();
-                }
+                s.ended();
             }
         }
         e
@@ -510,15 +525,7 @@ impl Connection {
             // bytes it held are the connection's again
             let held: usize = s.recv.iter().map(Bytes::len).sum();
             self.release_conn(held as u32);
-            if let Some(t) = &s.task {
-                t.cancel();
-            }
-            if let Some(w) = s.body_waker {
-                w.wake();
-            }
-            if let Some(w) = s.send_waker {
-                w.wake();
-            }
+            s.ended();
             self.closed(id);
         }
     }

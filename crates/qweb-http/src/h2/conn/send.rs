@@ -8,7 +8,7 @@ use h2::hpack;
 use http::header::{self, HeaderMap};
 use http::StatusCode;
 
-use super::{Connection, Reason, StreamEnded, COPY_BELOW, OUT_HIGH};
+use super::{set_waker, Connection, Reason, StreamEnded, COPY_BELOW, OUT_HIGH};
 use crate::h2::frame::{self, flag, kind};
 use crate::h2::head::Fields;
 
@@ -49,13 +49,7 @@ impl Connection {
             self.small(|b| frame::put_header_block(b, id, &block, false, max));
         }
         if let Some(s) = self.streams.get_mut(&id) {
-            if !s
-                .body_waker
-                .as_ref()
-                .is_some_and(|w| w.will_wake(cx.waker()))
-            {
-                s.body_waker = Some(cx.waker().clone());
-            }
+            set_waker(&mut s.body_waker, cx);
         }
         Poll::Pending
     }
@@ -207,13 +201,7 @@ impl Connection {
         if n > 0 && !queue_full {
             return Poll::Ready(Ok(n as usize));
         }
-        if !s
-            .send_waker
-            .as_ref()
-            .is_some_and(|w| w.will_wake(cx.waker()))
-        {
-            s.send_waker = Some(cx.waker().clone());
-        }
+        set_waker(&mut s.send_waker, cx);
         if !self.blocked.contains(&id) {
             self.blocked.push(id);
         }
@@ -281,7 +269,7 @@ impl Connection {
         if !s.tunnel {
             return Poll::Ready(Err(StreamEnded("the extended CONNECT was refused")));
         }
-        s.tunnel_waker = Some(cx.waker().clone());
+        set_waker(&mut s.tunnel_waker, cx);
         Poll::Pending
     }
 
@@ -303,13 +291,7 @@ impl Connection {
         if !s.recv_open {
             return Poll::Ready(None);
         }
-        if !s
-            .body_waker
-            .as_ref()
-            .is_some_and(|w| w.will_wake(cx.waker()))
-        {
-            s.body_waker = Some(cx.waker().clone());
-        }
+        set_waker(&mut s.body_waker, cx);
         Poll::Pending
     }
 
