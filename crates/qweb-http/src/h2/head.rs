@@ -7,7 +7,7 @@ use std::ops::ControlFlow;
 use bytes::{Buf, BytesMut};
 use h2::hpack;
 use h2::Reason;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap};
 use http::{Method, Request};
 
 use super::error::{conn_err, ConnError};
@@ -34,35 +34,6 @@ pub(crate) fn strip_padding(head: Head, payload: &mut BytesMut) -> Result<(), Co
     payload.advance(1);
     payload.truncate(payload.len() - pad);
     Ok(())
-}
-
-/// Fields of a response, without the connection-specific ones (RFC 9113 section 8.2.2).
-pub(crate) struct Fields {
-    pub(crate) inner: header::IntoIter<HeaderValue>,
-    pub(crate) skipping: bool,
-}
-
-impl Iterator for Fields {
-    type Item = hpack::Header<Option<HeaderName>>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            let (name, value) = self.inner.next()?;
-            match name {
-                Some(n) => {
-                    self.skipping = crate::fields::CONNECTION_SPECIFIC.contains(&n.as_str());
-                    if !self.skipping {
-                        return Some(hpack::Header::Field {
-                            name: Some(n),
-                            value,
-                        });
-                    }
-                }
-                None if self.skipping => {}
-                None => return Some(hpack::Header::Field { name: None, value }),
-            }
-        }
-    }
 }
 
 /// The pseudo-header fields of a request.

@@ -5,6 +5,7 @@
 //! runs each stream's answer in its own turn, without a task per stream.
 
 pub mod conn;
+mod encode;
 mod error;
 pub mod frame;
 mod head;

@@ -194,9 +194,10 @@ pub struct Connection {
     config: Config,
     phase: Phase,
     decoder: hpack::Decoder,
-    encoder: hpack::Encoder,
-    /// Scratch space for an encoded header block.
-    scratch: BytesMut,
+    /// The next header block starts with a dynamic table size update (to 0): the client
+    /// set SETTINGS_HEADER_TABLE_SIZE, and qweb's encoder uses no table
+    /// ([`super::encode`]).
+    table_update: bool,
     streams: Streams,
     /// The highest stream id the client opened.
     last_id: u32,
@@ -232,8 +233,7 @@ impl Connection {
             config,
             phase: Phase::Preface,
             decoder: hpack::Decoder::new(4096),
-            encoder: hpack::Encoder::new(4096, 0),
-            scratch: BytesMut::new(),
+            table_update: false,
             streams: Streams::default(),
             last_id: 0,
             recent_closed: VecDeque::new(),
@@ -362,11 +362,10 @@ impl Connection {
     }
 
     /// Frees what an idle connection does not need (the HPACK decoder's scratch buffer and
-    /// the encoder's); the queue is the driver's.
+    /// an empty queue's buffers).
     pub fn release_idle_buffers(&mut self) {
         if self.streams.is_empty() {
             self.decoder.release_buffer();
-            self.scratch = BytesMut::new();
             if self.out.is_empty() {
                 self.out = Output::default();
             }

@@ -333,7 +333,7 @@ impl Connection {
             let id = u16::from_be_bytes([s[0], s[1]]);
             let v = u32::from_be_bytes([s[2], s[3], s[4], s[5]]);
             match id {
-                setting::HEADER_TABLE_SIZE => self.encoder.update_max_size(v.min(65_536) as usize),
+                setting::HEADER_TABLE_SIZE => self.table_update = true,
                 setting::ENABLE_PUSH | setting::ENABLE_CONNECT_PROTOCOL if v > 1 => {
                     return Err(conn_err(
                         Reason::PROTOCOL_ERROR,

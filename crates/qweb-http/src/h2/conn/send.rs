@@ -3,14 +3,13 @@
 
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
-use h2::hpack;
+use bytes::Bytes;
 use http::header::{self, HeaderMap};
 use http::StatusCode;
 
 use super::{set_waker, Connection, Reason, StreamEnded, COPY_BELOW, OUT_HIGH};
-use crate::h2::frame::{self, flag, kind};
-use crate::h2::head::Fields;
+use crate::h2::encode;
+use crate::h2::frame::{self, flag, kind, HEAD_LEN};
 
 impl Connection {
     // ----- the request body's side -----
@@ -44,9 +43,9 @@ impl Connection {
             return Poll::Ready(None);
         }
         if std::mem::take(&mut s.expect_continue) && !s.head_sent {
-            let block = self.encode(StatusCode::CONTINUE, HeaderMap::new());
-            let max = self.peer_max_frame as usize;
-            self.small(|b| frame::put_header_block(b, id, &block, false, max));
+            self.put_block(id, false, |b, t| {
+                encode::response_head(b, StatusCode::CONTINUE, &HeaderMap::new(), t)
+            });
         }
         if let Some(s) = self.streams.get_mut(&id) {
             set_waker(&mut s.body_waker, cx);
@@ -90,16 +89,29 @@ impl Connection {
 
     // ----- the response's side -----
 
-    fn encode(&mut self, status: StatusCode, fields: HeaderMap) -> BytesMut {
-        let mut block = std::mem::take(&mut self.scratch);
-        block.clear();
-        let fields = Fields {
-            inner: fields.into_iter(),
-            skipping: false,
-        };
-        let headers = std::iter::once(hpack::Header::Status(status)).chain(fields);
-        self.encoder.encode(headers, &mut block);
-        block
+    /// Queues a header block of stream `id`, encoded by `encode` (given whether the block
+    /// must start with a table-size update) straight into the queue: one HEADERS frame, or
+    /// HEADERS and CONTINUATION frames when it is longer than the client's frame size.
+    fn put_block(&mut self, id: u32, end: bool, encode: impl FnOnce(&mut Vec<u8>, bool)) {
+        let max = self.peer_max_frame as usize;
+        let table_update = std::mem::take(&mut self.table_update);
+        let mut too_long = None;
+        let flags = flag::END_HEADERS | if end { flag::END_STREAM } else { 0 };
+        self.small(|b| {
+            let at = b.len();
+            frame::put_head(b, 0, kind::HEADERS, flags, id);
+            encode(b, table_update);
+            let len = b.len() - at - HEAD_LEN;
+            if len <= max {
+                b[at..at + 3].copy_from_slice(&(len as u32).to_be_bytes()[1..]);
+            } else {
+                too_long = Some(b.split_off(at + HEAD_LEN));
+                b.truncate(at);
+            }
+        });
+        if let Some(block) = too_long {
+            self.small(|b| frame::put_header_block(b, id, &block, end, max));
+        }
     }
 
     /// Queues the response head of stream `id` (`end`: it has no body). `false`: the stream
@@ -135,10 +147,7 @@ impl Connection {
             }
             _ => return false,
         }
-        let block = self.encode(status, fields);
-        let max = self.peer_max_frame as usize;
-        self.small(|b| frame::put_header_block(b, id, &block, end, max));
-        self.scratch = block;
+        self.put_block(id, end, |b, t| encode::response_head(b, status, &fields, t));
         if end {
             self.send_closed(id);
         }
@@ -154,16 +163,7 @@ impl Connection {
         {
             return false;
         }
-        let mut block = std::mem::take(&mut self.scratch);
-        block.clear();
-        let fields = Fields {
-            inner: fields.into_iter(),
-            skipping: false,
-        };
-        self.encoder.encode(fields, &mut block);
-        let max = self.peer_max_frame as usize;
-        self.small(|b| frame::put_header_block(b, id, &block, true, max));
-        self.scratch = block;
+        self.put_block(id, true, |b, t| encode::trailers(b, &fields, t));
         self.send_closed(id);
         true
     }

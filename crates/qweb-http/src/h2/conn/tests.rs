@@ -298,3 +298,38 @@ fn random_frames_never_panic_and_stay_bounded() {
         );
     }
 }
+
+/// A client that sets SETTINGS_HEADER_TABLE_SIZE gets the table's size update (to 0) at the
+/// start of the next header block, once: a decoder such as nghttp2's requires it.
+#[test]
+fn a_lowered_header_table_size_is_acknowledged_in_the_next_block() {
+    let (mut c, mut input) = open();
+    let mut settings = Vec::new();
+    settings.put_u16(frame::setting::HEADER_TABLE_SIZE);
+    settings.put_u32(0);
+    input.extend_from_slice(&frame(kind::SETTINGS, 0, 0, &settings));
+    for id in [1, 3] {
+        input.extend_from_slice(&frame(
+            kind::HEADERS,
+            flag::END_HEADERS | flag::END_STREAM,
+            id,
+            &get_block("/"),
+        ));
+    }
+    c.recv(&mut input).unwrap();
+    for id in [1, 3] {
+        assert!(c.next_request().is_some());
+        assert!(c.send_headers(
+            id,
+            http::StatusCode::NOT_FOUND,
+            http::HeaderMap::new(),
+            true
+        ));
+    }
+    let blocks: Vec<Vec<u8>> = sent(&mut c)
+        .into_iter()
+        .filter(|(h, _)| h.kind == kind::HEADERS)
+        .map(|(_, p)| p)
+        .collect();
+    assert_eq!(blocks, vec![vec![0x20, 0x80 | 13], vec![0x80 | 13]]);
+}
