@@ -265,6 +265,12 @@ impl Output {
         self.queued
     }
 
+    /// Makes room for `n` bytes of framing at once (HTTP/2 queues many small frames a turn:
+    /// one allocation rather than a chain of reallocations, each copying what was queued).
+    pub fn reserve_small(&mut self, n: usize) {
+        self.small.reserve(n);
+    }
+
     /// Appends framing bytes.
     #[inline]
     pub fn small(&mut self, f: impl FnOnce(&mut Vec<u8>)) {

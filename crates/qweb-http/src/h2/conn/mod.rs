@@ -84,6 +84,10 @@ pub struct NewStream {
 /// not read holds this much per connection, whatever the windows it grants).
 const OUT_HIGH: usize = 128 * 1024;
 
+/// The write queue's framing buffer when it is allocated again: room for the frames of a
+/// turn's small answers (16 answers of 1 KiB with their heads) without growing.
+const SMALL_START: usize = 24 * 1024;
+
 /// DATA payloads under this size are copied beside the framing; larger ones are queued as
 /// they are (each its own buffer of the vectored write).
 const COPY_BELOW: usize = 4096;
@@ -277,6 +281,10 @@ impl Connection {
     }
 
     fn small(&mut self, f: impl FnOnce(&mut Vec<u8>)) {
+        if self.out.is_empty() {
+            // (a queue freed while idle starts again at a size for a turn's frames)
+            self.out.reserve_small(SMALL_START);
+        }
         self.out.small(f);
         self.queued_more();
     }
