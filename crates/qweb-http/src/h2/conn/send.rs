@@ -174,8 +174,9 @@ impl Connection {
         };
         s.send_open = false;
         s.task = None;
-        if s.recv_open && s.body_done {
-            // the response is complete and nobody reads the request: stop the client
+        if s.recv_open && s.body_done && !s.tunnel_open {
+            // the response is complete and nobody reads the request: stop the client (a
+            // tunnel's server side ended: its client side goes on, RFC 8441 half-close)
             self.reset(id, Reason::NO_ERROR);
             return;
         }

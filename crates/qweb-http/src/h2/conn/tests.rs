@@ -333,3 +333,59 @@ fn a_lowered_header_table_size_is_acknowledged_in_the_next_block() {
         .collect();
     assert_eq!(blocks, vec![vec![0x20, 0x80 | 13], vec![0x80 | 13]]);
 }
+
+/// An extended CONNECT answered 200 is a tunnel: the server's side may end (END_STREAM) while
+/// the client's goes on sending, and the tunnel still reads it (no RST_STREAM).
+#[test]
+fn a_tunnel_half_closed_by_the_server_still_reads_the_client() {
+    let mut c = Connection::new(Config {
+        connect_protocol: true,
+        ..Config::default()
+    });
+    let mut input = BytesMut::new();
+    input.extend_from_slice(PREFACE);
+    input.extend_from_slice(&frame(kind::SETTINGS, 0, 0, &[]));
+    let mut block = Vec::new();
+    for (n, v) in [
+        (":method", "CONNECT"),
+        (":protocol", "websocket"),
+        (":scheme", "https"),
+        (":authority", "t"),
+        (":path", "/ws"),
+    ] {
+        block.push(0x00);
+        block.push(n.len() as u8);
+        block.extend_from_slice(n.as_bytes());
+        block.push(v.len() as u8);
+        block.extend_from_slice(v.as_bytes());
+    }
+    input.extend_from_slice(&frame(kind::HEADERS, flag::END_HEADERS, 1, &block));
+    c.recv(&mut input).unwrap();
+    let r = c.next_request().expect("the CONNECT");
+    assert!(r.tunnel && r.end_stream);
+    assert!(c.send_headers(1, http::StatusCode::OK, http::HeaderMap::new(), true));
+    assert!(c.send_data(1, &mut Bytes::new(), true));
+    input.extend_from_slice(&frame(kind::DATA, 0, 1, b"still here"));
+    c.recv(&mut input).unwrap();
+    let frames = sent(&mut c);
+    assert!(
+        frames.iter().all(|(h, _)| h.kind != kind::RST_STREAM),
+        "reset"
+    );
+    let heads: Vec<u8> = frames
+        .iter()
+        .filter(|(h, _)| h.stream == 1)
+        .map(|(h, _)| h.flags & flag::END_STREAM)
+        .collect();
+    assert_eq!(
+        heads,
+        vec![0, flag::END_STREAM],
+        "HEADERS open, then an empty DATA ending the server's side"
+    );
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    match c.poll_tunnel_read(1, &mut cx) {
+        std::task::Poll::Ready(Some(Ok(d))) => assert_eq!(&d[..], b"still here"),
+        _ => panic!("the client's bytes are the tunnel's"),
+    }
+}
