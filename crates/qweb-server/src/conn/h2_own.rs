@@ -57,6 +57,8 @@ pub(super) struct Own<T, S> {
     eof: bool,
     /// The connection error sent (the connection ends once its GOAWAY is out).
     failed: Option<ConnError>,
+    /// A read was skipped for a full queue (see [`READ_PAUSE`]).
+    read_paused: bool,
 }
 
 impl<T, S: Handle> Own<T, S>
@@ -75,6 +77,7 @@ where
             buf: BytesMut::new(),
             eof: false,
             failed: None,
+            read_paused: false,
         }
     }
 
@@ -118,7 +121,8 @@ where
                 return Poll::Ready(Ok(()));
             }
             if self.conn.borrow().queued() >= READ_PAUSE {
-                // (the writes wake the connection once the client takes its bytes)
+                // (no read is armed: the turn that drains the queue reads again)
+                self.read_paused = true;
                 return Poll::Pending;
             }
             if self.buf.capacity() - self.buf.len() < 1024 {
@@ -203,6 +207,10 @@ where
         let written = self.poll_write(cx);
         if let Poll::Ready(Err(e)) = written {
             return Poll::Ready(Err(format!("write: {e}")));
+        }
+        if written.is_ready() && std::mem::take(&mut self.read_paused) {
+            // the queue is out: read again (no read was armed while it was full)
+            cx.waker().wake_by_ref();
         }
         if written.is_ready() {
             if let Some(e) = &self.failed {
