@@ -28,27 +28,54 @@ tokio::task_local! {
 #[derive(Default)]
 pub struct StreamCancel {
     cancelled: Cell<bool>,
-    notify: Notify,
+    /// The stream task's waker, woken by a cancel (one thread: no lock, no wait list).
+    waker: RefCell<Option<std::task::Waker>>,
 }
 
 impl StreamCancel {
     /// Runs `fut` as the stream task of `cancel`, until it ends or is cancelled.
     pub async fn run<F: std::future::Future>(cancel: Rc<StreamCancel>, fut: F) {
         let c = cancel.clone();
-        STREAM
-            .scope(cancel, async move {
-                tokio::select! {
-                    _ = fut => {}
-                    _ = c.notify.notified() => {}
-                }
-            })
-            .await;
+        STREAM.scope(cancel, Cancellable { fut, cancel: c }).await;
     }
 
     fn cancel(&self) {
         if !self.cancelled.replace(true) {
-            self.notify.notify_one();
+            if let Some(w) = self.waker.borrow_mut().take() {
+                w.wake();
+            }
         }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// `fut` until it ends, or until its stream is cancelled (then it is dropped unfinished).
+    struct Cancellable<F> {
+        #[pin]
+        fut: F,
+        cancel: Rc<StreamCancel>,
+    }
+}
+
+impl<F: std::future::Future> std::future::Future for Cancellable<F> {
+    type Output = ();
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        let this = self.project();
+        if this.cancel.cancelled.get() {
+            return std::task::Poll::Ready(());
+        }
+        if this.fut.poll(cx).is_ready() {
+            return std::task::Poll::Ready(());
+        }
+        let mut w = this.cancel.waker.borrow_mut();
+        if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            *w = Some(cx.waker().clone());
+        }
+        std::task::Poll::Pending
     }
 }
 
