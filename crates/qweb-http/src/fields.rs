@@ -14,6 +14,17 @@ pub const CONNECTION_SPECIFIC: [&str; 6] = [
     "upgrade",
 ];
 
+/// Whether `name` is one of the [`CONNECTION_SPECIFIC`] fields, compared as a header name
+/// (the standard ones by their tag, not as strings): for the HTTP/2 layer's every field.
+#[inline]
+pub fn is_connection_specific(name: &HeaderName) -> bool {
+    matches!(
+        *name,
+        header::CONNECTION | header::TE | header::TRANSFER_ENCODING | header::UPGRADE
+    ) || name == "keep-alive"
+        || name == "proxy-connection"
+}
+
 /// What a proxy removes on each hop beyond [`CONNECTION_SPECIFIC`]: `Trailer` (its framing is
 /// the hop's) and the proxy credentials (RFC 9110 §11.7), which are for qweb, not the next hop.
 const HOP_ONLY: [&str; 3] = ["trailer", "proxy-authorization", "proxy-authenticate"];
@@ -144,6 +155,24 @@ pub fn strip_forbidden_trailers(t: &mut HeaderMap) -> usize {
 
 #[cfg(test)]
 mod tests {
+    /// The fast check names the list's fields and no others.
+    #[test]
+    fn the_fast_check_agrees_with_the_list() {
+        for n in CONNECTION_SPECIFIC {
+            assert!(is_connection_specific(&HeaderName::from_static(n)), "{n}");
+        }
+        for n in [
+            "content-type",
+            "keep-alive-x",
+            "connections",
+            "tea",
+            "date",
+            "x-upgrade",
+        ] {
+            assert!(!is_connection_specific(&HeaderName::from_static(n)), "{n}");
+        }
+    }
+
     use super::*;
 
     /// Issue 41, item 3: one field of each class RFC 9110 §6.5.1 names is dropped from

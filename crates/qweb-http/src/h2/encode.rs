@@ -11,6 +11,7 @@ use http::StatusCode;
 
 /// Appends `value` as an HPACK integer with an `n`-bit prefix, the prefix's other bits
 /// being `first`'s (RFC 7541 section 5.1).
+#[inline]
 fn put_int(dst: &mut Vec<u8>, n: u32, first: u8, value: usize) {
     let max = (1usize << n) - 1;
     if value < max {
@@ -27,6 +28,7 @@ fn put_int(dst: &mut Vec<u8>, n: u32, first: u8, value: usize) {
 }
 
 /// A string literal, not Huffman-coded.
+#[inline]
 fn put_str(dst: &mut Vec<u8>, s: &[u8]) {
     put_int(dst, 7, 0, s.len());
     dst.extend_from_slice(s);
@@ -124,7 +126,7 @@ pub(crate) fn trailers(dst: &mut Vec<u8>, fields: &HeaderMap, table_update: bool
 
 fn put_fields(dst: &mut Vec<u8>, fields: &HeaderMap) {
     for (name, value) in fields {
-        if !crate::fields::CONNECTION_SPECIFIC.contains(&name.as_str()) {
+        if !crate::fields::is_connection_specific(name) {
             put_field(dst, name, value);
         }
     }

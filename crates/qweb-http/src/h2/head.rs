@@ -93,7 +93,7 @@ pub(crate) fn decode_block(
         let dup = match h {
             Field { name, value } => {
                 regular = true;
-                if crate::fields::CONNECTION_SPECIFIC.contains(&name.as_str())
+                if crate::fields::is_connection_specific(&name)
                     && !(name == header::TE && value == "trailers")
                 {
                     d.malformed = true;
