@@ -161,7 +161,7 @@ impl StaticFiles {
     fn head(&self, meta: &Metadata, rel: PathBuf) -> FileHead {
         let path: Arc<Path> = self.root_path.join(&rel).into();
         let mtime = meta.modified().unwrap_or(UNIX_EPOCH);
-        FileHead {
+        let mut head = FileHead {
             len: meta.len(),
             mtime,
             etag: HeaderValue::from_str(&etag(meta, mtime))
@@ -171,7 +171,10 @@ impl StaticFiles {
             path,
             rel: rel.into(),
             identity: Identity::of(meta),
-        }
+            fields: HeaderMap::new(),
+        };
+        head.fields = head.full_fields();
+        head
     }
 
     /// Serves an opened file: whole from memory when small (and kept in the open-file cache
@@ -215,18 +218,14 @@ impl StaticFiles {
         identify: bool,
     ) -> Result<Response<Body>, StatusCode> {
         let len = head.len;
-        let mut h = HeaderMap::with_capacity(8);
-        h.insert(header::CONTENT_TYPE, head.content_type.clone());
-        h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-        h.insert(header::ETAG, head.etag.clone());
-        if let Some(v) = &head.last_modified {
-            h.insert(header::LAST_MODIFIED, v.clone());
-        }
+        // a whole 200's fields, cloned: the other answers change them
+        let mut h = head.fields.clone();
         let etag = head.etag.to_str().unwrap_or_default();
         let range_allowed = match conditional::evaluate(headers, etag, head.mtime) {
             Outcome::NotModified => {
                 h.remove(header::CONTENT_TYPE);
                 h.remove(header::ACCEPT_RANGES);
+                h.remove(header::CONTENT_LENGTH);
                 return Ok(with_headers(StatusCode::NOT_MODIFIED, h, empty()));
             }
             Outcome::Failed => return Err(StatusCode::PRECONDITION_FAILED),
@@ -281,7 +280,9 @@ impl StaticFiles {
                 return Ok(r);
             }
         };
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from(count));
+        if count != len {
+            h.insert(header::CONTENT_LENGTH, HeaderValue::from(count));
+        }
         if method == Method::HEAD {
             return Ok(with_file(with_headers(status, h, empty()), info));
         }
