@@ -16,6 +16,20 @@ pub struct Generated;
 #[derive(Debug, Clone, Copy)]
 pub struct EndsConnection;
 
+/// The `Server` value of every response that does not bring its own (an upstream's is
+/// kept). The connection layers write it as they write `Date`, while encoding the head
+/// (HTTP/1, qweb's HTTP/2), or add it to the head they hand on ([`server_field`]: HTTP/3,
+/// hyper's HTTP/2), as nginx's header filter does: no response's `HeaderMap` grows by it.
+pub const SERVER: &str = "qweb";
+
+/// Adds `Server: qweb` to `headers` unless they have a `Server` (for the connection layers
+/// that hand a `HeaderMap` on rather than encode it).
+pub fn server_field(headers: &mut http::HeaderMap) {
+    headers
+        .entry(header::SERVER)
+        .or_insert(HeaderValue::from_static(SERVER));
+}
+
 /// The body of every canned answer, for the pipeline's responses and the HTTP/1 driver's
 /// refusals alike: the status and its reason on one line, `404 Not Found\n`.
 pub fn status_text(code: StatusCode, dst: &mut Vec<u8>) {

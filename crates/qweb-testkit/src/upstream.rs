@@ -6,7 +6,7 @@
 //! - `/slow/<ms>`: waits, then 200 "slow".
 //! - `/stream/<n>/<ms>`: n chunks `"chunk<i>\n"`, one every ms, no Content-Length.
 //! - `/big/<bytes>`: that many bytes of a repeating pattern.
-//! - `/hop`: a response carrying hop-by-hop headers.
+//! - `/hop`: a response carrying hop-by-hop headers (and `Server: upstream`).
 //! - `/gate`: sends "first\n", then waits until the test calls `gate.notify_one()`, then
 //!   sends "second\n" (shows that a response is streamed, not buffered).
 //! - `/text/<bytes>`: that many bytes of [`text`], `text/plain`, with a length.
@@ -259,6 +259,7 @@ async fn handle(
             .header("x-secret", "hop")
             .header("keep-alive", "timeout=5")
             .header("x-kept", "yes")
+            .header("server", "upstream")
             .body(full("hop"))
             .expect("resp"),
         _ => Response::new(full(format!("up:{name}:{path}"))),

@@ -87,7 +87,7 @@ pub fn head(
     // what the response's own `Connection` fields say
     let (mut said_close, mut said_keep) = (false, false);
     let mut length: Option<u64> = None;
-    let mut date = false;
+    let (mut date, mut server) = (false, false);
     let mut trailer_names: Option<Vec<HeaderName>> = None;
     for (name, value) in headers {
         match *name {
@@ -109,6 +109,7 @@ pub fn head(
                 continue;
             }
             header::DATE => date = true,
+            header::SERVER => server = true,
             header::TRAILER => {
                 if !chunk_ok {
                     continue;
@@ -167,6 +168,9 @@ pub fn head(
         for v in headers.get_all(header::CONNECTION) {
             field(dst, b"connection", v.as_bytes());
         }
+    }
+    if !server {
+        field(dst, b"server", crate::response::SERVER.as_bytes());
     }
     if !date {
         dst.extend_from_slice(b"date: ");
@@ -329,7 +333,7 @@ pub fn date_value() -> http::HeaderValue {
 }
 
 /// Calls `f` with the current `Date` value.
-fn with_date(f: impl FnOnce(&[u8])) {
+pub(crate) fn with_date(f: impl FnOnce(&[u8])) {
     let now = std::time::SystemTime::now();
     let secs = now
         .duration_since(std::time::UNIX_EPOCH)
@@ -399,7 +403,7 @@ mod tests {
     fn framing_follows_the_body_and_the_request() {
         let (s, e) = enc(200, &[("x-a", "1")], SIZED, GET11);
         assert!(
-            s.starts_with("HTTP/1.1 200 OK\r\nx-a: 1\r\ncontent-length: 5\r\ndate: "),
+            s.starts_with("HTTP/1.1 200 OK\r\nx-a: 1\r\ncontent-length: 5\r\nserver: qweb\r\ndate: "),
             "{s}"
         );
         assert!(s.ends_with("\r\n\r\n"));

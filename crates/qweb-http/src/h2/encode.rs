@@ -88,13 +88,16 @@ fn put_field(dst: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
 }
 
 /// A response's header block (`status` then `fields`, without the connection-specific
-/// ones, RFC 9113 section 8.2.2) into `dst`; `table_update`: the block starts by setting
-/// the (unused) dynamic table's size to 0, as it must once after the client lowered
-/// SETTINGS_HEADER_TABLE_SIZE.
+/// ones, RFC 9113 section 8.2.2) into `dst`, with what this layer writes unless `fields`
+/// have it (as the HTTP/1 encoder does): `Server`, `Date` and, when the body's exact length
+/// is known (`length`), `Content-Length`; none of them on a 1xx. `table_update`: the block
+/// starts by setting the (unused) dynamic table's size to 0, as it must once after the
+/// client lowered SETTINGS_HEADER_TABLE_SIZE.
 pub(crate) fn response_head(
     dst: &mut Vec<u8>,
     status: StatusCode,
     fields: &HeaderMap,
+    length: Option<u64>,
     table_update: bool,
 ) {
     if table_update {
@@ -113,7 +116,22 @@ pub(crate) fn response_head(
             put_str(dst, status.as_str().as_bytes());
         }
     }
-    put_fields(dst, fields);
+    let seen = put_fields(dst, fields);
+    if status.is_informational() {
+        return;
+    }
+    if let (Some(n), false) = (length, seen.length) {
+        put_int(dst, 4, 0, 28);
+        put_str(dst, itoa::Buffer::new().format(n).as_bytes());
+    }
+    if !seen.server {
+        put_int(dst, 4, 0, 54);
+        put_str(dst, crate::response::SERVER.as_bytes());
+    }
+    if !seen.date {
+        put_int(dst, 4, 0, 33);
+        crate::h1::encode::with_date(|d| put_str(dst, d));
+    }
 }
 
 /// A trailer block (no pseudo-fields).
@@ -124,12 +142,28 @@ pub(crate) fn trailers(dst: &mut Vec<u8>, fields: &HeaderMap, table_update: bool
     put_fields(dst, fields);
 }
 
-fn put_fields(dst: &mut Vec<u8>, fields: &HeaderMap) {
+/// Which of the fields this layer adds a block had.
+#[derive(Default)]
+struct Seen {
+    date: bool,
+    server: bool,
+    length: bool,
+}
+
+fn put_fields(dst: &mut Vec<u8>, fields: &HeaderMap) -> Seen {
+    let mut seen = Seen::default();
     for (name, value) in fields {
+        match *name {
+            header::DATE => seen.date = true,
+            header::SERVER => seen.server = true,
+            header::CONTENT_LENGTH => seen.length = true,
+            _ => {}
+        }
         if !crate::fields::is_connection_specific(name) {
             put_field(dst, name, value);
         }
     }
+    seen
 }
 
 #[cfg(test)]
@@ -162,27 +196,64 @@ mod tests {
         fields.insert("x-long-name-of-a-field", HeaderValue::from_static("v"));
         let long = "x".repeat(300);
         fields.insert(header::ETAG, HeaderValue::from_str(&long).unwrap());
-        for (status, table) in [(200, false), (418, true), (404, false)] {
+        for (status, table, length) in [
+            (200, false, Some(42)),
+            (418, true, None),
+            (404, false, None),
+        ] {
             let mut b = Vec::new();
             response_head(
                 &mut b,
                 StatusCode::from_u16(status).unwrap(),
                 &fields,
+                length,
                 table,
             );
             let got = decode(&b);
             assert_eq!(got[0], (":status".into(), status.to_string()));
-            assert_eq!(
-                got[1..].to_vec(),
-                vec![
-                    ("content-type".into(), "text/plain".into()),
-                    ("set-cookie".into(), "a=1".into()),
-                    ("set-cookie".into(), "b=2".into()),
-                    ("x-long-name-of-a-field".into(), "v".into()),
-                    ("etag".into(), long.clone()),
-                ]
-            );
+            let mut want: Vec<(String, String)> = vec![
+                ("content-type".into(), "text/plain".into()),
+                ("set-cookie".into(), "a=1".into()),
+                ("set-cookie".into(), "b=2".into()),
+                ("x-long-name-of-a-field".into(), "v".into()),
+                ("etag".into(), long.clone()),
+            ];
+            if let Some(n) = length {
+                want.push(("content-length".into(), n.to_string()));
+            }
+            want.push(("server".into(), "qweb".into()));
+            assert_eq!(got[1..got.len() - 1].to_vec(), want);
+            let (name, date) = &got[got.len() - 1];
+            assert_eq!(name, "date");
+            assert!(httpdate::parse_http_date(date).is_ok(), "{date}");
         }
+    }
+
+    /// `Server`, `Date` and `Content-Length` are added only where the fields lack them,
+    /// and never to an interim response.
+    #[test]
+    fn the_layers_own_fields_are_added_once_and_not_to_a_1xx() {
+        let mut fields = HeaderMap::new();
+        fields.insert(header::SERVER, HeaderValue::from_static("upstream"));
+        fields.insert(
+            header::DATE,
+            HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT"),
+        );
+        fields.insert(header::CONTENT_LENGTH, HeaderValue::from_static("7"));
+        let mut b = Vec::new();
+        response_head(&mut b, StatusCode::OK, &fields, Some(9), false);
+        let got = decode(&b);
+        assert_eq!(
+            got[1..].to_vec(),
+            vec![
+                ("server".to_string(), "upstream".to_string()),
+                ("date".into(), "Thu, 01 Jan 1970 00:00:00 GMT".into()),
+                ("content-length".into(), "7".into()),
+            ]
+        );
+        let mut b = Vec::new();
+        response_head(&mut b, StatusCode::CONTINUE, &HeaderMap::new(), None, false);
+        assert_eq!(decode(&b), vec![(":status".to_string(), "100".to_string())]);
     }
 
     #[test]

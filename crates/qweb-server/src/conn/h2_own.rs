@@ -240,23 +240,13 @@ async fn answer_stream(
     answer: impl Future<Output = hyper::Response<Logged>>,
 ) {
     let resp = answer.await;
-    let (mut parts, body) = resp.into_parts();
+    let (parts, body) = resp.into_parts();
     let end = head || body.is_end_stream();
-    parts
-        .headers
-        .entry(http::header::DATE)
-        .or_insert_with(qweb_http::h1::encode::date_value);
-    if !end {
-        if let Some(n) = body.size_hint().exact() {
-            parts
-                .headers
-                .entry(http::header::CONTENT_LENGTH)
-                .or_insert_with(|| http::HeaderValue::from(n));
-        }
-    }
+    // (Server, Date and Content-Length are the layer's to add: `send_headers`)
+    let length = body.size_hint().exact();
     if !conn
         .borrow_mut()
-        .send_headers(id, parts.status, parts.headers, end)
+        .send_headers(id, parts.status, parts.headers, length, end)
         || end
     {
         return;

@@ -257,6 +257,7 @@ async fn exchange<S: Handle>(
     let resp = svc.call(req).await;
     let (mut parts, body) = resp.into_parts();
     qweb_http::fields::strip_connection_specific(&mut parts.headers);
+    qweb_http::response::server_field(&mut parts.headers);
     let head = http::Response::from_parts(parts, ());
     match tokio::time::timeout(send_timeout, send.send_response(head)).await {
         Ok(Ok(())) => {}

@@ -657,7 +657,9 @@ fn hyper_service<S: Handle>(svc: Rc<S>) -> impl HyperService {
         let svc = svc.clone();
         Box::pin(async move {
             let req = req.map(qweb_http::request_body::RequestBody::Hyper);
-            Ok::<_, Infallible>(svc.call(req).await)
+            let mut resp = svc.call(req).await;
+            qweb_http::response::server_field(resp.headers_mut());
+            Ok::<_, Infallible>(resp)
         }) as ServiceFuture
     })
 }

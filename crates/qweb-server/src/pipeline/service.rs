@@ -109,9 +109,7 @@ impl Service {
         if let Some(body) = body.filter(|b| version == Version::HTTP_2 && !b.is_end_stream()) {
             resp = resp.map(|r| qweb_http::body::boxed(DrainAfter::new(r, body)));
         }
-        resp.headers_mut()
-            .entry(header::SERVER)
-            .or_insert(HeaderValue::from_static("qweb"));
+        // (`Server` and `Date` are the connection layer's: `qweb_http::response::SERVER`)
         if let Some(alt) = &self.alt_svc {
             resp.headers_mut().insert(header::ALT_SVC, alt.clone());
         }

@@ -18,6 +18,11 @@ async fn https_h1_and_h2_by_alpn() {
         };
         assert_eq!(r.version(), want);
         assert_eq!(r.headers()["content-type"], "text/html");
+        // written by the connection layers, once each (qweb_http::response::SERVER)
+        assert_eq!(r.headers().get_all("server").iter().count(), 1, "{proto:?}");
+        assert_eq!(r.headers()["server"], "qweb");
+        assert_eq!(r.headers().get_all("date").iter().count(), 1, "{proto:?}");
+        assert_eq!(r.headers()["content-length"], "5");
         assert_eq!(r.text().await.unwrap(), "hello");
     }
     let r = common::plain_client()
@@ -26,6 +31,7 @@ async fn https_h1_and_h2_by_alpn() {
         .await
         .unwrap();
     assert_eq!(r.version(), reqwest::Version::HTTP_11);
+    assert_eq!(r.headers()["server"], "qweb");
     assert_eq!(r.text().await.unwrap(), "hello");
 }
 

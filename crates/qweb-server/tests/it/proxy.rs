@@ -112,6 +112,9 @@ async fn hop_by_hop_headers_removed_both_ways() {
             .unwrap();
         let h = r.headers();
         assert_eq!(h["x-kept"], "yes");
+        // the upstream's Server is kept, and no second one added
+        assert_eq!(h.get_all("server").iter().count(), 1, "{proto:?}");
+        assert_eq!(h["server"], "upstream");
         assert!(!h.contains_key("x-secret"), "{proto:?}");
         assert!(!h.contains_key("keep-alive"), "{proto:?}");
         assert_eq!(r.text().await.unwrap(), "hop");

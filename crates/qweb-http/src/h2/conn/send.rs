@@ -44,7 +44,7 @@ impl Connection {
         }
         if std::mem::take(&mut s.expect_continue) && !s.head_sent {
             self.put_block(id, false, |b, t| {
-                encode::response_head(b, StatusCode::CONTINUE, &HeaderMap::new(), t)
+                encode::response_head(b, StatusCode::CONTINUE, &HeaderMap::new(), None, t)
             });
         }
         if let Some(s) = self.streams.get_mut(&id) {
@@ -114,16 +114,20 @@ impl Connection {
         }
     }
 
-    /// Queues the response head of stream `id` (`end`: it has no body). `false`: the stream
-    /// is gone (reset), the response is dropped.
+    /// Queues the response head of stream `id` (`end`: it has no body). `length`: the
+    /// body's exact length, sent as `Content-Length` when `fields` have none (`Server` and
+    /// `Date` are added the same way, see `encode::response_head`). `false`: the stream is
+    /// gone (reset), the response is dropped.
     pub fn send_headers(
         &mut self,
         id: u32,
         status: StatusCode,
         fields: HeaderMap,
+        length: Option<u64>,
         end: bool,
     ) -> bool {
         let mut end = end;
+        let mut length = length.filter(|_| !end);
         let mut fields = fields;
         match self.streams.get_mut(&id) {
             Some(s) if s.send_open && !s.head_sent => {
@@ -135,6 +139,7 @@ impl Connection {
                         s.tunnel_open = true;
                         end = false;
                         fields.remove(header::CONTENT_LENGTH);
+                        length = None;
                     } else {
                         // refused: an ordinary answer, the client's DATA discarded
                         s.tunnel = false;
@@ -147,7 +152,9 @@ impl Connection {
             }
             _ => return false,
         }
-        self.put_block(id, end, |b, t| encode::response_head(b, status, &fields, t));
+        self.put_block(id, end, |b, t| {
+            encode::response_head(b, status, &fields, length, t)
+        });
         if end {
             self.send_closed(id);
         }
