@@ -5,9 +5,12 @@ from the one recorded below (EXPECTED), so a change in either server shows.
 
     scripts/compare-traffic.py [--qweb target/debug/qweb] [--nginx /usr/sbin/nginx]
 
-Covered so far: rate limit (10/s burst 5, 30 immediate requests), deny on /admin with path
-tricks, basic auth with one bcrypt htpasswd file. Not yet: forward_auth/auth_request, the
-PROXY protocol, client certificates.
+Covered: rate limit (10/s burst 5, 30 immediate requests), deny on /admin with path tricks,
+basic auth with one bcrypt htpasswd file; forward_auth against auth_request (a threaded
+python auth service and a python upstream echoing the headers it gets, both started here);
+the PROXY protocol (raw v1/v2 bytes over a socket, from 127.0.0.1, trusted, and 127.0.0.2,
+not); client certificates (openssl makes a CA, another CA, a client of each and an expired
+one in the temporary folder; python's ssl module is the client).
 """
 
 import argparse
@@ -164,12 +167,57 @@ EXPECTED = {
     "basic: none": ("401", "401"),
     "basic: wrong": ("401", "401"),
     "basic: right": ("200", "200"),
+    "auth 2xx X-User: alice; client sent X-User: mallory": ("200 X-User=alice", "200 X-User=alice"),
+    "auth 2xx without X-User; client sent X-User: mallory": ("200 X-User=absent", "200 X-User=absent"),
+    "auth 401 (WWW-Authenticate, a body)": (
+        '401 WWW-Authenticate: Bearer realm="app"; body: its own',
+        '401 WWW-Authenticate: Bearer realm="app"; body: the service\'s'),
+    "auth 302 Location: /login": ("500 Location: absent", "302 Location: /login"),
+    "auth service dead (connection refused)": ("500", "502"),
+    "auth service hangs (timeout 2s)": ("500 after 2 s", "502 after 2 s"),
+    "proxy v1 from trusted": ("200 XFF=203.0.113.7", "200 XFF=203.0.113.7"),
+    "proxy v1 + client X-Forwarded-For: 198.51.100.1": (
+        "200 XFF=198.51.100.1, 203.0.113.7", "200 XFF=198.51.100.1, 203.0.113.7"),
+    "proxy v1, allow its address": ("200", "200"),
+    "proxy v1, allow 127.0.0.1 only": ("403", "403"),
+    "proxy v2 from trusted": ("200 XFF=203.0.113.8", "200 XFF=203.0.113.8"),
+    "proxy v1 split across two writes": ("closed", "200 XFF=203.0.113.9"),
+    "proxy: no header from trusted": ("closed", "reset"),
+    "proxy: garbage header from trusted": ("closed", "reset"),
+    "proxy v1 from untrusted 127.0.0.2": ("200 XFF=127.0.0.2", "400"),
+    "proxy: no header from untrusted 127.0.0.2": ("closed", "200 XFF=127.0.0.2"),
+    "mtls: no certificate": ("400 No required SSL certificate was sent (TLSv1.3)",
+                             "alert TLSV13_ALERT_CERTIFICATE_REQUIRED (TLSv1.3)"),
+    "mtls: no certificate, TLS 1.2": ("400 No required SSL certificate was sent (TLSv1.2)",
+                                      "alert TLSV13_ALERT_CERTIFICATE_REQUIRED (handshake not completed)"),
+    "mtls: from the CA (client forges X-Client-Subject)": (
+        "200 (TLSv1.3) subject=CN=alice,O=ops", "200 (TLSv1.3) subject=CN=alice,O=ops"),
+    "mtls: fingerprint as the upstream sees it": ("sha1 hex, 40 chars", "sha256 hex, 64 chars"),
+    "mtls: from another CA": ("400 The SSL certificate error", "alert TLSV1_ALERT_UNKNOWN_CA"),
+    "mtls: expired (2020), from the CA": ("400 The SSL certificate error",
+                                          "alert SSLV3_ALERT_CERTIFICATE_EXPIRED"),
+    "mtls: plain listener, client forges X-Client-Subject": (
+        "X-Client-Subject absent", "X-Client-Subject absent"),
 }
 
 WHY = {
     "rate: refused status": "RFC 6585: 429 Too Many Requests, with Retry-After; nginx's limit_req_status defaults to 503",
     "deny /ADMIN": "qweb: a path that is another route's when read case-insensitively (an IIS upstream behind `/`) is 400 (pipeline/service.rs route_of); nginx's 404 is the static miss, neither serves /admin",
     "deny /admin%2fa.txt": "qweb refuses %2F before routing (400: the router and a decoding upstream would disagree); nginx decodes it to /admin/a.txt and denies",
+    "auth 401 (WWW-Authenticate, a body)": "qweb gives the client the service's answer as sent, body included (as Caddy's forward_auth); nginx's auth_request copies only WWW-Authenticate onto its own 401 page",
+    "auth 302 Location: /login": "nginx's auth_request passes on only 401 and 403, any other status is an error (500); qweb gives the client any non-2xx answer as sent, so a login redirect reaches it (as Caddy's forward_auth)",
+    "auth service dead (connection refused)": "nginx: a failed auth subrequest is 500; qweb: 502 (RFC 9110 15.6.3, no valid answer from a server it had to ask), never a pass",
+    "auth service hangs (timeout 2s)": "both give up at 2 s (nginx proxy_read_timeout 2s, qweb timeout = \"2s\"); nginx 500 as above; qweb 502 for any failure of the service (RFC 9110 15.6.5 would also allow 504 here)",
+    "proxy v1 split across two writes": "PROXY spec section 2: the receiver \"may be tolerant to partial headers or may simply drop the connection ... Recommendation is to be tolerant\"; nginx takes the header from its first read only (\"broken header\", closed); qweb waits for the rest (within header_read_timeout)",
+    "proxy: no header from trusted": "both close without an answer; qweb looks at the header with MSG_PEEK (conn/proxy_protocol.rs) and closes with those bytes unread, so Linux sends RST (even after 1 byte) (RFC 1122 4.2.2.13: a CLOSE with received data pending SHOULD send a RST); nginx had read them: FIN",
+    "proxy: garbage header from trusted": "as above: closed without an answer, qweb with the bytes unread (RST)",
+    "proxy v1 from untrusted 127.0.0.2": "nginx reads every client's header and set_real_ip_from decides whose address is believed (127.0.0.2 is not: its own address); qweb reads no header from an untrusted peer: the PROXY line is a bad request (CONFIGURATION.md, PROXY protocol)",
+    "proxy: no header from untrusted 127.0.0.2": "nginx's `listen ... proxy_protocol` demands the header from every client; qweb only from `trusted` addresses, others are served with their own",
+    "mtls: no certificate": "RFC 8446 4.4.2.4: a server that requires a certificate MAY abort the handshake with certificate_required (116): qweb (rustls) does, the TLS 1.3 client sees it on its first read; nginx completes the handshake and answers 400",
+    "mtls: no certificate, TLS 1.2": "rustls sends alert 116 on TLS 1.2 too (defined by RFC 8446 6.2; RFC 5246 7.4.6 names handshake_failure (40) for this); the client sees it inside the handshake; nginx 400 as on 1.3",
+    "mtls: fingerprint as the upstream sees it": "nginx's $ssl_client_fingerprint is SHA-1; qweb's {tls_client_fingerprint} is SHA-256 (as Caddy's); both match openssl x509 -fingerprint",
+    "mtls: from another CA": "qweb fails the handshake with unknown_ca (48, RFC 8446 6.2); nginx completes it and answers 400 \"The SSL certificate error\"",
+    "mtls: expired (2020), from the CA": "qweb fails the handshake with certificate_expired (45, RFC 8446 6.2); nginx answers 400 after it",
 }
 
 
@@ -368,7 +416,7 @@ def tls_get(port, pki, client=None, headers=(), tls12=False):
         ctx.maximum_version = ssl.TLSVersion.TLSv1_2
     if client:
         ctx.load_cert_chain(f"{pki}/{client}.crt", f"{pki}/{client}.key")
-    version = "?"
+    version = "handshake not completed"
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
             with ctx.wrap_socket(raw, server_hostname="localhost") as s:
