@@ -9,8 +9,9 @@ Covered: rate limit (10/s burst 5, 30 immediate requests), deny on /admin with p
 basic auth with one bcrypt htpasswd file; forward_auth against auth_request (a threaded
 python auth service and a python upstream echoing the headers it gets, both started here);
 the PROXY protocol (raw v1/v2 bytes over a socket, from 127.0.0.1, trusted, and 127.0.0.2,
-not); client certificates (openssl makes a CA, another CA, a client of each and an expired
-one in the temporary folder; python's ssl module is the client).
+not); client certificates (openssl makes a CA, another CA, a client of each, an expired
+one and a serverAuth-only one in the temporary folder; `ssl_verify_client on` and `optional`
+against `required = true` and `false`; python's ssl module is the client).
 """
 
 import argparse
@@ -95,6 +96,19 @@ http {{
       proxy_pass http://127.0.0.1:{up};
     }}
   }}
+  server {{
+    listen 127.0.0.1:{oport} ssl;
+    ssl_certificate {d}/pki/site.crt;
+    ssl_certificate_key {d}/pki/site.key;
+    ssl_verify_client optional;
+    ssl_client_certificate {d}/pki/ca.pem;
+    ssl_protocols TLSv1.2 TLSv1.3;
+    location / {{
+      proxy_set_header X-Client-Subject $ssl_client_s_dn;
+      proxy_set_header X-Client-Fingerprint $ssl_client_fingerprint;
+      proxy_pass http://127.0.0.1:{up};
+    }}
+  }}
 }}
 """
 
@@ -112,6 +126,12 @@ http2 = false
 [listener.tls]
 certificates = [{{ cert = "{d}/pki/site.crt", key = "{d}/pki/site.key" }}]
 client_auth = {{ ca = "{d}/pki/ca.pem", required = true }}
+[[listener]]
+address = "127.0.0.1:{oport}"
+http2 = false
+[listener.tls]
+certificates = [{{ cert = "{d}/pki/site.crt", key = "{d}/pki/site.key" }}]
+client_auth = {{ ca = "{d}/pki/ca.pem", required = false }}
 [[route]]
 prefix = "/limited"
 root = "{d}/site"
@@ -169,6 +189,10 @@ EXPECTED = {
     "basic: right": ("200", "200"),
     "auth 2xx X-User: alice; client sent X-User: mallory": ("200 X-User=alice", "200 X-User=alice"),
     "auth 2xx without X-User; client sent X-User: mallory": ("200 X-User=absent", "200 X-User=absent"),
+    "auth 2xx without X-User; client sent X-User twice and x-user": (
+        "200 X-User=absent", "200 X-User=absent"),
+    "auth 403 (a body)": ("403 body: its own", "403 body: the service's"),
+    "auth 500 (a body)": ("500 body: its own", "500 body: the service's"),
     "auth 401 (WWW-Authenticate, a body)": (
         '401 WWW-Authenticate: Bearer realm="app"; body: its own',
         '401 WWW-Authenticate: Bearer realm="app"; body: the service\'s'),
@@ -182,6 +206,10 @@ EXPECTED = {
     "proxy v1, allow 127.0.0.1 only": ("403", "403"),
     "proxy v2 from trusted": ("200 XFF=203.0.113.8", "200 XFF=203.0.113.8"),
     "proxy v1 split across two writes": ("closed", "200 XFF=203.0.113.9"),
+    "proxy v1 TCP6 from trusted": ("200 XFF=2001:db8::7", "200 XFF=2001:db8::7"),
+    "proxy v1 UNKNOWN (a balancer's health check)": ("200 XFF=127.0.0.1", "200 XFF=127.0.0.1"),
+    "proxy v2 LOCAL (a balancer's health check)": ("200 XFF=127.0.0.1", "200 XFF=127.0.0.1"),
+    "proxy v2 with a TLV (PP2_TYPE_AUTHORITY)": ("200 XFF=203.0.113.8", "200 XFF=203.0.113.8"),
     "proxy: no header from trusted": ("closed", "reset"),
     "proxy: garbage header from trusted": ("closed", "reset"),
     "proxy v1 from untrusted 127.0.0.2": ("200 XFF=127.0.0.2", "400"),
@@ -196,6 +224,12 @@ EXPECTED = {
     "mtls: from another CA": ("400 The SSL certificate error", "alert TLSV1_ALERT_UNKNOWN_CA"),
     "mtls: expired (2020), from the CA": ("400 The SSL certificate error",
                                           "alert SSLV3_ALERT_CERTIFICATE_EXPIRED"),
+    "mtls: server-only certificate (serverAuth), from the CA": (
+        "400 The SSL certificate error", "alert SSLV3_ALERT_UNSUPPORTED_CERTIFICATE"),
+    "mtls optional: no certificate": ("200 (TLSv1.3) subject=absent", "200 (TLSv1.3) subject=absent"),
+    "mtls optional: from the CA": (
+        "200 (TLSv1.3) subject=CN=alice,O=ops", "200 (TLSv1.3) subject=CN=alice,O=ops"),
+    "mtls optional: from another CA": ("400 The SSL certificate error", "alert TLSV1_ALERT_UNKNOWN_CA"),
     "mtls: plain listener, client forges X-Client-Subject": (
         "X-Client-Subject absent", "X-Client-Subject absent"),
 }
@@ -205,6 +239,8 @@ WHY = {
     "deny /ADMIN": "qweb: a path that is another route's when read case-insensitively (an IIS upstream behind `/`) is 400 (pipeline/service.rs route_of); nginx's 404 is the static miss, neither serves /admin",
     "deny /admin%2fa.txt": "qweb refuses %2F before routing (400: the router and a decoding upstream would disagree); nginx decodes it to /admin/a.txt and denies",
     "auth 401 (WWW-Authenticate, a body)": "qweb gives the client the service's answer as sent, body included (as Caddy's forward_auth); nginx's auth_request copies only WWW-Authenticate onto its own 401 page",
+    "auth 403 (a body)": "both refuse with 403; nginx's auth_request passes the status on with its own page, qweb the service's answer as sent",
+    "auth 500 (a body)": "both 500 here, by different rules: nginx turns any status but 2xx/401/403 into its own 500; qweb passes the service's answer on as sent (a 5xx of the service included)",
     "auth 302 Location: /login": "nginx's auth_request passes on only 401 and 403, any other status is an error (500); qweb gives the client any non-2xx answer as sent, so a login redirect reaches it (as Caddy's forward_auth)",
     "auth service dead (connection refused)": "nginx: a failed auth subrequest is 500; qweb: 502 (RFC 9110 15.6.3, no valid answer from a server it had to ask), never a pass",
     "auth service hangs (timeout 2s)": "both give up at 2 s (nginx proxy_read_timeout 2s, qweb timeout = \"2s\"); nginx 500 as above; qweb 502 for any failure of the service (RFC 9110 15.6.5 would also allow 504 here)",
@@ -215,9 +251,11 @@ WHY = {
     "proxy: no header from untrusted 127.0.0.2": "nginx's `listen ... proxy_protocol` demands the header from every client; qweb only from `trusted` addresses, others are served with their own",
     "mtls: no certificate": "RFC 8446 4.4.2.4: a server that requires a certificate MAY abort the handshake with certificate_required (116): qweb (rustls) does, the TLS 1.3 client sees it on its first read; nginx completes the handshake and answers 400",
     "mtls: no certificate, TLS 1.2": "rustls sends alert 116 on TLS 1.2 too (defined by RFC 8446 6.2; RFC 5246 7.4.6 names handshake_failure (40) for this); the client sees it inside the handshake; nginx 400 as on 1.3",
+    "mtls: server-only certificate (serverAuth), from the CA": "qweb (webpki) requires the clientAuth extended key usage where the certificate has one: unsupported_certificate (43, RFC 8446 6.2) in the handshake; nginx answers 400 after it (its error log, at info: \"26:unsuitable certificate purpose\")",
+    "mtls optional: from another CA": "nginx `ssl_verify_client optional` vs qweb `required = false`: both let a client without a certificate in and verify one that is sent; a bad one is refused as with `on`/`true` (400 after the handshake, or unknown_ca in it)",
     "mtls: fingerprint as the upstream sees it": "nginx's $ssl_client_fingerprint is SHA-1; qweb's {tls_client_fingerprint} is SHA-256 (as Caddy's); both match openssl x509 -fingerprint",
-    "mtls: from another CA": "qweb fails the handshake with unknown_ca (48, RFC 8446 6.2); nginx completes it and answers 400 \"The SSL certificate error\"",
-    "mtls: expired (2020), from the CA": "qweb fails the handshake with certificate_expired (45, RFC 8446 6.2); nginx answers 400 after it",
+    "mtls: from another CA": "qweb fails the handshake with unknown_ca (48, RFC 8446 6.2); nginx completes it and answers 400 \"The SSL certificate error\" (info log: \"21:unable to verify the first certificate\"): the client is not told why",
+    "mtls: expired (2020), from the CA": "qweb fails the handshake with certificate_expired (45, RFC 8446 6.2); nginx answers 400 after it (info log: \"10:certificate has expired\")",
 }
 
 
@@ -334,6 +372,10 @@ class Auth(http.server.BaseHTTPRequestHandler):
             self.answer(200, [("X-User", "alice")], b"ok\n")
         elif case == "anon":
             self.answer(200, [], b"ok\n")
+        elif case == "forbid":
+            self.answer(403, [], b"auth service forbids\n")
+        elif case == "broken":
+            self.answer(500, [], b"auth service broke\n")
         elif case == "login":
             self.answer(302, [("Location", "/login")], b"log in first\n")
         else:
@@ -385,6 +427,12 @@ def make_pki(d):
         openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
                 "-CAcreateserial", "-days", "30", "-extfile", "client.ext", "-out", f"{name}.crt",
                 cwd=d)
+    with open(f"{d}/server.ext", "w") as f:
+        f.write("basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
+    openssl("req", "-new", *ec, "-keyout", "srv.key", "-out", "srv.csr", "-subj", "/O=ops/CN=srv",
+            cwd=d)
+    openssl("x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-days", "30", "-extfile", "server.ext", "-out", "srv.crt", cwd=d)
     with open(f"{d}/ca.cnf", "w") as f:
         f.write(f"[ca]\ndefault_ca = d\n[d]\ndatabase = {d}/index.txt\nnew_certs_dir = {d}\n"
                 f"serial = {d}/serial\ndefault_md = sha256\npolicy = p\nx509_extensions = ext\n"
@@ -438,9 +486,12 @@ def v1(src):
     return f"PROXY TCP4 {src} 127.0.0.1 40000 80\r\n".encode()
 
 
-def v2(src):
+def v2(src, command=0x21, tlvs=b""):
+    """A v2 block, TCP over IPv4 from `src` (command 0x21: PROXY, 0x20: LOCAL), `tlvs` after
+    the addresses."""
     addrs = socket.inet_aton(src) + socket.inet_aton("127.0.0.1") + struct.pack(">HH", 40000, 80)
-    return b"\r\n\r\n\x00\r\nQUIT\n" + bytes([0x21, 0x11]) + struct.pack(">H", len(addrs)) + addrs
+    rest = addrs + tlvs
+    return b"\r\n\r\n\x00\r\nQUIT\n" + bytes([command, 0x11]) + struct.pack(">H", len(rest)) + rest
 
 
 def xff(answer):
@@ -465,7 +516,7 @@ def wait_port(port, proc, what):
 def cases(ports, pki):
     import base64
 
-    port, pport, tport = ports
+    port, pport, tport, oport = ports
     out = {}
     statuses = [get(port, "/limited/a.txt") for _ in range(30)]
     out["rate: passed of 30"] = str(sum(1 for s, _ in statuses if s == "200"))
@@ -491,6 +542,12 @@ def cases(ports, pki):
         exchange(port, [request_line("/app/x", [("X-Case", "ok"), forged])]))
     out["auth 2xx without X-User; client sent X-User: mallory"] = user(
         exchange(port, [request_line("/app/x", [("X-Case", "anon"), forged])]))
+    out["auth 2xx without X-User; client sent X-User twice and x-user"] = user(exchange(
+        port, [request_line("/app/x", [("X-Case", "anon"), forged, forged, ("x-user", "eve")])]))
+    for case, what in [("forbid", "403"), ("broken", "500")]:
+        status, _, body = exchange(port, [request_line("/app/x", [("X-Case", case)])])
+        out[f"auth {what} (a body)"] = status + " body: " + (
+            "the service's" if body.startswith(b"auth service") else "its own")
     status, hs, body = exchange(port, [request_line("/app/x", [("X-Case", "deny"), forged])])
     out["auth 401 (WWW-Authenticate, a body)"] = (
         f"{status} WWW-Authenticate: {hs.get('www-authenticate', 'absent')}; body: "
@@ -515,6 +572,16 @@ def cases(ports, pki):
     h = v1("203.0.113.9")
     out["proxy v1 split across two writes"] = xff(
         exchange(pport, [h[:12], h[12:] + request_line("/echo")]))
+    out["proxy v1 TCP6 from trusted"] = xff(exchange(
+        pport, [b"PROXY TCP6 2001:db8::7 ::1 40000 80\r\n" + request_line("/echo")]))
+    out["proxy v1 UNKNOWN (a balancer's health check)"] = xff(exchange(
+        pport, [b"PROXY UNKNOWN\r\n" + request_line("/echo")]))
+    out["proxy v2 LOCAL (a balancer's health check)"] = xff(exchange(
+        pport, [v2("203.0.113.8", command=0x20) + request_line("/echo")]))
+    authority = b"www.example"
+    out["proxy v2 with a TLV (PP2_TYPE_AUTHORITY)"] = xff(exchange(
+        pport, [v2("203.0.113.8", tlvs=b"\x02" + struct.pack(">H", len(authority)) + authority)
+                + request_line("/echo")]))
     out["proxy: no header from trusted"] = xff(exchange(pport, [request_line("/echo")]))
     out["proxy: garbage header from trusted"] = xff(
         exchange(pport, [b"HELLO 203.0.113.7\r\n" + request_line("/echo")]))
@@ -538,6 +605,14 @@ def cases(ports, pki):
         f"{digests[fp]} hex, {len(fp)} chars" if fp in digests else fp)
     out["mtls: from another CA"] = f"{tls_get(tport, pki, 'mallory')[0]}"
     out["mtls: expired (2020), from the CA"] = f"{tls_get(tport, pki, 'old')[0]}"
+    out["mtls: server-only certificate (serverAuth), from the CA"] = tls_get(tport, pki, "srv")[0]
+    seen, version, hs = tls_get(oport, pki)
+    out["mtls optional: no certificate"] = (
+        f"{seen} ({version}) subject={hs.get('x-client-subject', 'absent')}")
+    seen, version, hs = tls_get(oport, pki, "alice")
+    out["mtls optional: from the CA"] = (
+        f"{seen} ({version}) subject={hs.get('x-client-subject', 'absent')}")
+    out["mtls optional: from another CA"] = tls_get(oport, pki, "mallory")[0]
     _, _, body = exchange(port, [request_line("/mtls/x", forged)])
     out["mtls: plain listener, client forges X-Client-Subject"] = (
         "X-Client-Subject " + echoed(body).get("x-client-subject", "absent"))
@@ -562,13 +637,13 @@ def main():
         with open(f"{d}/users", "w") as f:
             f.write(users + "\n")
         make_pki(f"{d}/pki")
-        nports = (free_port(), free_port(), free_port())
-        qports = (free_port(), free_port(), free_port())
+        nports = tuple(free_port() for _ in range(4))
+        qports = tuple(free_port() for _ in range(4))
         common = dict(d=d, up=up.server_port, auth=auth.server_port, dead=dead)
         with open(f"{d}/nginx.conf", "w") as f:
-            f.write(NGINX_CONF.format(port=nports[0], pport=nports[1], tport=nports[2], **common))
+            f.write(NGINX_CONF.format(port=nports[0], pport=nports[1], tport=nports[2], oport=nports[3], **common))
         with open(f"{d}/qweb.toml", "w") as f:
-            f.write(QWEB_CONF.format(port=qports[0], pport=qports[1], tport=qports[2], **common))
+            f.write(QWEB_CONF.format(port=qports[0], pport=qports[1], tport=qports[2], oport=qports[3], **common))
         procs = [
             subprocess.Popen([a.nginx, "-p", d, "-c", f"{d}/nginx.conf"]),
             subprocess.Popen([a.qweb, "serve", "--config", f"{d}/qweb.toml"],
