@@ -97,6 +97,16 @@ http {{
     }}
   }}
   server {{
+    listen 127.0.0.1:{sport} ssl proxy_protocol;
+    ssl_certificate {d}/pki/site.crt;
+    ssl_certificate_key {d}/pki/site.key;
+    ssl_protocols TLSv1.2 TLSv1.3;
+    set_real_ip_from 127.0.0.1;
+    real_ip_header proxy_protocol;
+    proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+    location / {{ proxy_pass http://127.0.0.1:{up}; }}
+  }}
+  server {{
     listen 127.0.0.1:{oport} ssl;
     ssl_certificate {d}/pki/site.crt;
     ssl_certificate_key {d}/pki/site.key;
@@ -132,6 +142,12 @@ http2 = false
 [listener.tls]
 certificates = [{{ cert = "{d}/pki/site.crt", key = "{d}/pki/site.key" }}]
 client_auth = {{ ca = "{d}/pki/ca.pem", required = false }}
+[[listener]]
+address = "127.0.0.1:{sport}"
+http2 = false
+proxy_protocol = {{ trusted = ["127.0.0.1"] }}
+[listener.tls]
+certificates = [{{ cert = "{d}/pki/site.crt", key = "{d}/pki/site.key" }}]
 [[route]]
 prefix = "/limited"
 root = "{d}/site"
@@ -210,6 +226,10 @@ EXPECTED = {
     "proxy v1 UNKNOWN (a balancer's health check)": ("200 XFF=127.0.0.1", "200 XFF=127.0.0.1"),
     "proxy v2 LOCAL (a balancer's health check)": ("200 XFF=127.0.0.1", "200 XFF=127.0.0.1"),
     "proxy v2 with a TLV (PP2_TYPE_AUTHORITY)": ("200 XFF=203.0.113.8", "200 XFF=203.0.113.8"),
+    "proxy v1 then TLS, from trusted": ("200 XFF=203.0.113.7", "200 XFF=203.0.113.7"),
+    "proxy: TLS without a header, from trusted": ("error ConnectionResetError",
+                                                  "error ConnectionResetError"),
+    "proxy v1 then TLS, from untrusted 127.0.0.2": ("200 XFF=127.0.0.2", "TLS error WRONG_VERSION_NUMBER"),
     "proxy: no header from trusted": ("closed", "reset"),
     "proxy: garbage header from trusted": ("closed", "reset"),
     "proxy v1 from untrusted 127.0.0.2": ("200 XFF=127.0.0.2", "400"),
@@ -245,6 +265,7 @@ WHY = {
     "auth service dead (connection refused)": "nginx: a failed auth subrequest is 500; qweb: 502 (RFC 9110 15.6.3, no valid answer from a server it had to ask), never a pass",
     "auth service hangs (timeout 2s)": "both give up at 2 s (nginx proxy_read_timeout 2s, qweb timeout = \"2s\"); nginx 500 as above; qweb 502 for any failure of the service (RFC 9110 15.6.5 would also allow 504 here)",
     "proxy v1 split across two writes": "PROXY spec section 2: the receiver \"may be tolerant to partial headers or may simply drop the connection ... Recommendation is to be tolerant\"; nginx takes the header from its first read only (\"broken header\", closed); qweb waits for the rest (within header_read_timeout)",
+    "proxy v1 then TLS, from untrusted 127.0.0.2": "nginx reads the header, does not believe it (set_real_ip_from) and serves the client's own address; qweb reads the PROXY line as the first bytes of the TLS connection: not TLS, so it answers the plain-HTTP-on-HTTPS-port 400 in cleartext, which the client's TLS reads as a bad record (WRONG_VERSION_NUMBER)",
     "proxy: no header from trusted": "both close without an answer; qweb looks at the header with MSG_PEEK (conn/proxy_protocol.rs) and closes with those bytes unread, so Linux sends RST (even after 1 byte) (RFC 1122 4.2.2.13: a CLOSE with received data pending SHOULD send a RST); nginx had read them: FIN",
     "proxy: garbage header from trusted": "as above: closed without an answer, qweb with the bytes unread (RST)",
     "proxy v1 from untrusted 127.0.0.2": "nginx reads every client's header and set_real_ip_from decides whose address is believed (127.0.0.2 is not: its own address); qweb reads no header from an untrusted peer: the PROXY line is a bad request (CONFIGURATION.md, PROXY protocol)",
@@ -454,7 +475,8 @@ def fingerprint(cert, digest):
     return out.strip().split("=", 1)[1].replace(":", "").lower()
 
 
-def tls_get(port, pki, client=None, headers=(), tls12=False):
+def tls_get(port, pki, client=None, headers=(), tls12=False, before=b"", source="127.0.0.1",
+            target="/mtls/x"):
     """One GET over TLS presenting `client`'s certificate (None: none): (what the client
     sees: the status and <title>, or the TLS alert, the TLS version, the echoed headers)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -466,18 +488,22 @@ def tls_get(port, pki, client=None, headers=(), tls12=False):
         ctx.load_cert_chain(f"{pki}/{client}.crt", f"{pki}/{client}.key")
     version = "handshake not completed"
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with socket.create_connection(("127.0.0.1", port), timeout=10,
+                                      source_address=(source, 0)) as raw:
+            raw.sendall(before)
             with ctx.wrap_socket(raw, server_hostname="localhost") as s:
                 version = s.version()
-                s.sendall(request_line("/mtls/x", headers))
+                s.sendall(request_line(target, headers))
                 data, _ = read_all(s)
     except ssl.SSLError as e:
-        return f"alert {e.reason}", version, {}
+        return ("alert " if "ALERT" in (e.reason or "") else "TLS error ") + str(e.reason), version, {}
     except OSError as e:
         return f"error {e.__class__.__name__}", version, {}
     status, _, body = parse(data)
     if status == "200":
         return status, version, echoed(body)
+    if status in ("closed", "reset"):
+        return status, version, {}
     m = re.search(rb"<title>(.*?)</title>", body)
     return f"{m.group(1).decode()}" if m else status, version, {}
 
@@ -516,7 +542,7 @@ def wait_port(port, proc, what):
 def cases(ports, pki):
     import base64
 
-    port, pport, tport, oport = ports
+    port, pport, tport, oport, sport = ports
     out = {}
     statuses = [get(port, "/limited/a.txt") for _ in range(30)]
     out["rate: passed of 30"] = str(sum(1 for s, _ in statuses if s == "200"))
@@ -582,6 +608,13 @@ def cases(ports, pki):
     out["proxy v2 with a TLV (PP2_TYPE_AUTHORITY)"] = xff(exchange(
         pport, [v2("203.0.113.8", tlvs=b"\x02" + struct.pack(">H", len(authority)) + authority)
                 + request_line("/echo")]))
+    seen, version, hs = tls_get(sport, pki, before=v1("203.0.113.7"), target="/echo")
+    out["proxy v1 then TLS, from trusted"] = f"{seen} XFF={hs.get('x-forwarded-for', 'absent')}"
+    out["proxy: TLS without a header, from trusted"] = tls_get(sport, pki, target="/echo")[0]
+    seen, version, hs = tls_get(sport, pki, before=v1("203.0.113.7"), source="127.0.0.2",
+                                target="/echo")
+    out["proxy v1 then TLS, from untrusted 127.0.0.2"] = (
+        f"{seen} XFF={hs.get('x-forwarded-for', 'absent')}" if seen == "200" else seen)
     out["proxy: no header from trusted"] = xff(exchange(pport, [request_line("/echo")]))
     out["proxy: garbage header from trusted"] = xff(
         exchange(pport, [b"HELLO 203.0.113.7\r\n" + request_line("/echo")]))
@@ -637,13 +670,13 @@ def main():
         with open(f"{d}/users", "w") as f:
             f.write(users + "\n")
         make_pki(f"{d}/pki")
-        nports = tuple(free_port() for _ in range(4))
-        qports = tuple(free_port() for _ in range(4))
+        nports = tuple(free_port() for _ in range(5))
+        qports = tuple(free_port() for _ in range(5))
         common = dict(d=d, up=up.server_port, auth=auth.server_port, dead=dead)
         with open(f"{d}/nginx.conf", "w") as f:
-            f.write(NGINX_CONF.format(port=nports[0], pport=nports[1], tport=nports[2], oport=nports[3], **common))
+            f.write(NGINX_CONF.format(port=nports[0], pport=nports[1], tport=nports[2], oport=nports[3], sport=nports[4], **common))
         with open(f"{d}/qweb.toml", "w") as f:
-            f.write(QWEB_CONF.format(port=qports[0], pport=qports[1], tport=qports[2], oport=qports[3], **common))
+            f.write(QWEB_CONF.format(port=qports[0], pport=qports[1], tport=qports[2], oport=qports[3], sport=qports[4], **common))
         procs = [
             subprocess.Popen([a.nginx, "-p", d, "-c", f"{d}/nginx.conf"]),
             subprocess.Popen([a.qweb, "serve", "--config", f"{d}/qweb.toml"],
