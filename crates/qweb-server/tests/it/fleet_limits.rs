@@ -1,0 +1,220 @@
+//! `rate_limit = { ..., scope = "fleet" }` (issue 40) against a real `redis-server`: three
+//! nodes under uneven load let through the fleet's rate (within 10%), where `scope = "node"`
+//! lets through each node's; with the store killed each node limits at its share (rate /
+//! nodes seen) and says so on `/metrics`, and counts in the store again when it is back.
+
+use qweb_testkit as common;
+
+use std::time::{Duration, Instant};
+
+use common::redis::RedisServer;
+
+const RATE: f64 = 100.0;
+const BURST: f64 = 4.0;
+
+fn node(store: &str, name: &str, scope: &str) -> common::TestServer {
+    common::start_with(
+        &format!(
+            "workers = 2\n[admin]\naddress = \"127.0.0.1:0\"\n\
+             [fleet]\nstore = \"{store}\"\nnode_name = \"{name}\"\n\
+             [[route]]\nprefix = \"/\"\nroot = \"{{dir}}/site\"\n\
+             rate_limit = {{ rate = \"{RATE}/s\", burst = {BURST}, scope = \"{scope}\" }}\n"
+        ),
+        |d| std::fs::write(d.join("site").join("x"), "x").unwrap(),
+    )
+}
+
+async fn metric(t: &common::TestServer, name: &str) -> f64 {
+    common::metrics::scrape(t.admin.unwrap())
+        .await
+        .get(name, &[])
+        .unwrap_or(0.0)
+}
+
+async fn until<F, Fut>(within: Duration, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{what}: not within {within:?}");
+}
+
+/// How many nodes `t` lists in `/status.json`.
+async fn listed(t: &common::TestServer) -> usize {
+    let r = common::plain_client()
+        .get(format!("http://{}/status.json", t.admin.unwrap()))
+        .send()
+        .await
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+    doc["fleet"]["nodes"].as_array().map_or(0, Vec::len)
+}
+
+/// Offers `per_sec` requests a second to each node for `dur` (every request on a kept-alive
+/// connection, none waiting for another): the 200s of each node and the seconds it took.
+async fn offer(nodes: &[(&common::TestServer, f64)], dur: Duration) -> (Vec<u32>, f64) {
+    let client = common::plain_client();
+    let start = Instant::now();
+    let mut loads = Vec::new();
+    for (t, per_sec) in nodes {
+        let url = format!("{}/x", t.http());
+        let client = client.clone();
+        let every = Duration::from_secs_f64(1.0 / per_sec);
+        loads.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            let mut sent = Vec::new();
+            while start.elapsed() < dur {
+                tick.tick().await;
+                let (c, u) = (client.clone(), url.clone());
+                sent.push(tokio::spawn(async move {
+                    c.get(u)
+                        .send()
+                        .await
+                        .map(|r| r.status().as_u16())
+                        .unwrap_or(0)
+                }));
+            }
+            let mut ok = 0;
+            for s in sent {
+                match s.await.unwrap() {
+                    200 => ok += 1,
+                    429 => {}
+                    other => panic!("a node answered {other}"),
+                }
+            }
+            ok
+        }));
+    }
+    let mut allowed = Vec::new();
+    for l in loads {
+        allowed.push(l.await.unwrap());
+    }
+    (allowed, start.elapsed().as_secs_f64())
+}
+
+/// 600 requests a second over three nodes, 60% / 30% / 10%, for 3 s.
+async fn uneven(nodes: &[common::TestServer]) -> (f64, f64) {
+    let load: Vec<_> = nodes.iter().zip([360.0, 180.0, 60.0]).collect();
+    let (allowed, secs) = offer(&load, Duration::from_secs(3)).await;
+    (f64::from(allowed.iter().sum::<u32>()), secs)
+}
+
+/// What the store holds under `qweb:rl:*`: how many keys, the longest time to live (ms).
+fn store_keys(redis: &RedisServer) -> (i64, i64) {
+    let n = redis.command(&[
+        "EVAL",
+        "return #redis.call('KEYS', ARGV[1])",
+        "0",
+        "qweb:rl:*",
+    ]);
+    let ttl = redis.command(&[
+        "EVAL",
+        "local m = -2 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do \
+         m = math.max(m, redis.call('PTTL', k)) end return m",
+        "0",
+        "qweb:rl:*",
+    ]);
+    let int = |s: String| s.trim_start_matches(':').parse::<i64>().unwrap();
+    (int(n), int(ttl))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_under_uneven_load_let_through_the_fleet_rate() {
+    let redis = RedisServer::start();
+    let fleet: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .map(|n| node(&redis.url(), n, "fleet"))
+        .collect();
+    for t in &fleet {
+        until(Duration::from_secs(5), "connected", || async {
+            metric(t, "qweb_fleet_store_up").await == 1.0
+        })
+        .await;
+    }
+    let (allowed, secs) = uneven(&fleet).await;
+    let expected = RATE * secs + BURST;
+    eprintln!("scope = \"fleet\": {allowed} let through in {secs:.2} s ({expected:.0} expected)");
+    assert!(
+        (allowed - expected).abs() <= 0.1 * expected,
+        "fleet: {allowed} let through in {secs:.2} s, {expected:.0} expected"
+    );
+    let mut leases = 0.0;
+    for t in &fleet {
+        assert_eq!(metric(t, "qweb_rate_limit_fleet_fallback").await, 0.0);
+        leases += metric(t, "qweb_fleet_rate_limit_leases_total").await;
+    }
+    assert!(leases > 0.0 && leases < 1800.0, "{leases} leases");
+    // one key in the store, with a time to live: it is gone soon after the load
+    let (n, ttl) = store_keys(&redis);
+    assert!(n == 1 && (1..=2_000).contains(&ttl), "{n} keys, {ttl} ms");
+    until(Duration::from_secs(3), "the key expires", || async {
+        store_keys(&redis).0 == 0
+    })
+    .await;
+    drop(fleet);
+
+    // the control: each node on its own lets through its own rate
+    let alone: Vec<_> = ["d", "e", "f"]
+        .iter()
+        .map(|n| node(&redis.url(), n, "node"))
+        .collect();
+    let (allowed, secs) = uneven(&alone).await;
+    let fleet_rate = RATE * secs + BURST;
+    eprintln!("scope = \"node\": {allowed} let through in {secs:.2} s");
+    assert!(
+        allowed > 2.0 * fleet_rate,
+        "scope = \"node\": {allowed} let through in {secs:.2} s"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_store_killed_each_node_limits_at_its_share_and_says_so() {
+    let mut redis = RedisServer::start();
+    let a = node(&redis.url(), "a", "fleet");
+    let b = node(&redis.url(), "b", "fleet");
+    // both list both (a lists again within its 5 s heartbeat)
+    until(Duration::from_secs(12), "both list a and b", || async {
+        listed(&a).await == 2 && listed(&b).await == 2
+    })
+    .await;
+    redis.kill();
+    for t in [&a, &b] {
+        until(Duration::from_secs(5), "the store is away", || async {
+            metric(t, "qweb_fleet_store_up").await == 0.0
+        })
+        .await;
+    }
+    let (allowed, secs) = offer(&[(&a, 200.0), (&b, 120.0)], Duration::from_secs(2)).await;
+    // each node at rate / 2, with half the burst
+    let expected = RATE / 2.0 * secs + BURST / 2.0;
+    eprintln!("store away: {allowed:?} let through in {secs:.2} s ({expected:.0} each expected)");
+    for (name, got) in ["a", "b"].iter().zip(&allowed) {
+        let got = f64::from(*got);
+        assert!(
+            (got - expected).abs() <= 0.1 * expected,
+            "{name}: {got} let through in {secs:.2} s, {expected:.0} expected"
+        );
+    }
+    for t in [&a, &b] {
+        assert_eq!(metric(t, "qweb_rate_limit_fleet_fallback").await, 1.0);
+    }
+    redis.restart();
+    for t in [&a, &b] {
+        until(Duration::from_secs(10), "back in the store", || async {
+            metric(t, "qweb_rate_limit_fleet_fallback").await == 0.0
+        })
+        .await;
+    }
+    let before = metric(&a, "qweb_fleet_rate_limit_leases_total").await;
+    let (allowed, _) = offer(&[(&a, 50.0)], Duration::from_millis(500)).await;
+    assert!(allowed[0] > 0);
+    assert!(metric(&a, "qweb_fleet_rate_limit_leases_total").await > before);
+    assert_eq!(store_keys(&redis).0, 1, "counted in the store again");
+}
