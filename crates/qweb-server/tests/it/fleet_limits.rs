@@ -1,7 +1,8 @@
 //! `rate_limit = { ..., scope = "fleet" }` (issue 40) against a real `redis-server`: three
 //! nodes under uneven load let through the fleet's rate (within 10%), where `scope = "node"`
 //! lets through each node's; with the store killed each node limits at its share (rate /
-//! nodes seen) and says so on `/metrics`, and counts in the store again when it is back.
+//! nodes seen) and says so on `/metrics`, and counts in the store again when it is back; a
+//! key of another type in the store fails the leases without stopping the fleet thread.
 
 use qweb_testkit as common;
 
@@ -217,4 +218,38 @@ async fn with_the_store_killed_each_node_limits_at_its_share_and_says_so() {
     assert!(allowed[0] > 0);
     assert!(metric(&a, "qweb_fleet_rate_limit_leases_total").await > before);
     assert_eq!(store_keys(&redis).0, 1, "counted in the store again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_key_of_another_type_fails_the_leases_and_stops_nothing() {
+    let redis = RedisServer::start();
+    let a = node(&redis.url(), "a", "fleet");
+    until(Duration::from_secs(5), "connected", || async {
+        metric(&a, "qweb_fleet_store_up").await == 1.0
+    })
+    .await;
+    let _ = offer(&[(&a, 50.0)], Duration::from_millis(300)).await;
+    let key = redis.command(&[
+        "EVAL",
+        "return redis.call('KEYS', ARGV[1])[1]",
+        "0",
+        "qweb:rl:*",
+    ]);
+    assert!(key.starts_with("qweb:rl:/:"), "{key}");
+    // a hash where the script reads a number: the script fails, the lease with it
+    redis.command(&["DEL", &key]);
+    redis.command(&["HSET", &key, "tat", "garbage"]);
+    let (allowed, _) = offer(&[(&a, 100.0)], Duration::from_millis(1500)).await;
+    let failures = metric(&a, "qweb_fleet_rate_limit_lease_failures_total").await;
+    assert!(failures >= 1.0, "{failures} failures");
+    assert!(allowed[0] > 0, "the node decides alone meanwhile");
+    // the fleet thread goes on: with the key gone, leases succeed again
+    redis.command(&["DEL", &key]);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let _ = offer(&[(&a, 50.0)], Duration::from_millis(300)).await;
+    assert_eq!(redis.command(&["TYPE", &key]), "+string");
+    assert_eq!(
+        metric(&a, "qweb_fleet_rate_limit_lease_failures_total").await,
+        failures
+    );
 }
