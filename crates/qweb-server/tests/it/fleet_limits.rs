@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use common::redis::RedisServer;
 
+use crate::fleet::{metric, nodes, until};
+
 const RATE: f64 = 100.0;
 const BURST: f64 = 4.0;
 
@@ -25,46 +27,13 @@ fn node(store: &str, name: &str, scope: &str) -> common::TestServer {
     )
 }
 
-async fn metric(t: &common::TestServer, name: &str) -> f64 {
-    common::metrics::scrape(t.admin.unwrap())
-        .await
-        .get(name, &[])
-        .unwrap_or(0.0)
-}
-
-async fn until<F, Fut>(within: Duration, what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if cond().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{what}: not within {within:?}");
-}
-
-/// How many nodes `t` lists in `/status.json`.
-async fn listed(t: &common::TestServer) -> usize {
-    let r = common::plain_client()
-        .get(format!("http://{}/status.json", t.admin.unwrap()))
-        .send()
-        .await
-        .unwrap();
-    let doc: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
-    doc["fleet"]["nodes"].as_array().map_or(0, Vec::len)
-}
-
 /// Offers `per_sec` requests a second to each node for `dur` (every request on a kept-alive
 /// connection, none waiting for another): the 200s of each node and the seconds it took.
-async fn offer(nodes: &[(&common::TestServer, f64)], dur: Duration) -> (Vec<u32>, f64) {
+async fn offer(load: &[(&common::TestServer, f64)], dur: Duration) -> (Vec<u32>, f64) {
     let client = common::plain_client();
     let start = Instant::now();
     let mut loads = Vec::new();
-    for (t, per_sec) in nodes {
+    for (t, per_sec) in load {
         let url = format!("{}/x", t.http());
         let client = client.clone();
         let every = Duration::from_secs_f64(1.0 / per_sec);
@@ -101,8 +70,8 @@ async fn offer(nodes: &[(&common::TestServer, f64)], dur: Duration) -> (Vec<u32>
 }
 
 /// 600 requests a second over three nodes, 60% / 30% / 10%, for 3 s.
-async fn uneven(nodes: &[common::TestServer]) -> (f64, f64) {
-    let load: Vec<_> = nodes.iter().zip([360.0, 180.0, 60.0]).collect();
+async fn uneven(fleet: &[common::TestServer]) -> (f64, f64) {
+    let load: Vec<_> = fleet.iter().zip([360.0, 180.0, 60.0]).collect();
     let (allowed, secs) = offer(&load, Duration::from_secs(3)).await;
     (f64::from(allowed.iter().sum::<u32>()), secs)
 }
@@ -182,7 +151,7 @@ async fn with_the_store_killed_each_node_limits_at_its_share_and_says_so() {
     let b = node(&redis.url(), "b", "fleet");
     // both list both (a lists again within its 5 s heartbeat)
     until(Duration::from_secs(12), "both list a and b", || async {
-        listed(&a).await == 2 && listed(&b).await == 2
+        nodes(&a).await.len() == 2 && nodes(&b).await.len() == 2
     })
     .await;
     redis.kill();
