@@ -28,8 +28,9 @@ fn node(store: &str, name: &str, scope: &str) -> common::TestServer {
 }
 
 /// Offers `per_sec` requests a second to each node for `dur` (every request on a kept-alive
-/// connection, none waiting for another): the 200s of each node and the seconds it took.
-async fn offer(load: &[(&common::TestServer, f64)], dur: Duration) -> (Vec<u32>, f64) {
+/// connection, none waiting for another): the 200s of each node, the seconds it took and the
+/// 99th percentile of the answers' latency (ms, as this client saw them).
+async fn offer(load: &[(&common::TestServer, f64)], dur: Duration) -> (Vec<u32>, f64, f64) {
     let client = common::plain_client();
     let start = Instant::now();
     let mut loads = Vec::new();
@@ -44,36 +45,42 @@ async fn offer(load: &[(&common::TestServer, f64)], dur: Duration) -> (Vec<u32>,
                 tick.tick().await;
                 let (c, u) = (client.clone(), url.clone());
                 sent.push(tokio::spawn(async move {
-                    c.get(u)
-                        .send()
-                        .await
-                        .map(|r| r.status().as_u16())
-                        .unwrap_or(0)
+                    let t0 = Instant::now();
+                    let status = c.get(u).send().await.map(|r| r.status().as_u16());
+                    (status.unwrap_or(0), t0.elapsed())
                 }));
             }
-            let mut ok = 0;
+            let (mut ok, mut took) = (0, Vec::new());
             for s in sent {
-                match s.await.unwrap() {
+                let (status, t) = s.await.unwrap();
+                match status {
                     200 => ok += 1,
                     429 => {}
                     other => panic!("a node answered {other}"),
                 }
+                took.push(t);
             }
-            ok
+            (ok, took)
         }));
     }
-    let mut allowed = Vec::new();
+    let (mut allowed, mut took) = (Vec::new(), Vec::new());
     for l in loads {
-        allowed.push(l.await.unwrap());
+        let (ok, t) = l.await.unwrap();
+        allowed.push(ok);
+        took.extend(t);
     }
-    (allowed, start.elapsed().as_secs_f64())
+    took.sort();
+    let p99 = took
+        .get(took.len() * 99 / 100)
+        .map_or(0.0, |d| d.as_secs_f64() * 1e3);
+    (allowed, start.elapsed().as_secs_f64(), p99)
 }
 
 /// 600 requests a second over three nodes, 60% / 30% / 10%, for 3 s.
-async fn uneven(fleet: &[common::TestServer]) -> (f64, f64) {
+async fn uneven(fleet: &[common::TestServer]) -> (f64, f64, f64) {
     let load: Vec<_> = fleet.iter().zip([360.0, 180.0, 60.0]).collect();
-    let (allowed, secs) = offer(&load, Duration::from_secs(3)).await;
-    (f64::from(allowed.iter().sum::<u32>()), secs)
+    let (allowed, secs, p99) = offer(&load, Duration::from_secs(3)).await;
+    (f64::from(allowed.iter().sum::<u32>()), secs, p99)
 }
 
 /// What the store holds under `qweb:rl:*`: how many keys, the longest time to live (ms).
@@ -108,9 +115,11 @@ async fn three_nodes_under_uneven_load_let_through_the_fleet_rate() {
         })
         .await;
     }
-    let (allowed, secs) = uneven(&fleet).await;
+    let (allowed, secs, p99) = uneven(&fleet).await;
     let expected = RATE * secs + BURST;
-    eprintln!("scope = \"fleet\": {allowed} let through in {secs:.2} s ({expected:.0} expected)");
+    eprintln!(
+        "scope = \"fleet\": {allowed} let through in {secs:.2} s ({expected:.0} expected), p99 {p99:.2} ms"
+    );
     assert!(
         (allowed - expected).abs() <= 0.1 * expected,
         "fleet: {allowed} let through in {secs:.2} s, {expected:.0} expected"
@@ -135,9 +144,9 @@ async fn three_nodes_under_uneven_load_let_through_the_fleet_rate() {
         .iter()
         .map(|n| node(&redis.url(), n, "node"))
         .collect();
-    let (allowed, secs) = uneven(&alone).await;
+    let (allowed, secs, p99) = uneven(&alone).await;
     let fleet_rate = RATE * secs + BURST;
-    eprintln!("scope = \"node\": {allowed} let through in {secs:.2} s");
+    eprintln!("scope = \"node\": {allowed} let through in {secs:.2} s, p99 {p99:.2} ms");
     assert!(
         allowed > 2.0 * fleet_rate,
         "scope = \"node\": {allowed} let through in {secs:.2} s"
@@ -161,7 +170,7 @@ async fn with_the_store_killed_each_node_limits_at_its_share_and_says_so() {
         })
         .await;
     }
-    let (allowed, secs) = offer(&[(&a, 200.0), (&b, 120.0)], Duration::from_secs(2)).await;
+    let (allowed, secs, _) = offer(&[(&a, 200.0), (&b, 120.0)], Duration::from_secs(2)).await;
     // each node at rate / 2, with half the burst
     let expected = RATE / 2.0 * secs + BURST / 2.0;
     eprintln!("store away: {allowed:?} let through in {secs:.2} s ({expected:.0} each expected)");
@@ -183,7 +192,7 @@ async fn with_the_store_killed_each_node_limits_at_its_share_and_says_so() {
         .await;
     }
     let before = metric(&a, "qweb_fleet_rate_limit_leases_total").await;
-    let (allowed, _) = offer(&[(&a, 50.0)], Duration::from_millis(500)).await;
+    let (allowed, _, _) = offer(&[(&a, 50.0)], Duration::from_millis(500)).await;
     assert!(allowed[0] > 0);
     assert!(metric(&a, "qweb_fleet_rate_limit_leases_total").await > before);
     assert_eq!(store_keys(&redis).0, 1, "counted in the store again");
@@ -208,7 +217,7 @@ async fn a_store_key_of_another_type_fails_the_leases_and_stops_nothing() {
     // a hash where the script reads a number: the script fails, the lease with it
     redis.command(&["DEL", &key]);
     redis.command(&["HSET", &key, "tat", "garbage"]);
-    let (allowed, _) = offer(&[(&a, 100.0)], Duration::from_millis(1500)).await;
+    let (allowed, _, _) = offer(&[(&a, 100.0)], Duration::from_millis(1500)).await;
     let failures = metric(&a, "qweb_fleet_rate_limit_lease_failures_total").await;
     assert!(failures >= 1.0, "{failures} failures");
     assert!(allowed[0] > 0, "the node decides alone meanwhile");
