@@ -2,7 +2,8 @@
 //! nodes under uneven load let through the fleet's rate (within 10%), where `scope = "node"`
 //! lets through each node's; with the store killed each node limits at its share (rate /
 //! nodes seen) and says so on `/metrics`, and counts in the store again when it is back; a
-//! key of another type in the store fails the leases without stopping the fleet thread.
+//! key of another type in the store fails the leases without stopping the fleet thread; a
+//! store that stops answering holds up no request.
 
 use qweb_testkit as common;
 
@@ -16,10 +17,14 @@ const RATE: f64 = 100.0;
 const BURST: f64 = 4.0;
 
 fn node(store: &str, name: &str, scope: &str) -> common::TestServer {
+    node_with(store, name, scope, "")
+}
+
+fn node_with(store: &str, name: &str, scope: &str, fleet: &str) -> common::TestServer {
     common::start_with(
         &format!(
             "workers = 2\n[admin]\naddress = \"127.0.0.1:0\"\n\
-             [fleet]\nstore = \"{store}\"\nnode_name = \"{name}\"\n\
+             [fleet]\nstore = \"{store}\"\nnode_name = \"{name}\"\n{fleet}\n\
              [[route]]\nprefix = \"/\"\nroot = \"{{dir}}/site\"\n\
              rate_limit = {{ rate = \"{RATE}/s\", burst = {BURST}, scope = \"{scope}\" }}\n"
         ),
@@ -230,4 +235,25 @@ async fn a_store_key_of_another_type_fails_the_leases_and_stops_nothing() {
         metric(&a, "qweb_fleet_rate_limit_lease_failures_total").await,
         failures
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_stops_answering_holds_up_no_request() {
+    let redis = RedisServer::start();
+    let a = node_with(&redis.url(), "a", "fleet", "timeout = \"300ms\"");
+    until(Duration::from_secs(5), "connected", || async {
+        metric(&a, "qweb_fleet_store_up").await == 1.0
+    })
+    .await;
+    let _ = offer(&[(&a, 50.0)], Duration::from_millis(300)).await;
+    // SIGSTOP: the connection stays open, no lease is answered
+    redis.pause();
+    let (allowed, secs, p99) = offer(&[(&a, 200.0)], Duration::from_millis(1500)).await;
+    redis.resume();
+    eprintln!("store paused: {allowed:?} let through in {secs:.2} s, p99 {p99:.2} ms");
+    // decided by the node alone (one node seen: the whole rate), none waiting on the store
+    assert!(p99 < 250.0, "p99 {p99:.2} ms");
+    let expected = RATE * secs + BURST;
+    assert!(f64::from(allowed[0]) <= 1.1 * expected, "{allowed:?}");
+    assert!(metric(&a, "qweb_fleet_rate_limit_lease_failures_total").await >= 1.0);
 }
