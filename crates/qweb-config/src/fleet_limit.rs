@@ -168,25 +168,31 @@ impl FleetLimiter {
             self.local.share(store.nodes());
             return self.local.check(key);
         }
-        self.fallback.store(false, Relaxed);
+        if self.fallback.load(Relaxed) {
+            self.fallback.store(false, Relaxed);
+        }
         let now = self.now();
         let slot = self.leases.hash(key);
-        let (found, refill) = self
-            .leases
-            .with(slot, Lease::default, |l| self.spend(l, now));
-        let verdict = match found {
-            Found::Verdict(v) => v,
-            Found::Local => {
-                self.local.share(store.nodes());
-                let v = self.local.check(key);
-                if v == Verdict::Allowed {
-                    self.leases.with_existing(slot, |l| {
-                        l.debt = l.debt.saturating_add(1);
-                    });
+        // the lease's lock, then the node limit's (never the other way round)
+        let (verdict, refill) = self.leases.with(slot, Lease::default, |l| {
+            let (found, refill) = self.spend(l, now);
+            match found {
+                Found::Verdict(v) => (v, refill),
+                Found::Local => {
+                    self.local.share(store.nodes());
+                    let v = self.local.check(key);
+                    let owed = u32::from(v == Verdict::Allowed);
+                    // owed with the refill asked for now, if one is
+                    match refill {
+                        Some((debt, want)) => (v, Some((debt.saturating_add(owed), want))),
+                        None => {
+                            l.debt = l.debt.saturating_add(owed);
+                            (v, None)
+                        }
+                    }
                 }
-                v
             }
-        };
+        });
         if let Some((debt, want)) = refill {
             let req = LeaseRequest {
                 limiter: self.clone(),
@@ -318,7 +324,7 @@ mod tests {
         // the first request: no lease yet, the node's limit lets it through and owes it
         assert_eq!(l.check(b"k"), Verdict::Allowed);
         let first = q.asked.lock().unwrap().remove(0);
-        assert_eq!((first.debt, first.want, &*first.key), (0, 1, &b"k"[..]));
+        assert_eq!((first.debt, first.want, &*first.key), (1, 1, &b"k"[..]));
         assert!(!l.fallback());
         // while the refill is on its way nothing more is asked
         assert!(matches!(l.check(b"k"), Verdict::Limited { .. }));
@@ -329,7 +335,7 @@ mod tests {
             assert_eq!(l.check(b"k"), Verdict::Allowed);
         }
         let next = q.asked.lock().unwrap().remove(0);
-        assert_eq!(next.debt, 1);
+        assert_eq!(next.debt, 0, "paid with the first lease");
         // the store says none for 40 ms: limited without asking again
         l.granted(next.slot, 0, Duration::from_millis(40));
         let Verdict::Limited { retry_after } = l.check(b"k") else {
