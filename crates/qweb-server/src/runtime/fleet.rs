@@ -77,6 +77,8 @@ pub(crate) struct Fleet {
     /// Ms after `epoch` until which the store counts as away for leases (one failed).
     lease_failed_until: AtomicU64,
     epoch: Instant,
+    /// The running configuration has `scope = "fleet"` limits.
+    has_limits: AtomicBool,
     cache: Arc<qweb_cache::Store>,
 }
 
@@ -142,6 +144,7 @@ impl Fleet {
             leases,
             lease_failed_until: AtomicU64::new(0),
             epoch: Instant::now(),
+            has_limits: AtomicBool::new(false),
             cache,
         });
         let f = fleet.clone();
@@ -502,7 +505,8 @@ impl prometheus_client::collector::Collector for FleetCollector {
             None,
             g.metric_type(),
         )?)?;
-        let fallback = ConstGauge::new(i64::from(!qweb_config::LeaseStore::available(&**f)));
+        let away = !qweb_config::LeaseStore::available(&**f);
+        let fallback = ConstGauge::new(i64::from(away && f.has_limits.load(Relaxed)));
         fallback.encode(encoder.encode_descriptor(
             "qweb_rate_limit_fleet_fallback",
             "1 while scope = \"fleet\" rate limits are decided by each node alone, at rate / nodes seen (the store away or failing leases), 0 while the store counts them.",

@@ -143,6 +143,7 @@ pub(crate) async fn serve(fleet: Arc<Fleet>, mut rx: mpsc::Receiver<LeaseRequest
 /// they limit as one node alone).
 pub(crate) fn attach(config: &Config, fleet: Option<&Arc<Fleet>>) {
     let Some(fleet) = fleet else { return };
+    let mut any = false;
     let top = config.routes.iter().map(|r| ("", r));
     let sites = config.sites.sites.iter().flat_map(|s| {
         let label = s.server_names.first().map_or("", String::as_str);
@@ -151,6 +152,8 @@ pub(crate) fn attach(config: &Config, fleet: Option<&Arc<Fleet>>) {
     for (label, r) in top.chain(sites) {
         if let Some(f) = r.rules.rate_limit.as_ref().and_then(|l| l.fleet.as_ref()) {
             f.attach(fleet.clone(), format!("{label}{}", r.prefix));
+            any = true;
         }
     }
+    fleet.has_limits.store(any, Relaxed);
 }
