@@ -3,7 +3,8 @@
 //! lets through each node's; with the store killed each node limits at its share (rate /
 //! nodes seen) and says so on `/metrics`, and counts in the store again when it is back; a
 //! key of another type in the store fails the leases without stopping the fleet thread; a
-//! store that stops answering holds up no request.
+//! store that stops answering holds up no request; many distinct keys stay at `max_keys` on
+//! the node and expire in the store.
 
 use qweb_testkit as common;
 
@@ -256,4 +257,42 @@ async fn a_store_that_stops_answering_holds_up_no_request() {
     let expected = RATE * secs + BURST;
     assert!(f64::from(allowed[0]) <= 1.1 * expected, "{allowed:?}");
     assert!(metric(&a, "qweb_fleet_rate_limit_lease_failures_total").await >= 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_distinct_keys_stay_at_max_keys_here_and_expire_in_the_store() {
+    let redis = RedisServer::start();
+    let a = common::start_with(
+        &format!(
+            "workers = 2\n[admin]\naddress = \"127.0.0.1:0\"\n\
+             [fleet]\nstore = \"{}\"\nnode_name = \"a\"\n\
+             [[route]]\nprefix = \"/\"\nroot = \"{{dir}}/site\"\n\
+             rate_limit = {{ rate = \"10/s\", key = \"header:X-User\", max_keys = 50, scope = \"fleet\" }}\n",
+            redis.url()
+        ),
+        |d| std::fs::write(d.join("site").join("x"), "x").unwrap(),
+    );
+    until(Duration::from_secs(5), "connected", || async {
+        metric(&a, "qweb_fleet_store_up").await == 1.0
+    })
+    .await;
+    let client = common::plain_client();
+    let url = format!("{}/x", a.http());
+    for i in 0..500 {
+        let r = client
+            .get(&url)
+            .header("x-user", format!("u{i}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "a new key has its budget");
+    }
+    let m = common::metrics::scrape(a.admin.unwrap()).await;
+    assert_eq!(m.value("qweb_rate_limit_keys", &[("route", "/")]), 50.0);
+    let (n, ttl) = store_keys(&redis);
+    assert!(n <= 500 && (1..=1_200).contains(&ttl), "{n} keys, {ttl} ms");
+    until(Duration::from_secs(3), "the keys expire", || async {
+        store_keys(&redis).0 == 0
+    })
+    .await;
 }
