@@ -184,6 +184,11 @@ fn check_config_names_bad_proxy_protocol_and_connection_limits() {
             "connections_per_client",
         ),
         ("[limits]\nconnections_per_client = -3\n", 2, "connections_per_client"),
+        (
+            "[[route]]\nprefix = \"/api\"\nroot = \"/tmp\"\nrate_limit = { rate = \"10/s\", scope = \"fleet\" }\n",
+            4,
+            "route[0].rate_limit.scope",
+        ),
     ] {
         let cfg = write_config(dir.path(), text);
         let out = Command::new(BIN).arg("-t").arg("-c").arg(&cfg).output().unwrap();

@@ -18,6 +18,7 @@ mod compression;
 mod error;
 mod file_cache;
 mod fleet;
+mod fleet_limit;
 mod forward_auth;
 mod limits;
 mod listener;
@@ -71,6 +72,7 @@ pub use proxy::{
     Balance, HashKey, HealthCheck, ProxyConfig, Upstream, UpstreamGauges, UpstreamProxyProtocol,
 };
 // for `forward_auth`'s one upstream (a module of its own would make a circle through raw.rs)
+pub use fleet_limit::{FleetLimiter, LeaseRequest, LeaseStore};
 use proxy::parse_upstream;
 pub use rate_limit::{
     RateLimit, RateLimiter, Verdict, DEFAULT_RATE_LIMIT_KEYS, MAX_RATE_LIMIT_BURST,
@@ -180,6 +182,7 @@ impl Config {
             file,
             sources: &sources,
             site_certs: sites::any_certificates(&raw),
+            has_fleet: raw.fleet.is_some(),
         }
         .validate(raw)
     }
@@ -267,6 +270,8 @@ struct Validator<'a> {
     sources: &'a source::Sources,
     /// A `[[site]]` has certificates: a TLS listener may take those alone.
     site_certs: bool,
+    /// The file has a `[fleet]` (for `scope = "fleet"` limits, validated before it).
+    has_fleet: bool,
 }
 
 impl Validator<'_> {

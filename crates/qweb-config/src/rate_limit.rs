@@ -10,7 +10,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hash};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use lru::LruCache;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{ConfigError, HashKey, Validator};
+use super::{ConfigError, FleetLimiter, HashKey, Validator};
 
 /// `max_keys` when the route does not say.
 pub const DEFAULT_RATE_LIMIT_KEYS: usize = 100_000;
@@ -32,7 +32,7 @@ pub const MAX_RATE_LIMIT_BURST: u32 = 1_000_000;
 /// Shards of a limiter's key table (fewer when `max_keys` is smaller).
 const SHARDS: usize = 16;
 
-/// `rate_limit = { rate, burst, key, dry_run, max_keys }` as written.
+/// `rate_limit = { rate, burst, key, dry_run, max_keys, scope }` as written.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRateLimit {
@@ -41,6 +41,7 @@ pub(crate) struct RawRateLimit {
     pub key: Option<Spanned<String>>,
     pub dry_run: Option<bool>,
     pub max_keys: Option<Spanned<i64>>,
+    pub scope: Option<Spanned<String>>,
 }
 
 /// A route's rate limit.
@@ -51,8 +52,11 @@ pub struct RateLimit {
     pub key: HashKey,
     /// Count and log, but refuse nothing.
     pub dry_run: bool,
-    /// The keys' state, shared by the workers.
+    /// The keys' state, shared by the workers (under `scope = "fleet"`, the per-node limit
+    /// used while the fleet's store is away).
     pub state: Arc<RateLimiter>,
+    /// `scope = "fleet"`: the rate is the whole fleet's, counted in the fleet's store.
+    pub fleet: Option<Arc<FleetLimiter>>,
 }
 
 /// What a limiter decided for one request.
@@ -68,29 +72,114 @@ pub enum Verdict {
     },
 }
 
-/// One shard of a limiter: key hash to its theoretical arrival time (ns).
-type Shard = Mutex<LruCache<u64, u64>>;
+/// One shard of a key table: key hash to its value.
+type Shard<V> = Mutex<LruCache<u64, V>>;
+
+/// A bounded table of per-key state: at most `max_keys` keys in [`SHARDS`] least recently
+/// used shards (the node limiter's and the fleet limiter's leases).
+pub(crate) struct KeyTable<V> {
+    /// Unbounded maps capped by hand, so no table is allocated for keys that never come.
+    /// Each shard with its cap (together `max_keys`).
+    shards: Box<[(usize, Shard<V>)]>,
+    hasher: RandomState,
+    keys: AtomicUsize,
+}
+
+impl<V> KeyTable<V> {
+    /// A table of at most `max_keys` keys (at least one is kept).
+    pub(crate) fn new(max_keys: usize) -> KeyTable<V> {
+        let max_keys = max_keys.max(1);
+        let n = max_keys.min(SHARDS);
+        KeyTable {
+            shards: (0..n)
+                .map(|i| {
+                    let cap = max_keys / n + usize::from(i < max_keys % n);
+                    (cap, Mutex::new(LruCache::unbounded()))
+                })
+                .collect(),
+            hasher: RandomState::new(),
+            keys: AtomicUsize::new(0),
+        }
+    }
+
+    /// The most keys held at once.
+    pub(crate) fn max_keys(&self) -> usize {
+        self.shards.iter().map(|(cap, _)| cap).sum()
+    }
+
+    /// Keys held now.
+    pub(crate) fn keys(&self) -> usize {
+        self.keys.load(Relaxed)
+    }
+
+    /// The slot of `key` in this table.
+    pub(crate) fn hash(&self, key: impl Hash) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    fn shard(&self, h: u64) -> &(usize, Shard<V>) {
+        &self.shards[((h >> 32) as usize) % self.shards.len()]
+    }
+
+    /// `f` on the value of slot `h`, made with `new` when absent (at the cap, the least
+    /// recently seen key of the shard is forgotten).
+    pub(crate) fn with<R>(
+        &self,
+        h: u64,
+        new: impl FnOnce() -> V,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> R {
+        let (cap, shard) = self.shard(h);
+        let mut map = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(v) = map.get_mut(&h) {
+            return f(v);
+        }
+        if map.len() >= *cap {
+            map.pop_lru();
+        } else {
+            self.keys.fetch_add(1, Relaxed);
+        }
+        f(map.get_or_insert_mut(h, new))
+    }
+
+    /// `f` on the value of slot `h` if it is still held.
+    pub(crate) fn with_existing<R>(&self, h: u64, f: impl FnOnce(&mut V) -> R) -> Option<R> {
+        let (_, shard) = self.shard(h);
+        let mut map = shard.lock().unwrap_or_else(PoisonError::into_inner);
+        map.peek_mut(&h).map(f)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|(_, s)| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .sum()
+    }
+}
 
 /// Keyed GCRA state, bounded to `max_keys` keys (hashed: a key's length costs nothing).
 pub struct RateLimiter {
-    /// Time between two requests at the rate, in nanoseconds.
-    interval: u64,
+    /// Time between two requests at the configured rate, in nanoseconds.
+    rate_interval: u64,
+    /// `burst` as configured.
+    burst: u32,
+    /// Time between two requests now (`rate_interval` times the share, see
+    /// [`RateLimiter::share`]).
+    interval: AtomicU64,
     /// How far ahead of now a key's arrival time may be: `burst` intervals.
-    tolerance: u64,
-    /// Unbounded maps capped by hand (`shard_cap`), so no table is allocated for keys that
-    /// never come.
-    /// Each shard with its cap (together `max_keys`).
-    shards: Box<[(usize, Shard)]>,
-    hasher: RandomState,
+    tolerance: AtomicU64,
+    /// The nodes the rate is shared by (1: all of it).
+    nodes: AtomicU64,
+    table: KeyTable<u64>,
     base: Instant,
-    keys: AtomicUsize,
 }
 
 impl std::fmt::Debug for RateLimiter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RateLimiter")
-            .field("interval_ns", &self.interval)
-            .field("tolerance_ns", &self.tolerance)
+            .field("interval_ns", &self.rate_interval)
+            .field("burst", &self.burst)
             .field("max_keys", &self.max_keys())
             .finish()
     }
@@ -100,34 +189,52 @@ impl RateLimiter {
     /// One request every `interval`, `burst` more at once, at most `max_keys` keys (at least
     /// one is kept).
     pub fn new(interval: Duration, burst: u32, max_keys: usize) -> RateLimiter {
-        let max_keys = max_keys.max(1);
-        let n = max_keys.min(SHARDS);
         let interval = u64::try_from(interval.as_nanos())
             .unwrap_or(u64::MAX)
             .max(1);
         RateLimiter {
-            interval,
-            tolerance: interval.saturating_mul(u64::from(burst)),
-            shards: (0..n)
-                .map(|i| {
-                    let cap = max_keys / n + usize::from(i < max_keys % n);
-                    (cap, Mutex::new(LruCache::unbounded()))
-                })
-                .collect(),
-            hasher: RandomState::new(),
+            rate_interval: interval,
+            burst,
+            interval: AtomicU64::new(interval),
+            tolerance: AtomicU64::new(interval.saturating_mul(u64::from(burst))),
+            nodes: AtomicU64::new(1),
+            table: KeyTable::new(max_keys),
             base: Instant::now(),
-            keys: AtomicUsize::new(0),
         }
+    }
+
+    /// The time between two requests at the configured rate.
+    pub fn interval(&self) -> Duration {
+        Duration::from_nanos(self.rate_interval)
+    }
+
+    /// `burst` as configured.
+    pub fn burst(&self) -> u32 {
+        self.burst
+    }
+
+    /// Limits at the rate divided by `nodes` (at least 1), each node's share of a fleet's
+    /// rate, with the burst divided likewise (rounded up); 1 is the whole rate.
+    pub fn share(&self, nodes: u64) {
+        let n = nodes.max(1);
+        if self.nodes.swap(n, Relaxed) == n {
+            return;
+        }
+        let interval = self.rate_interval.saturating_mul(n);
+        self.interval.store(interval, Relaxed);
+        let burst = u64::from(self.burst).div_ceil(n);
+        self.tolerance
+            .store(interval.saturating_mul(burst), Relaxed);
     }
 
     /// The most keys held at once.
     pub fn max_keys(&self) -> usize {
-        self.shards.iter().map(|(cap, _)| cap).sum()
+        self.table.max_keys()
     }
 
     /// Keys held now.
     pub fn keys(&self) -> usize {
-        self.keys.load(Relaxed)
+        self.table.keys()
     }
 
     /// Counts one request of `key` now.
@@ -138,29 +245,24 @@ impl RateLimiter {
 
     /// Counts one request of `key` at `now` nanoseconds after the limiter was made.
     fn check_at(&self, key: impl Hash, now: u64) -> Verdict {
-        let h = self.hasher.hash_one(key);
-        let (cap, shard) = &self.shards[((h >> 32) as usize) % self.shards.len()];
-        let mut map = shard.lock().unwrap_or_else(PoisonError::into_inner);
-        let tat = map.get(&h).copied().unwrap_or(0).max(now);
-        if tat - now > self.tolerance {
-            let wait = tat - now - self.tolerance;
-            return Verdict::Limited {
-                retry_after: Duration::from_nanos(wait),
-            };
-        }
-        let next = tat.saturating_add(self.interval);
-        if let Some(v) = map.get_mut(&h) {
-            *v = next;
-        } else {
-            if map.len() >= *cap {
-                // the least recently seen key: free when its arrival time has passed
-                map.pop_lru();
-            } else {
-                self.keys.fetch_add(1, Relaxed);
-            }
-            map.put(h, next);
-        }
-        Verdict::Allowed
+        let h = self.table.hash(key);
+        let interval = self.interval.load(Relaxed);
+        let tolerance = self.tolerance.load(Relaxed);
+        // a key absent (or forgotten at the cap) is a key whose arrival time has passed
+        self.table.with(
+            h,
+            || 0,
+            |tat| {
+                let t = (*tat).max(now);
+                if t - now > tolerance {
+                    return Verdict::Limited {
+                        retry_after: Duration::from_nanos(t - now - tolerance),
+                    };
+                }
+                *tat = t.saturating_add(interval);
+                Verdict::Allowed
+            },
+        )
     }
 }
 
@@ -201,14 +303,37 @@ impl Validator<'_> {
                     )
                 })?,
         };
+        let fleet = match &raw.scope {
+            None => false,
+            Some(s) => match s.get_ref().as_str() {
+                "node" => false,
+                "fleet" if self.has_fleet => true,
+                "fleet" => {
+                    return Err(self.err(
+                        Some(s.span()),
+                        format!("{k}.scope"),
+                        "`scope = \"fleet\"` needs a `[fleet]` section (the store the nodes share)",
+                    ))
+                }
+                other => {
+                    return Err(self.err(
+                        Some(s.span()),
+                        format!("{k}.scope"),
+                        format!("`{other}`: \"node\" (this process's count) or \"fleet\" (the fleet's store)"),
+                    ))
+                }
+            },
+        };
         let hash_key = match &raw.key {
             None => HashKey::ClientIp,
             Some(s) => self.hash_key(format!("{k}.key"), s)?,
         };
+        let state = Arc::new(RateLimiter::new(interval, burst, max_keys));
         Ok(RateLimit {
             key: hash_key,
             dry_run: raw.dry_run.unwrap_or(false),
-            state: Arc::new(RateLimiter::new(interval, burst, max_keys)),
+            fleet: fleet.then(|| Arc::new(FleetLimiter::new(state.clone(), max_keys))),
+            state,
         })
     }
 }
@@ -276,8 +401,7 @@ mod tests {
             assert_eq!(l.check_at(i, 1), Verdict::Allowed);
         }
         assert_eq!((l.keys(), l.max_keys()), (1000, 1000));
-        let held: usize = l.shards.iter().map(|(_, s)| s.lock().unwrap().len()).sum();
-        assert_eq!(held, 1000);
+        assert_eq!(l.table.held(), 1000);
         // the most recent keys are still limited
         assert!(matches!(l.check_at(999_999u32, 1), Verdict::Limited { .. }));
     }

@@ -416,3 +416,30 @@ fn fleet_ticket_keys_need_a_fleet_with_a_secret() {
     .unwrap();
     assert!(c.fleet.unwrap().secret.is_some());
 }
+
+#[test]
+fn a_fleet_rate_limit_needs_a_fleet() {
+    const ROUTE: &str = "[[route]]\nprefix = \"/\"\nroot = \"/tmp\"\n\
+                         rate_limit = { rate = \"10/s\", scope = \"fleet\" }\n";
+    let e = err(ROUTE);
+    assert!(
+        e.contains(":4:39: key `route[0].rate_limit.scope`") && e.contains("needs a `[fleet]`"),
+        "{e}"
+    );
+    let e = err(&ROUTE.replace("\"fleet\"", "\"world\""));
+    assert!(
+        e.contains("key `route[0].rate_limit.scope`") && e.contains("`world`"),
+        "{e}"
+    );
+    let c = parse(&format!("{ROUTE}[fleet]\nstore = \"redis://h\"\n")).unwrap();
+    let r = c.routes[0].rules.rate_limit.as_ref().unwrap();
+    assert!(r.fleet.is_some());
+    let c = parse(&ROUTE.replace("\"fleet\"", "\"node\"")).unwrap();
+    assert!(c.routes[0]
+        .rules
+        .rate_limit
+        .as_ref()
+        .unwrap()
+        .fleet
+        .is_none());
+}

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 
-use crate::config::{HashKey, Verdict};
+use crate::config::{FleetLimiter, HashKey, Verdict};
 use crate::pipeline::routes::Route;
 use qweb_http::body::Body;
 use qweb_http::response;
@@ -21,14 +21,21 @@ pub(crate) fn rate_limit(
     peer_log: &PerPeer,
 ) -> Option<Response<Body>> {
     let (limit, metrics) = route.rules.rate_limit.as_ref().zip(route.rate.as_ref())?;
-    let verdict = match &limit.key {
-        HashKey::ClientIp => limit.state.check(client.to_canonical()),
-        HashKey::Header(name) => limit.state.check(headers.get(name)?.as_bytes()),
-        HashKey::Cookie(name) => limit.state.check(qweb_proxy::cookie(headers, name)?),
+    let (verdict, keys) = match &limit.fleet {
+        None => (
+            match &limit.key {
+                HashKey::ClientIp => limit.state.check(client.to_canonical()),
+                HashKey::Header(name) => limit.state.check(headers.get(name)?.as_bytes()),
+                HashKey::Cookie(name) => limit.state.check(qweb_proxy::cookie(headers, name)?),
+            },
+            limit.state.keys(),
+        ),
+        Some(fleet) => (
+            fleet_check(fleet, &limit.key, headers, client, route)?,
+            fleet.keys(),
+        ),
     };
-    metrics
-        .keys
-        .set(i64::try_from(limit.state.keys()).unwrap_or(i64::MAX));
+    metrics.keys.set(i64::try_from(keys).unwrap_or(i64::MAX));
     let Verdict::Limited { retry_after } = verdict else {
         metrics.allowed.inc();
         return None;
@@ -52,4 +59,36 @@ pub(crate) fn rate_limit(
     r.headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
     Some(r)
+}
+
+/// A `scope = "fleet"` limit on one request (`None`: no key to count), logging when its
+/// decisions move to this node alone or back to the store.
+fn fleet_check(
+    fleet: &std::sync::Arc<FleetLimiter>,
+    key: &HashKey,
+    headers: &HeaderMap,
+    client: IpAddr,
+    route: &Route,
+) -> Option<Verdict> {
+    let ip = match client.to_canonical() {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    };
+    let verdict = fleet.check(match key {
+        HashKey::ClientIp => &ip,
+        HashKey::Header(name) => headers.get(name)?.as_bytes(),
+        HashKey::Cookie(name) => qweb_proxy::cookie(headers, name)?.as_bytes(),
+    });
+    match fleet.transition() {
+        Some(true) => tracing::warn!(
+            route = %route.prefix,
+            "rate limit: the fleet's store is away; limiting on this node at its share of the rate (rate / nodes seen)"
+        ),
+        Some(false) => tracing::info!(
+            route = %route.prefix,
+            "rate limit: the fleet's store counts this route's requests again"
+        ),
+        None => {}
+    }
+    Some(verdict)
 }

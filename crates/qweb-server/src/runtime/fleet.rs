@@ -10,13 +10,17 @@
 //!   written every [`HEARTBEAT_EVERY`] with a time to live of [`HEARTBEAT_TTL`];
 //! - `{prefix}purge`: the purge channel, JSON `{kind: "url"|"prefix", value, origin}` (the
 //!   value is the cache key, as the admin listener normalised it).
+//! - `{prefix}rl:{route}:{hash}`: the GCRA state of `scope = "fleet"` rate limits, leased
+//!   by the workers through this thread ([`limit`]);
 //! - `{prefix}tickets:{ms}` and `{prefix}tickets:{ms}:lock`: the ticket key rings of
 //!   `ticket_keys = "fleet"` listeners, read and rotated by their own refresher threads
 //!   (`runtime::tls::fleet_tickets`), not by this client.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub(crate) mod limit;
 
 use futures_util::StreamExt;
 use qweb_config::FleetConfig;
@@ -42,6 +46,8 @@ pub(crate) struct FleetStats {
     received: AtomicU64,
     errors: AtomicU64,
     unpublished: AtomicU64,
+    leases: AtomicU64,
+    lease_failures: AtomicU64,
 }
 
 /// The store's health as last seen.
@@ -63,7 +69,16 @@ pub(crate) struct Fleet {
     up: AtomicBool,
     /// The nodes last listed (their heartbeats), refreshed by the fleet thread.
     nodes: Mutex<Vec<Value>>,
+    /// How many nodes were listed last (0 before the first list).
+    nodes_seen: AtomicU64,
     stats: FleetStats,
+    /// The rate limits' lease requests, for the fleet thread ([`limit`]).
+    leases: tokio::sync::mpsc::Sender<qweb_config::LeaseRequest>,
+    /// Ms after `epoch` until which the store counts as away for leases (one failed).
+    lease_failed_until: AtomicU64,
+    epoch: Instant,
+    /// The running configuration has `scope = "fleet"` limits.
+    has_limits: AtomicBool,
     cache: Arc<qweb_cache::Store>,
 }
 
@@ -113,6 +128,7 @@ impl Fleet {
         shutdown: watch::Receiver<bool>,
     ) -> std::io::Result<Arc<Fleet>> {
         let now = SystemTime::now();
+        let (leases, lease_rx) = tokio::sync::mpsc::channel(limit::QUEUE);
         let fleet = Arc::new(Fleet {
             config,
             started: unix(now),
@@ -123,7 +139,12 @@ impl Fleet {
             }),
             up: AtomicBool::new(false),
             nodes: Mutex::new(Vec::new()),
+            nodes_seen: AtomicU64::new(0),
             stats: FleetStats::default(),
+            leases,
+            lease_failed_until: AtomicU64::new(0),
+            epoch: Instant::now(),
+            has_limits: AtomicBool::new(false),
             cache,
         });
         let f = fleet.clone();
@@ -140,7 +161,10 @@ impl Fleet {
                         return;
                     }
                 };
-                rt.block_on(f.run(shutdown));
+                rt.block_on(async {
+                    tokio::spawn(limit::serve(f.clone(), lease_rx));
+                    f.run(shutdown).await;
+                });
             })?;
         Ok(fleet)
     }
@@ -342,6 +366,8 @@ impl Fleet {
                 nodes.push(node);
             }
         }
+        self.nodes_seen
+            .store(u64::try_from(nodes.len()).unwrap_or(u64::MAX), Relaxed);
         *lock(&self.nodes) = nodes;
         Ok(())
     }
@@ -479,11 +505,21 @@ impl prometheus_client::collector::Collector for FleetCollector {
             None,
             g.metric_type(),
         )?)?;
+        let away = !qweb_config::LeaseStore::available(&**f);
+        let fallback = ConstGauge::new(i64::from(away && f.has_limits.load(Relaxed)));
+        fallback.encode(encoder.encode_descriptor(
+            "qweb_rate_limit_fleet_fallback",
+            "1 while scope = \"fleet\" rate limits are decided by each node alone, at rate / nodes seen (the store away or failing leases), 0 while the store counts them.",
+            None,
+            fallback.metric_type(),
+        )?)?;
         let s = &f.stats;
         let counters = [
             ("qweb_fleet_purges_published", "Cache purges of this node published to the fleet.", &s.published),
             ("qweb_fleet_purges_received", "Cache purges of other nodes applied here.", &s.received),
             ("qweb_fleet_purges_unpublished", "Cache purges of this node done locally only (the store down or silent).", &s.unpublished),
+            ("qweb_fleet_rate_limit_leases", "Leases of scope = \"fleet\" rate limit permits asked of the store (one round trip each, off the workers).", &s.leases),
+            ("qweb_fleet_rate_limit_lease_failures", "Leases of rate limit permits the store did not answer in time or answered with garbage.", &s.lease_failures),
             ("qweb_fleet_errors", "Failures of the fleet's store: connections lost or refused, answers late or malformed.", &s.errors),
         ];
         for (name, help, v) in counters {

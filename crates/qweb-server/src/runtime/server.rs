@@ -114,6 +114,8 @@ pub struct RunningServer {
     /// TLS session resumption and OCSP per TLS listener, on `/metrics` (replaced on reload).
     tls_sessions_collector: Arc<crate::runtime::tls::session::TlsSessionsCollector>,
     phase: Phase,
+    /// The fleet client, for the `scope = "fleet"` limits of a reloaded configuration.
+    fleet: Option<Arc<crate::runtime::fleet::Fleet>>,
 }
 
 /// Everything a configuration needs that the workers share, built on the calling thread.
@@ -181,6 +183,7 @@ impl Server {
             Box::new(crate::pipeline::cache::Collector(cache.clone())),
             Box::new(crate::conn::ClientSlotsCollector(client_slots.clone())),
         ];
+        crate::runtime::fleet::limit::attach(&config, fleet.as_ref());
         if let Some(f) = &fleet {
             collectors.push(Box::new(crate::runtime::fleet::FleetCollector(f.clone())));
         }
@@ -267,6 +270,7 @@ impl Server {
             metrics,
             tls_sessions_collector,
             phase: Phase::Running,
+            fleet,
         })
     }
 }
@@ -650,6 +654,7 @@ impl RunningServer {
             config.admin = self.config.admin;
         }
         check_worker_setup(config)?;
+        crate::runtime::fleet::limit::attach(config, self.fleet.as_ref());
         let mut info = self.info.clone();
         info.welcome = install_welcome(config)?;
         let built = build(

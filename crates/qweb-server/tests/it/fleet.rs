@@ -65,7 +65,7 @@ async fn fleet_status(t: &common::TestServer) -> serde_json::Value {
 }
 
 /// A sample of `/metrics` (the test kit's strict scrape; 0 when absent).
-async fn metric(t: &common::TestServer, name: &str) -> f64 {
+pub(crate) async fn metric(t: &common::TestServer, name: &str) -> f64 {
     common::metrics::scrape(t.admin.unwrap())
         .await
         .get(name, &[])
@@ -73,7 +73,7 @@ async fn metric(t: &common::TestServer, name: &str) -> f64 {
 }
 
 /// Waits up to `within` for `cond`; panics naming `what` when it does not come.
-async fn until<F, Fut>(within: Duration, what: &str, mut cond: F)
+pub(crate) async fn until<F, Fut>(within: Duration, what: &str, mut cond: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -89,7 +89,7 @@ where
 }
 
 /// The names of the nodes `t` lists.
-async fn nodes(t: &common::TestServer) -> Vec<String> {
+pub(crate) async fn nodes(t: &common::TestServer) -> Vec<String> {
     let f = fleet_status(t).await;
     let mut names: Vec<String> = f["nodes"]
         .as_array()

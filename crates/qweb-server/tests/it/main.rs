@@ -11,6 +11,7 @@ mod client_auth;
 mod compression;
 mod file_cache;
 mod fleet;
+mod fleet_limits;
 mod forward_auth;
 mod h1_wire;
 mod hostile;
