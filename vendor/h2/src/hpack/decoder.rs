@@ -210,7 +210,7 @@ impl Decoder {
                     tracing::trace!(rem = src.remaining(), kind = %"Indexed");
                     can_resize = false;
                     let entry = self.decode_indexed(src)?;
-                    consume(src);
+                    // qweb: consumed once, after the loop (a split a field cost)
                     if f(entry).is_break() {
                         break;
                     }
@@ -222,7 +222,7 @@ impl Decoder {
 
                     // Insert the header into the table
                     self.table.insert(entry.clone());
-                    consume(src);
+                    // qweb: consumed once, after the loop (a split a field cost)
 
                     if f(entry).is_break() {
                         break;
@@ -232,7 +232,7 @@ impl Decoder {
                     tracing::trace!(rem = src.remaining(), kind = %"LiteralWithoutIndexing");
                     can_resize = false;
                     let entry = self.decode_literal(src, false)?;
-                    consume(src);
+                    // qweb: consumed once, after the loop (a split a field cost)
                     if f(entry).is_break() {
                         break;
                     }
@@ -241,7 +241,7 @@ impl Decoder {
                     tracing::trace!(rem = src.remaining(), kind = %"LiteralNeverIndexed");
                     can_resize = false;
                     let entry = self.decode_literal(src, false)?;
-                    consume(src);
+                    // qweb: consumed once, after the loop (a split a field cost)
 
                     // TODO: Track that this should never be indexed
 
@@ -257,10 +257,12 @@ impl Decoder {
 
                     // Handle the dynamic table size update
                     self.process_size_update(src)?;
-                    consume(src);
+                    // qweb: consumed once, after the loop (a split a field cost)
                 }
             }
         }
+        // qweb: the decoded bytes leave the buffer once a block
+        consume(src);
 
         Ok(())
     }
