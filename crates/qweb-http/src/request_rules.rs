@@ -38,9 +38,32 @@ impl Refusal {
     }
 }
 
-/// Checks `req` against the table above; on success returns the authority the request names
-/// (`None`: an HTTP/1.0 request without `Host`, or an empty `Host`).
-pub fn check<B>(req: &Request<B>) -> Result<Option<HeaderValue>, Refusal> {
+/// Where the authority a request names is (what the upstream is told in `Host`): found by
+/// [`check`], made a value by [`authority`] only for the handlers that send it (a static
+/// file needs none: copying it cost every HTTP/2 request an allocation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Authority {
+    /// The request target's (absolute form, HTTP/2's `:authority`).
+    Target,
+    /// The `Host` header's.
+    Host,
+    /// None (an HTTP/1.0 request without `Host`, or an empty one).
+    None,
+}
+
+/// The authority `at` says `req` names, as a value (`None`: it names none).
+pub fn authority<B>(req: &Request<B>, at: Authority) -> Option<HeaderValue> {
+    match at {
+        Authority::Target => HeaderValue::from_str(req.uri().authority()?.as_str()).ok(),
+        Authority::Host => req.headers().get(header::HOST).cloned(),
+        Authority::None => None,
+    }
+}
+
+/// Checks `req` against the table above; on success says where the authority the request
+/// names is (see [`authority`]).
+pub fn check<B>(req: &Request<B>) -> Result<Authority, Refusal> {
     // an HTTP/2 extended CONNECT (RFC 8441, WebSocket) goes on to its route
     let extended = req.extensions().get::<hyper::ext::Protocol>().is_some();
     if (req.method() == Method::CONNECT && !extended) || req.method() == Method::TRACE {
@@ -79,16 +102,25 @@ pub fn check<B>(req: &Request<B>) -> Result<Option<HeaderValue>, Refusal> {
             (Some(a), Some(h)) if !a.as_bytes().eq_ignore_ascii_case(h.as_bytes()) => {
                 Err(Refusal::bad("host header differs from :authority"))
             }
-            (Some(a), _) => Ok(HeaderValue::from_str(a).ok()),
-            (None, Some(h)) => Ok(Some(h.clone()).filter(|h| !h.is_empty())),
+            (Some(_), _) => Ok(Authority::Target),
+            (None, Some(h)) => Ok(host_authority(h)),
             (None, None) => Err(Refusal::bad("no :authority and no host header")),
         },
         Version::HTTP_11 if host.is_none() => Err(Refusal::bad("HTTP/1.1 request without Host")),
-        _ => Ok(match target {
+        _ => Ok(match (target, host) {
             // absolute-form: the target's authority wins over Host
-            Some(a) => HeaderValue::from_str(a).ok(),
-            None => host.cloned().filter(|h| !h.is_empty()),
+            (Some(_), _) => Authority::Target,
+            (None, Some(h)) => host_authority(h),
+            (None, None) => Authority::None,
         }),
+    }
+}
+
+fn host_authority(h: &HeaderValue) -> Authority {
+    if h.is_empty() {
+        Authority::None
+    } else {
+        Authority::Host
     }
 }
 
@@ -249,27 +281,34 @@ mod tests {
         }
     }
 
+    /// The authority `req` names, as the proxy gets it.
+    fn named<B>(req: &Request<B>) -> HeaderValue {
+        authority(req, check(req).unwrap()).unwrap()
+    }
+
     #[test]
     fn host_rules_per_version() {
         let h11 = Version::HTTP_11;
         let h2 = Version::HTTP_2;
         assert!(check(&req(h11, "/", &[("host", "a")])).is_ok());
         assert_eq!(check(&req(h11, "/", &[])).unwrap_err().status, 400);
-        assert!(check(&req(Version::HTTP_10, "/", &[])).unwrap().is_none());
+        let old = req(Version::HTTP_10, "/", &[]);
+        assert_eq!(check(&old).unwrap(), Authority::None);
+        assert!(authority(&old, Authority::None).is_none());
         let two = req(h11, "/", &[("host", "a"), ("host", "b")]);
         assert_eq!(check(&two).unwrap_err().status, 400);
         let bad = req(h11, "/", &[("host", "a@b")]);
         assert_eq!(check(&bad).unwrap_err().status, 400);
         // absolute-form: the target's authority wins
         let abs = req(h11, "http://target.example/x", &[("host", "other")]);
-        assert_eq!(check(&abs).unwrap().unwrap(), "target.example");
+        assert_eq!(named(&abs), "target.example");
         // h2: host must agree with :authority
         let ok = req(h2, "https://a.example/", &[("host", "A.example")]);
-        assert_eq!(check(&ok).unwrap().unwrap(), "a.example");
+        assert_eq!(named(&ok), "a.example");
         let differ = req(h2, "https://a.example/", &[("host", "b.example")]);
         assert_eq!(check(&differ).unwrap_err().status, 400);
         let host_only = req(h2, "/", &[("host", "b.example")]);
-        assert_eq!(check(&host_only).unwrap().unwrap(), "b.example");
+        assert_eq!(named(&host_only), "b.example");
         assert_eq!(check(&req(h2, "/", &[])).unwrap_err().status, 400);
     }
 

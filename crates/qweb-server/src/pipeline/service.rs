@@ -275,11 +275,13 @@ impl Service {
         route: &Route,
         req: &mut Request<()>,
         path: &str,
-        authority: Option<&HeaderValue>,
+        authority: request_rules::Authority,
     ) -> Option<Response<Body>> {
         let (Some(auth), Some(proxy)) = (&route.rules.forward_auth, &route.forward_auth) else {
             return None;
         };
+        let authority = request_rules::authority(req, authority);
+        let authority = authority.as_ref();
         let uri = match req.uri().query() {
             Some(q) => format!("{path}?{q}"),
             None => path.to_owned(),
@@ -438,10 +440,7 @@ impl Service {
         };
         // phase 8, then the route's `forward_auth` service decides (its refusal is the
         // answer, as it sent it)
-        if let Some(mut r) = self
-            .forward_auth(route, &mut req, &path, authority.as_ref())
-            .await
-        {
+        if let Some(mut r) = self.forward_auth(route, &mut req, &path, authority).await {
             crate::pipeline::headers_rules::respond(site_ref, Some(route), &mut r);
             return r;
         }
@@ -464,6 +463,8 @@ impl Service {
                         return response::status(e.status());
                     }
                 }
+                // (the authority as the client named it, before `request_headers`)
+                let authority = request_rules::authority(&req, authority);
                 let pq = self.upstream_request(site_ref, route, proxy, &mut req, sub);
                 let target = Target {
                     path_and_query: &pq,
