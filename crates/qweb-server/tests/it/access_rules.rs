@@ -29,6 +29,12 @@ async fn status_at(addr: SocketAddr, host: &str, target: &str) -> u16 {
         .unwrap_or(0)
 }
 
+/// An HTTPS listener with HTTP/3 and a plain one, both on `[::]` (IPv4 clients as mapped
+/// addresses).
+const LISTENERS: &str =
+    "[[listener]]\naddress = \"[::]:0\"\nhttp3 = true\n[listener.tls]\nself_signed = true\n\
+                         [[listener]]\naddress = \"[::]:0\"\n";
+
 /// Paths that mean `/admin...` to qweb or to an upstream behind it.
 const AROUND: [&str; 17] = [
     "/admin",
@@ -55,8 +61,7 @@ async fn only_allowed_addresses_reach_a_route_whatever_the_path() {
     let up = recorder::start().await;
     let ts = common::start_with(
         &format!(
-            "[[listener]]\naddress = \"[::]:0\"\nhttp3 = true\n[listener.tls]\nself_signed = true\n\
-             [[listener]]\naddress = \"[::]:0\"\n\
+            "{LISTENERS}\
              [[route]]\nprefix = \"/admin\"\nallow = [\"10.0.0.0/8\", \"::1\"]\nupstreams = [\"{u}\"]\n\
              [[route]]\nprefix = \"/files\"\nstrip_prefix = true\nroot = \"{{dir}}/site\"\ndeny = [\"127.0.0.0/8\"]\n\
              [[route]]\nprefix = \"/\"\nupstreams = [\"{u}\"]\n",
@@ -75,15 +80,9 @@ async fn only_allowed_addresses_reach_a_route_whatever_the_path() {
         }
     }
     // the static route denies 127.0.0.0/8, whatever the path's form
-    for path in [
-        "/files/a.txt",
-        "/files;x/a.txt",
-        "//files/a.txt",
-        "/files/./a.txt",
-        "/%66iles/a.txt",
-    ] {
+    for path in FILES {
         let s = status(v4, path).await;
-        if s != 403 {
+        if s != 403 && s != 400 {
             bad.push(format!("h1 127.0.0.1 {path}: {s} (static, denied)"));
         }
     }
@@ -200,8 +199,7 @@ async fn deny_wins_over_allow_on_every_protocol() {
     let up = recorder::start().await;
     let ts = common::start_with(
         &format!(
-            "[[listener]]\naddress = \"[::]:0\"\nhttp3 = true\n[listener.tls]\nself_signed = true\n\
-             [[listener]]\naddress = \"[::]:0\"\n\
+            "{LISTENERS}\
              [[route]]\nprefix = \"/both\"\nallow = [\"127.0.0.0/8\", \"::1\"]\ndeny = [\"127.0.0.1\"]\nupstreams = [\"{u}\"]\n\
              [[route]]\nprefix = \"/files\"\nstrip_prefix = true\nroot = \"{{dir}}/site\"\n\
              allow = [\"127.0.0.0/8\", \"::1\"]\ndeny = [\"127.0.0.0/8\"]\n\

@@ -171,6 +171,17 @@ fn server(auth: &Service, up: &Recorder) -> common::TestServer {
     )
 }
 
+/// The statuses of `reqs` sent over one HTTP/3 connection to `tls` (0: no answer).
+async fn h3_statuses(tls: SocketAddr, ca: std::path::PathBuf, reqs: Vec<H3Request>) -> Vec<u16> {
+    let out = tokio::task::spawn_blocking(move || aioquic(tls, &ca, &reqs, false))
+        .await
+        .unwrap()
+        .expect("aioquic connects");
+    out.iter()
+        .map(|r| r.as_ref().map_or(0, |r| r.status))
+        .collect()
+}
+
 /// One HTTP/1.1 request: status, headers (lower-case names) and body.
 async fn send(
     ts: &common::TestServer,
@@ -367,14 +378,7 @@ async fn the_service_decides_over_http2_and_http3() {
                 .header("x-user", "mallory"),
             H3Request::get("/app/h3"),
         ];
-        let out = tokio::task::spawn_blocking(move || aioquic(tls, &ca, &reqs, false))
-            .await
-            .unwrap()
-            .expect("aioquic connects");
-        let statuses: Vec<u16> = out
-            .iter()
-            .map(|r| r.as_ref().map_or(0, |r| r.status))
-            .collect();
+        let statuses = h3_statuses(tls, ca, reqs).await;
         assert_eq!(statuses, [200, 401]);
         let got = up.take();
         assert_eq!(got.len(), 1);
@@ -418,14 +422,7 @@ async fn a_hanging_or_oversized_service_is_bounded_over_http2_and_http3() {
             .map(|(a, _)| H3Request::get("/app/h3").header("authorization", a))
             .collect();
         let t = Instant::now();
-        let out = tokio::task::spawn_blocking(move || aioquic(tls, &ca, &reqs, false))
-            .await
-            .unwrap()
-            .expect("aioquic connects");
-        let statuses: Vec<u16> = out
-            .iter()
-            .map(|r| r.as_ref().map_or(0, |r| r.status))
-            .collect();
+        let statuses = h3_statuses(tls, ca, reqs).await;
         assert_eq!(statuses, [502, 502, 200]);
         assert!(
             t.elapsed() < Duration::from_secs(5),
