@@ -36,7 +36,7 @@ const LISTENERS: &str =
                          [[listener]]\naddress = \"[::]:0\"\n";
 
 /// Paths that mean `/admin...` to qweb or to an upstream behind it.
-const AROUND: [&str; 17] = [
+const AROUND: [&str; 22] = [
     "/admin",
     "/admin/",
     "/admin/x",
@@ -54,6 +54,11 @@ const AROUND: [&str; 17] = [
     "/%2E%2E/admin/x",
     "/ADMIN",
     "/Admin;x/",
+    "/admin.",
+    "/admin%2e",
+    "/admin%2E%2E/x",
+    "/admin%20/x",
+    "/ADMIN.;x",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
