@@ -162,8 +162,9 @@ fn check_config_reports_file_line_and_key() {
     assert_eq!(out.status.code(), Some(1));
 }
 
-/// `qweb -t` names the key of a bad `proxy_protocol` block and of a `connections_per_client`
-/// that is not a number.
+/// `qweb -t` names the key of a bad `proxy_protocol` block, of a `connections_per_client`
+/// that is not a number, and of bad `allow`, `forward_auth` and `upstream_proxy_protocol`
+/// values (`qweb-config` `tests_traffic.rs` has every bad value of these keys).
 #[test]
 fn check_config_names_bad_proxy_protocol_and_connection_limits() {
     let dir = tempfile::tempdir().unwrap();
@@ -188,6 +189,26 @@ fn check_config_names_bad_proxy_protocol_and_connection_limits() {
             "[[route]]\nprefix = \"/api\"\nroot = \"/tmp\"\nrate_limit = { rate = \"10/s\", scope = \"fleet\" }\n",
             4,
             "route[0].rate_limit.scope",
+        ),
+        (
+            "[[route]]\nprefix = \"/\"\nroot = \"/tmp\"\nallow = [\"10.0.0.0/8\", \"office\"]\n",
+            4,
+            "route[0].allow[1]",
+        ),
+        (
+            "[[route]]\nprefix = \"/\"\nroot = \"/tmp\"\nforward_auth = { upstream = \"127.0.0.1:9000\", timeout = \"0s\" }\n",
+            4,
+            "route[0].forward_auth.timeout",
+        ),
+        (
+            "[[route]]\nprefix = \"/\"\nroot = \"/tmp\"\nforward_auth = { upstream = \"127.0.0.1:9000\", copy_headers = [\"bad name\"] }\n",
+            4,
+            "route[0].forward_auth.copy_headers[0]",
+        ),
+        (
+            "[[route]]\nprefix = \"/\"\nupstreams = [\"127.0.0.1:3000\"]\nupstream_proxy_protocol = \"v3\"\n",
+            4,
+            "route[0].upstream_proxy_protocol",
         ),
     ] {
         let cfg = write_config(dir.path(), text);

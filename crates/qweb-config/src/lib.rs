@@ -376,3 +376,5 @@ fn span_of_key(text: &str, dotted: &str) -> Option<std::ops::Range<usize>> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_traffic;

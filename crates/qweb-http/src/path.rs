@@ -32,7 +32,8 @@ pub enum PathError {
     Forbidden,
     /// More `..` segments than there are segments to remove.
     AboveRoot,
-    /// Another route covers the path when its case is folded (the router's check, in
+    /// Another route covers the path when its case is folded, or when a segment's trailing
+    /// dots and spaces are dropped as Windows does (the router's check, in
     /// pipeline/service.rs).
     CaseAmbiguous,
 }
@@ -110,6 +111,30 @@ pub enum Case {
     /// ASCII case folded: how a case-insensitive upstream (IIS, a Windows or macOS file
     /// system) reads the path; for checking that it would not land elsewhere.
     Folded,
+    /// As Windows reads a path: case folded, and each segment's trailing dots and spaces
+    /// (`%20`) ignored (`/admin.` and `/admin%20/x` are `/admin`'s to IIS or a Windows file
+    /// system). For paths [`windows_trims`] finds something in.
+    Windows,
+}
+
+/// Does a segment of `path` (a normalised one: spaces are `%20`) end with a dot or a space,
+/// which Windows drops? Then [`Case::Windows`] may read it as another route's.
+pub fn windows_trims(path: &str) -> bool {
+    path.split('/')
+        .any(|seg| windows_name(segment_name(seg)).len() != segment_name(seg).len())
+}
+
+/// A segment's name as Windows reads it: without its trailing dots and spaces.
+fn windows_name(mut name: &str) -> &str {
+    loop {
+        if let Some(n) = name.strip_suffix('.').or_else(|| name.strip_suffix(' ')) {
+            name = n;
+        } else if let Some(n) = name.strip_suffix("%20") {
+            name = n;
+        } else {
+            return name;
+        }
+    }
 }
 
 /// [`split_prefix`], comparing as `case` says.
@@ -136,6 +161,7 @@ fn beneath<'a>(prefix: &str, path: &'a str, case: Case) -> Option<&'a str> {
     let same = |a: &str, b: &str| match case {
         Case::Sensitive => a == b,
         Case::Folded => a.eq_ignore_ascii_case(b),
+        Case::Windows => windows_name(a).eq_ignore_ascii_case(windows_name(b)),
     };
     if let Some(head) = path.get(..prefix.len()) {
         let rest = &path[prefix.len()..];
@@ -143,7 +169,7 @@ fn beneath<'a>(prefix: &str, path: &'a str, case: Case) -> Option<&'a str> {
             return Some(rest);
         }
     }
-    if !has_parameters(path) {
+    if case != Case::Windows && !has_parameters(path) {
         return None;
     }
     // segment by segment, each path segment's name without its parameters
@@ -478,6 +504,26 @@ mod tests {
             );
             assert_eq!(covers_as("/admin", path, Case::Folded), folded, "{path}");
         }
+    }
+
+    #[test]
+    fn windows_reads_trailing_dots_and_spaces_away() {
+        for (path, trims, windows) in [
+            ("/admin", false, true),
+            ("/admin.", true, true),
+            ("/ADMIN../x", true, true),
+            ("/admin%20", true, true),
+            ("/admin.%20.;x/y", true, true),
+            ("/adminx.", true, false),
+            ("/x/admin.", true, false),
+            ("/admin.x", false, false),
+            ("/", false, false),
+        ] {
+            assert_eq!(windows_trims(path), trims, "{path}");
+            assert_eq!(covers_as("/admin", path, Case::Windows), windows, "{path}");
+        }
+        assert!(covers_as("/a/b", "/a./B%20/c", Case::Windows));
+        assert!(!covers_as("/a/b", "/a./c", Case::Windows));
     }
 
     #[test]

@@ -177,15 +177,20 @@ impl Service {
 
     /// The route of the normalised `path`, refused (400) when a case-insensitive upstream
     /// would read the path as another route's (`/ADMIN/x` beside an `/admin` route and a
-    /// proxy route `/` in front of IIS): two hops must agree on which rules apply. Path
-    /// parameters are already read as Tomcat reads them by [`covers`](qweb_http::path::covers).
+    /// proxy route `/` in front of IIS), or Windows would, dropping a segment's trailing dots
+    /// and spaces (`/admin.`, `/admin%2e`, `/admin%20/x`): two hops must agree on which rules
+    /// apply. Path parameters are already read as Tomcat reads them by
+    /// [`covers`](qweb_http::path::covers).
     #[inline]
     fn route_of<'a>(routes: &'a [Route], path: &str) -> Result<Option<&'a Route>, PathError> {
-        use qweb_http::path::{covers_as, Case};
+        use qweb_http::path::{covers_as, windows_trims, Case};
         let route = Self::find_route(routes, path);
-        let folded = routes
-            .iter()
-            .find(|r| covers_as(&r.prefix, path, Case::Folded));
+        let case = if windows_trims(path) {
+            Case::Windows
+        } else {
+            Case::Folded
+        };
+        let folded = routes.iter().find(|r| covers_as(&r.prefix, path, case));
         match (route, folded) {
             (Some(a), Some(b)) if std::ptr::eq(a, b) => Ok(route),
             (None, None) => Ok(None),

@@ -171,6 +171,17 @@ fn server(auth: &Service, up: &Recorder) -> common::TestServer {
     )
 }
 
+/// The statuses of `reqs` sent over one HTTP/3 connection to `tls` (0: no answer).
+async fn h3_statuses(tls: SocketAddr, ca: std::path::PathBuf, reqs: Vec<H3Request>) -> Vec<u16> {
+    let out = tokio::task::spawn_blocking(move || aioquic(tls, &ca, &reqs, false))
+        .await
+        .unwrap()
+        .expect("aioquic connects");
+    out.iter()
+        .map(|r| r.as_ref().map_or(0, |r| r.status))
+        .collect()
+}
+
 /// One HTTP/1.1 request: status, headers (lower-case names) and body.
 async fn send(
     ts: &common::TestServer,
@@ -367,18 +378,58 @@ async fn the_service_decides_over_http2_and_http3() {
                 .header("x-user", "mallory"),
             H3Request::get("/app/h3"),
         ];
-        let out = tokio::task::spawn_blocking(move || aioquic(tls, &ca, &reqs, false))
-            .await
-            .unwrap()
-            .expect("aioquic connects");
-        let statuses: Vec<u16> = out
-            .iter()
-            .map(|r| r.as_ref().map_or(0, |r| r.status))
-            .collect();
+        let statuses = h3_statuses(tls, ca, reqs).await;
         assert_eq!(statuses, [200, 401]);
         let got = up.take();
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].header_all("x-user"), ["alice"]);
+    } else {
+        eprintln!("SKIPPED (HTTP/3 part): python3 with aioquic is needed (pip install aioquic)");
+    }
+}
+
+/// Hostile, over HTTP/2 and HTTP/3: a service that hangs is a 502 at `timeout` (1 s), one
+/// that announces a 1 GiB refusal a 502 at once, one that answers a 2xx with an endless body
+/// lets the request on; nothing reaches the upstream but the last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_or_oversized_service_is_bounded_over_http2_and_http3() {
+    let (auth, up) = (service().await, common::recorder::start().await);
+    let ts = server(&auth, &up);
+    let tls = ts.addrs[0];
+    let cases = [
+        ("Bearer hang", 502),
+        ("Bearer huge-length", 502),
+        ("Bearer big-ok", 200),
+    ];
+    let cfg = Arc::new(common::tls_client_config(&ts.cert(), Proto::H2));
+    let io = common::tls::connect(tls, &cfg).await.unwrap();
+    let client = common::h2client::handshake(io).await;
+    for (auth, want) in cases {
+        let t = Instant::now();
+        let (s, _, _) = common::h2client::get(&client, "/app/h2", &[("authorization", auth)]).await;
+        assert_eq!(s, want, "h2 {auth}");
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "h2 {auth}: {:?}",
+            t.elapsed()
+        );
+    }
+    assert_eq!(up.take().len(), 1, "h2: only the 2xx reached the upstream");
+    if aioquic_available() {
+        let ca = ts.cert();
+        let reqs: Vec<H3Request> = cases
+            .iter()
+            .map(|(a, _)| H3Request::get("/app/h3").header("authorization", a))
+            .collect();
+        let t = Instant::now();
+        let statuses = h3_statuses(tls, ca, reqs).await;
+        assert_eq!(statuses, [502, 502, 200]);
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "h3: {:?}",
+            t.elapsed()
+        );
+        assert_eq!(up.take().len(), 1, "h3: only the 2xx reached the upstream");
     } else {
         eprintln!("SKIPPED (HTTP/3 part): python3 with aioquic is needed (pip install aioquic)");
     }

@@ -42,6 +42,7 @@ mod proxy_protocol;
 mod proxy_stale_pool;
 mod proxy_upgrade;
 mod quic_garbage;
+mod quic_per_client;
 mod rate_limits;
 mod recipes;
 mod reload_tunnels;
