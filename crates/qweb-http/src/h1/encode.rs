@@ -403,7 +403,9 @@ mod tests {
     fn framing_follows_the_body_and_the_request() {
         let (s, e) = enc(200, &[("x-a", "1")], SIZED, GET11);
         assert!(
-            s.starts_with("HTTP/1.1 200 OK\r\nx-a: 1\r\ncontent-length: 5\r\nserver: qweb\r\ndate: "),
+            s.starts_with(
+                "HTTP/1.1 200 OK\r\nx-a: 1\r\ncontent-length: 5\r\nserver: qweb\r\ndate: "
+            ),
             "{s}"
         );
         assert!(s.ends_with("\r\n\r\n"));

@@ -30,9 +30,15 @@ use zeroize::Zeroizing;
 pub(crate) const SEAL_SALT: &[u8] = b"qweb fleet seal v1";
 /// HKDF info of the ticket keys' sealing key.
 const TICKETS_INFO: &[u8] = b"qweb fleet ticket keys";
+/// HKDF info of ACME's sealing key (account and certificate keys).
+const ACME_INFO: &[u8] = b"qweb fleet acme keys";
 const VERSION: u8 = 1;
 const KEY_LEN: usize = qweb_tls::ticket::KEY_NAME_LEN + qweb_tls::ticket::KEY_SECRET_LEN;
 const HEADER: usize = 2 + 8;
+/// Deletes `KEYS[1]` only while it holds `ARGV[1]` (a lock's release by its holder only:
+/// it may have expired and been taken by another node).
+pub(crate) const RELEASE: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
 /// How long a rotation lock lives when its holder does not release it.
 const LOCK_TTL_MS: u64 = 10_000;
 
@@ -67,9 +73,19 @@ impl Seal {
     /// The sealing key of the ticket keys, from `secret` (`None`: aws-lc refused, which
     /// a 32-byte key never is).
     pub(crate) fn tickets(secret: &[u8]) -> Option<Seal> {
+        Seal::derive(secret, TICKETS_INFO)
+    }
+
+    /// The sealing key of ACME's private keys in the store (`runtime::tls::acme::fleet`).
+    pub(crate) fn acme(secret: &[u8]) -> Option<Seal> {
+        Seal::derive(secret, ACME_INFO)
+    }
+
+    /// The sealing key for one use (`info`) of `secret`: each use has a key of its own.
+    fn derive(secret: &[u8], info: &[u8]) -> Option<Seal> {
         let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, SEAL_SALT).extract(secret);
         let mut key = Zeroizing::new([0u8; 32]);
-        prk.expand(&[TICKETS_INFO], hkdf::HKDF_SHA256)
+        prk.expand(&[info], hkdf::HKDF_SHA256)
             .ok()?
             .fill(&mut key[..])
             .ok()?;
@@ -303,7 +319,6 @@ impl FleetRing {
         }
         let result = self.rotate().await;
         // released only if still this node's (it may have expired and been taken)
-        const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
         let _ = self
             .bounded(
                 redis::cmd("EVAL")
