@@ -37,8 +37,24 @@ const KEY_LEN: usize = qweb_tls::ticket::KEY_NAME_LEN + qweb_tls::ticket::KEY_SE
 const HEADER: usize = 2 + 8;
 /// Deletes `KEYS[1]` only while it holds `ARGV[1]` (a lock's release by its holder only:
 /// it may have expired and been taken by another node).
-pub(crate) const RELEASE: &str =
+const RELEASE: &str =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+
+/// Takes the lock `key` for `token` unless another holds it: `SET key token NX PX ttl_ms`
+/// (answers `OK`, or nil while held). The store's time to live ends a lock whose holder
+/// died; no node's clock decides.
+pub(crate) fn take_lock(key: &str, token: &str, ttl_ms: u64) -> redis::Cmd {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key).arg(token).arg("NX").arg("PX").arg(ttl_ms);
+    cmd
+}
+
+/// Releases the lock `key` if `token` still holds it (answers 1, else 0).
+pub(crate) fn release_lock(key: &str, token: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(RELEASE).arg(1).arg(key).arg(token);
+    cmd
+}
 /// How long a rotation lock lives when its holder does not release it.
 const LOCK_TTL_MS: u64 = 10_000;
 
@@ -293,15 +309,7 @@ impl FleetRing {
         // missing or a period old: rotate, if this node gets the lock
         let mut c = self.conn().await?;
         let got: Option<String> = self
-            .bounded(
-                redis::cmd("SET")
-                    .arg(&self.lock)
-                    .arg(&self.token)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(LOCK_TTL_MS)
-                    .query_async(&mut c),
-            )
+            .bounded(take_lock(&self.lock, &self.token, LOCK_TTL_MS).query_async(&mut c))
             .await?;
         if got.is_none() {
             // another node rotates: its keys are read next time; these meanwhile, not
@@ -320,14 +328,7 @@ impl FleetRing {
         let result = self.rotate().await;
         // released only if still this node's (it may have expired and been taken)
         let _ = self
-            .bounded(
-                redis::cmd("EVAL")
-                    .arg(RELEASE)
-                    .arg(1)
-                    .arg(&self.lock)
-                    .arg(&self.token)
-                    .query_async::<i64>(&mut c),
-            )
+            .bounded(release_lock(&self.lock, &self.token).query_async::<i64>(&mut c))
             .await;
         result
     }

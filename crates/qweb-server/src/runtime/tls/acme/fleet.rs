@@ -33,7 +33,7 @@ use tokio::sync::Notify;
 use zeroize::Zeroizing;
 
 use crate::runtime::fleet::{bounded, BACKOFF_MAX, BACKOFF_MIN};
-use crate::runtime::tls::fleet_tickets::{Seal, RELEASE};
+use crate::runtime::tls::fleet_tickets::{release_lock, take_lock, Seal};
 
 /// How long an order lock lives unless its holder renews it.
 pub(crate) const LOCK_TTL: Duration = Duration::from_secs(60);
@@ -256,14 +256,7 @@ impl FleetStore {
             token: format!("{}:{}:{hex}", self.node, std::process::id()),
         };
         let got: Option<String> = self
-            .query(
-                redis::cmd("SET")
-                    .arg(&lock.key)
-                    .arg(&lock.token)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(ms(ttl)),
-            )
+            .query(&take_lock(&lock.key, &lock.token, ms(ttl)))
             .await?;
         Ok(got.map(|_| lock))
     }
@@ -285,15 +278,7 @@ impl FleetStore {
 
     /// Releases `lock` if this node still holds it (best effort: else it expires).
     pub(crate) async fn release(&self, lock: OrderLock) {
-        let r: Result<i64, _> = self
-            .query(
-                redis::cmd("EVAL")
-                    .arg(RELEASE)
-                    .arg(1)
-                    .arg(&lock.key)
-                    .arg(&lock.token),
-            )
-            .await;
+        let r: Result<i64, _> = self.query(&release_lock(&lock.key, &lock.token)).await;
         if let Err(e) = r {
             tracing::debug!(lock = %lock.key, "ACME: the order lock was not released ({e}); it expires");
         }

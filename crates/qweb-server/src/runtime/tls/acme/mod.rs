@@ -264,6 +264,12 @@ pub(crate) fn run(mut job: Job, shutdown: watch::Receiver<bool>) {
                 job.due = Some(SystemTime::now() + LOCK_POLL);
                 continue;
             };
+            // read again under the fleet's lock: the node that held it may have written its
+            // certificate just before letting go
+            if matches!(held, Held::Fleet(_)) && job.pick_up(SystemTime::now()).await {
+                job.release(held).await;
+                continue;
+            }
             job.waiting = false;
             let mut stop = shutdown.clone();
             let hold = async {
@@ -387,12 +393,12 @@ impl Job {
         self.current = Some(saved.not_after);
         self.due = Some(next);
         self.waiting = false;
-        tracing::info!(
-            names = ?self.names,
-            valid_until = %httpdate::fmt_http_date(saved.not_after),
-            from = if self.fleet.is_some() { "the fleet's store" } else { "the state folder" },
-            "ACME certificate picked up (ordered by another node)"
-        );
+        let valid_until = httpdate::fmt_http_date(saved.not_after);
+        if self.fleet.is_some() {
+            tracing::info!(names = ?self.names, %valid_until, "ACME certificate picked up from the fleet's store (ordered by another node)");
+        } else {
+            tracing::info!(names = ?self.names, %valid_until, "ACME certificate picked up from the state folder (ordered by another node)");
+        }
         true
     }
 }
