@@ -157,9 +157,26 @@ impl FleetStore {
         Ok(c)
     }
 
-    /// `cmd`'s answer, within `fleet.timeout` (a failure drops the connection: the next
-    /// command connects again).
+    /// `cmd`'s answer, within `fleet.timeout`; a failure drops the connection, and on one
+    /// made before (the store may have restarted since) `cmd` is tried once more on a new
+    /// one. Every command here may be repeated: a lock taken twice answers "held" the
+    /// second time and expires with its time to live.
     async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, FleetError> {
+        let cached = self
+            .conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
+        match self.query_once(cmd).await {
+            Err(FleetError::Store(_)) if cached => self.query_once(cmd).await,
+            r => r,
+        }
+    }
+
+    async fn query_once<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+    ) -> Result<T, FleetError> {
         let mut c = self.conn().await?;
         match bounded(self.timeout, cmd.query_async(&mut c)).await {
             Ok(v) => Ok(v),
