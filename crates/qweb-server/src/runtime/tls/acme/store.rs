@@ -16,6 +16,9 @@
 //! because the nodes must share the folder anyway to share the certificate; a lock older than
 //! an order can last ([`STALE_LOCK`]) was left by a node that died and is taken over.
 //!
+//! With `[fleet]` the nodes share through the fleet's store instead (`super::fleet`), and
+//! the folder is each node's own last copy: no lock file then.
+//!
 //! `DIR` names the CA (a hash of its directory URL), so that a certificate of a test CA is
 //! never served for a production one; `NAME` is the site's first server name.
 
