@@ -387,7 +387,7 @@ impl super::Job {
             .map_err(|e| e.to_string())?
         {
             // another node shared one meanwhile
-            return Ok(f.account().await.map_err(|e| e.to_string())?);
+            return f.account().await.map_err(|e| e.to_string());
         }
         Ok(Some(json))
     }
