@@ -16,14 +16,14 @@ use std::time::{Duration, Instant};
 use qweb_testkit::process::{serve_command, write_file, Qweb};
 use qweb_testkit::tls::ClientTls;
 
-const BIN: &str = env!("CARGO_BIN_EXE_qweb");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_qweb");
 /// Set by the outer test for the inner one.
-const INNER: &str = "QWEB_ACME_IN_NAMESPACE";
-const DIRECTORY: &str = "https://acme.test:9443/acme/local/directory";
+pub(crate) const INNER: &str = "QWEB_ACME_IN_NAMESPACE";
+pub(crate) const DIRECTORY: &str = "https://acme.test:9443/acme/local/directory";
 
 /// Why the namespaced scenario cannot run here, if it cannot. A missing tool is a failure
 /// under `CI` (`qweb_testkit::tools`); namespaces that are not allowed skip everywhere.
-fn unavailable() -> Option<String> {
+pub(crate) fn unavailable() -> Option<String> {
     for tool in ["caddy", "unshare", "ip", "curl", "mount"] {
         if !qweb_testkit::tools::require(tool) {
             return Some(format!("`{tool}` is not installed"));
@@ -44,8 +44,14 @@ fn unavailable() -> Option<String> {
 /// the state folder's files are private (0600).
 #[test]
 fn certificates_from_caddys_acme_server_are_issued_renewed_and_kept() {
+    in_namespaces("acme::in_namespace");
+}
+
+/// Runs the ignored test `inner` of this binary inside a network and mount namespace of its
+/// own (skipped where [`unavailable`]); fails when it does.
+pub(crate) fn in_namespaces(inner: &str) {
     if let Some(why) = unavailable() {
-        eprintln!("SKIPPED acme: {why}");
+        eprintln!("SKIPPED {inner}: {why}");
         return;
     }
     let exe = std::env::current_exe().unwrap();
@@ -53,7 +59,7 @@ fn certificates_from_caddys_acme_server_are_issued_renewed_and_kept() {
         .args(["-n", "-m", "--"])
         .arg(exe)
         .args([
-            "acme::in_namespace",
+            inner,
             "--exact",
             "--ignored",
             "--nocapture",
@@ -81,7 +87,7 @@ fn certificates_from_caddys_acme_server_are_issued_renewed_and_kept() {
 }
 
 /// Caddy with `acme_server` at `acme.test:9443`, its data in `dir`.
-fn caddy(dir: &Path) -> Qweb {
+pub(crate) fn caddy(dir: &Path) -> Qweb {
     let file = write_file(
         dir,
         "Caddyfile",
@@ -100,7 +106,7 @@ fn caddy(dir: &Path) -> Qweb {
     Qweb::spawn(cmd, "serving initial configuration")
 }
 
-fn sh(cmd: &str) {
+pub(crate) fn sh(cmd: &str) {
     let s = Command::new("sh").args(["-c", cmd]).status().unwrap();
     assert!(s.success(), "{cmd}");
 }
@@ -135,13 +141,18 @@ fn curl_at(name: &str, ip: &str, root: &Path) -> (u16, String) {
 
 /// The leaf certificate qweb serves for `name` (verified against `root`).
 fn served_leaf(name: &str, root: &Path) -> Option<Vec<u8>> {
+    served_leaf_at("127.0.0.1:443", name, root)
+}
+
+/// [`served_leaf`] by the listener at `addr`.
+pub(crate) fn served_leaf_at(addr: &str, name: &str, root: &Path) -> Option<Vec<u8>> {
     let cfg = Arc::new(ClientTls::trusting(root).no_resumption().build());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let addr = "127.0.0.1:443".parse().unwrap();
+        let addr = addr.parse().unwrap();
         let sni = rustls::pki_types::ServerName::try_from(name.to_owned()).unwrap();
         let tls = qweb_testkit::tls::connect_as(addr, &cfg, sni).await.ok()?;
         let certs = tls.get_ref().1.peer_certificates()?;
@@ -165,7 +176,7 @@ fn handshake(name: &str, alpn: &[&[u8]]) -> std::io::Result<Vec<u8>> {
 }
 
 /// Polls until `f` gives `Some` (every 200 ms, up to `limit`).
-fn until<T>(limit: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
+pub(crate) fn until<T>(limit: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
     qweb_testkit::poll_until(what, limit, Duration::from_millis(200), f)
 }
 
@@ -308,35 +319,48 @@ servers = ["unix:{sock}"]
     )
 }
 
-/// The scenario, inside the namespaces (run by the test above).
-#[test]
-#[ignore = "run inside `unshare -n -m` by certificates_from_caddys_acme_server_are_issued_renewed_and_kept"]
-fn in_namespace() {
+/// Caddy's ACME server with its data in `dir/caddy`, once its root exists: the server,
+/// its folder and the root's file.
+pub(crate) fn start_ca(dir: &Path) -> (Qweb, PathBuf, PathBuf) {
+    let cdir = dir.join("caddy");
+    std::fs::create_dir_all(&cdir).unwrap();
+    let ca = caddy(&cdir);
+    let root = cdir.join("data/pki/authorities/local/root.crt");
+    until(Duration::from_secs(20), "Caddy's root", || {
+        root.exists().then_some(())
+    });
+    (ca, cdir, root)
+}
+
+/// Inside the namespaces only: `/etc/hosts` names `acme.test` and `names` 127.0.0.1, the
+/// loopback is up.
+pub(crate) fn namespace_setup(dir: &Path, names: &str) {
     assert_eq!(
         std::env::var(INNER).as_deref(),
         Ok("1"),
         "only inside the namespaces: this test mounts over /etc/hosts"
     );
-    let d = tempfile::tempdir().unwrap();
-    let dir = d.path();
     let hosts = write_file(
         dir,
         "hosts",
-        "127.0.0.1 localhost acme.test a.qweb.test b.qweb.test c.qweb.test\n",
+        &format!("127.0.0.1 localhost acme.test {names}\n"),
     );
     sh(&format!("mount --bind {} /etc/hosts", hosts.display()));
     sh("ip link set lo up");
+}
+
+/// The scenario, inside the namespaces (run by the test above).
+#[test]
+#[ignore = "run inside `unshare -n -m` by certificates_from_caddys_acme_server_are_issued_renewed_and_kept"]
+fn in_namespace() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path();
+    namespace_setup(dir, "a.qweb.test b.qweb.test c.qweb.test");
     let www = dir.join("www");
     std::fs::create_dir_all(&www).unwrap();
     std::fs::write(www.join("index.html"), "acme ok\n").unwrap();
 
-    let cdir = dir.join("caddy");
-    std::fs::create_dir_all(&cdir).unwrap();
-    let mut ca = caddy(&cdir);
-    let root = cdir.join("data/pki/authorities/local/root.crt");
-    until(Duration::from_secs(20), "Caddy's root", || {
-        root.exists().then_some(())
-    });
+    let (mut ca, cdir, root) = start_ca(dir);
 
     // a fresh qweb: no certificate yet, each site gets one within seconds
     let ks = keyserver(dir);

@@ -4,6 +4,7 @@
 
 mod access_log;
 mod acme;
+mod acme_fleet;
 mod cli;
 mod config_files;
 mod fleet_tickets;

@@ -66,6 +66,31 @@ pub struct AcmeConfig {
 }
 
 impl Validator<'_> {
+    /// With `[fleet]`, ACME keeps its account and certificates in the fleet's store, their
+    /// private keys sealed with `fleet.secret`: a site with `acme` needs that secret.
+    pub(super) fn fleet_acme(
+        &self,
+        sites: &super::SitesConfig,
+        fleet: Option<&super::FleetConfig>,
+    ) -> Result<(), ConfigError> {
+        let Some(fleet) = fleet else { return Ok(()) };
+        if fleet.secret.is_some() {
+            return Ok(());
+        }
+        let Some(i) = sites.sites.iter().position(|s| s.acme.is_some()) else {
+            return Ok(());
+        };
+        Err(self.err(
+            self.span_of_key("fleet.store"),
+            "fleet.secret",
+            format!(
+                "`site[{i}].acme` with `[fleet]` keeps its account and certificate keys in the fleet's store, encrypted with `fleet.secret`: set `secret` (`openssl rand -hex 32`)"
+            ),
+        ))
+    }
+}
+
+impl Validator<'_> {
     /// Validates `site[s].acme` for a site with `names` and no certificate files.
     pub(super) fn acme(
         &self,
@@ -345,5 +370,20 @@ address = "127.0.0.1:0"
         let a = site.acme.as_ref().unwrap();
         assert_eq!(a.challenge, AcmeChallenge::TlsAlpn01);
         assert_eq!(a.directory, DEFAULT_ACME_DIRECTORY);
+    }
+    /// With `[fleet]`, a site with `acme` needs `fleet.secret` (its keys are sealed in the
+    /// store); without `acme`, or with the secret, `[fleet]` is fine.
+    #[test]
+    fn acme_with_a_fleet_needs_its_secret() {
+        let fleet = "[fleet]\nstore = \"redis://h\"\n";
+        let e = parse(&format!("{}{fleet}", site("{}"))).unwrap_err();
+        assert!(
+            e.contains("key `fleet.secret`") && e.contains("site[0].acme"),
+            "{e}"
+        );
+        let hex = "ab".repeat(32);
+        let c = parse(&format!("{}{fleet}secret = \"{hex}\"\n", site("{}"))).unwrap();
+        assert!(c.fleet.unwrap().secret.is_some());
+        assert!(parse(fleet).is_ok(), "no acme: no secret needed");
     }
 }

@@ -322,6 +322,7 @@ impl Validator<'_> {
         let admin_limits = self.admin_limits(raw.admin.as_ref())?;
         let fleet = self.fleet(raw.fleet.as_ref())?;
         self.fleet_ticket_keys(&listeners, fleet.as_ref())?;
+        self.fleet_acme(&sites, fleet.as_ref())?;
         Ok(Config {
             source: self.file.map(absolute),
             files: self.sources.paths().iter().map(|p| absolute(p)).collect(),

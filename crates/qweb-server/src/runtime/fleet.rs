@@ -14,7 +14,10 @@
 //!   by the workers through this thread ([`limit`]);
 //! - `{prefix}tickets:{ms}` and `{prefix}tickets:{ms}:lock`: the ticket key rings of
 //!   `ticket_keys = "fleet"` listeners, read and rotated by their own refresher threads
-//!   (`runtime::tls::fleet_tickets`), not by this client.
+//!   (`runtime::tls::fleet_tickets`), not by this client;
+//! - `{prefix}acme:{DIR}:...` and the channel `{prefix}acme`: ACME's account, certificates
+//!   and order locks, read and written by the ACME jobs' own threads
+//!   (`runtime::tls::acme::fleet`), not by this client.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -469,7 +472,7 @@ async fn stopped(shutdown: &mut watch::Receiver<bool>) {
 }
 
 /// `fut` within `t`, its error as text.
-async fn bounded<T>(
+pub(crate) async fn bounded<T>(
     t: Duration,
     fut: impl std::future::Future<Output = redis::RedisResult<T>>,
 ) -> Result<T, String> {
@@ -521,6 +524,7 @@ impl prometheus_client::collector::Collector for FleetCollector {
             ("qweb_fleet_rate_limit_leases", "Leases of scope = \"fleet\" rate limit permits asked of the store (one round trip each, off the workers).", &s.leases),
             ("qweb_fleet_rate_limit_lease_failures", "Leases of rate limit permits the store did not answer in time or answered with garbage.", &s.lease_failures),
             ("qweb_fleet_errors", "Failures of the fleet's store: connections lost or refused, answers late or malformed.", &s.errors),
+            ("qweb_fleet_acme_refused", "ACME values of the fleet's store refused: they do not decrypt with this node's fleet.secret, or do not load (the node keeps its own copy).", &crate::runtime::tls::acme::FLEET_REFUSED),
         ];
         for (name, help, v) in counters {
             let c = ConstCounter::new(v.load(Relaxed));

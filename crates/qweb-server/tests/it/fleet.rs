@@ -160,6 +160,7 @@ async fn a_purge_on_one_node_reaches_the_others_and_the_nodes_list_each_other() 
         "qweb_fleet_purges_received",
         "qweb_fleet_purges_unpublished",
         "qweb_fleet_errors",
+        "qweb_fleet_acme_refused",
     ] {
         assert!(m.has_type(family, "counter"), "{family}");
     }

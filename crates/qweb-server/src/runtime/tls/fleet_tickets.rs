@@ -30,9 +30,31 @@ use zeroize::Zeroizing;
 pub(crate) const SEAL_SALT: &[u8] = b"qweb fleet seal v1";
 /// HKDF info of the ticket keys' sealing key.
 const TICKETS_INFO: &[u8] = b"qweb fleet ticket keys";
+/// HKDF info of ACME's sealing key (account and certificate keys).
+const ACME_INFO: &[u8] = b"qweb fleet acme keys";
 const VERSION: u8 = 1;
 const KEY_LEN: usize = qweb_tls::ticket::KEY_NAME_LEN + qweb_tls::ticket::KEY_SECRET_LEN;
 const HEADER: usize = 2 + 8;
+/// Deletes `KEYS[1]` only while it holds `ARGV[1]` (a lock's release by its holder only:
+/// it may have expired and been taken by another node).
+const RELEASE: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+
+/// Takes the lock `key` for `token` unless another holds it: `SET key token NX PX ttl_ms`
+/// (answers `OK`, or nil while held). The store's time to live ends a lock whose holder
+/// died; no node's clock decides.
+pub(crate) fn take_lock(key: &str, token: &str, ttl_ms: u64) -> redis::Cmd {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key).arg(token).arg("NX").arg("PX").arg(ttl_ms);
+    cmd
+}
+
+/// Releases the lock `key` if `token` still holds it (answers 1, else 0).
+pub(crate) fn release_lock(key: &str, token: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(RELEASE).arg(1).arg(key).arg(token);
+    cmd
+}
 /// How long a rotation lock lives when its holder does not release it.
 const LOCK_TTL_MS: u64 = 10_000;
 
@@ -67,9 +89,19 @@ impl Seal {
     /// The sealing key of the ticket keys, from `secret` (`None`: aws-lc refused, which
     /// a 32-byte key never is).
     pub(crate) fn tickets(secret: &[u8]) -> Option<Seal> {
+        Seal::derive(secret, TICKETS_INFO)
+    }
+
+    /// The sealing key of ACME's private keys in the store (`runtime::tls::acme::fleet`).
+    pub(crate) fn acme(secret: &[u8]) -> Option<Seal> {
+        Seal::derive(secret, ACME_INFO)
+    }
+
+    /// The sealing key for one use (`info`) of `secret`: each use has a key of its own.
+    fn derive(secret: &[u8], info: &[u8]) -> Option<Seal> {
         let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, SEAL_SALT).extract(secret);
         let mut key = Zeroizing::new([0u8; 32]);
-        prk.expand(&[TICKETS_INFO], hkdf::HKDF_SHA256)
+        prk.expand(&[info], hkdf::HKDF_SHA256)
             .ok()?
             .fill(&mut key[..])
             .ok()?;
@@ -277,15 +309,7 @@ impl FleetRing {
         // missing or a period old: rotate, if this node gets the lock
         let mut c = self.conn().await?;
         let got: Option<String> = self
-            .bounded(
-                redis::cmd("SET")
-                    .arg(&self.lock)
-                    .arg(&self.token)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(LOCK_TTL_MS)
-                    .query_async(&mut c),
-            )
+            .bounded(take_lock(&self.lock, &self.token, LOCK_TTL_MS).query_async(&mut c))
             .await?;
         if got.is_none() {
             // another node rotates: its keys are read next time; these meanwhile, not
@@ -303,16 +327,8 @@ impl FleetRing {
         }
         let result = self.rotate().await;
         // released only if still this node's (it may have expired and been taken)
-        const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
         let _ = self
-            .bounded(
-                redis::cmd("EVAL")
-                    .arg(RELEASE)
-                    .arg(1)
-                    .arg(&self.lock)
-                    .arg(&self.token)
-                    .query_async::<i64>(&mut c),
-            )
+            .bounded(release_lock(&self.lock, &self.token).query_async::<i64>(&mut c))
             .await;
         result
     }

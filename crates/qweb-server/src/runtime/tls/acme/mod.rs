@@ -9,10 +9,18 @@
 //! per site with `acme` that orders when the certificate is missing or due. A reload stops
 //! those threads (an order in progress is abandoned; the new configuration's thread starts
 //! over from the state folder).
+//!
+//! Nodes share certificates through their shared state folder (an `O_EXCL` lock file,
+//! `store`), or, with `[fleet]`, through the fleet's store (`fleet`: a lock with a time to
+//! live, the keys sealed with `fleet.secret`, a message to every node when a certificate is
+//! written); the state folder stays each node's own last copy then.
 
 mod client;
+mod fleet;
 mod order;
 mod store;
+
+pub(crate) use fleet::REFUSED as FLEET_REFUSED;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -45,6 +53,10 @@ pub(crate) struct Job {
     ocsp: Option<watch::Sender<bool>>,
     /// `key = "keyserver:ENGINE"`: the key server makes and keeps the key.
     keyless: Option<Keyless>,
+    /// `[fleet]`: the account and certificates go through the fleet's store.
+    fleet: Option<fleet::FleetStore>,
+    /// The fleet's store was away at the last order lock (logged once).
+    away: bool,
 }
 
 /// A certificate whose key only a key server holds.
@@ -108,6 +120,16 @@ pub(crate) fn prepare(
         let Some(acme) = &site.acme else { continue };
         let store = Store::new(&config.state_dir, &acme.directory);
         let names = site.server_names.clone();
+        let fleet = match &config.fleet {
+            None => None,
+            Some(f) => match fleet::FleetStore::new(f, &acme.directory) {
+                Some(s) => Some(s),
+                None => {
+                    tracing::error!(names = ?names, "ACME with [fleet]: no `fleet.secret` or no usable `fleet.store`; no certificate is ordered");
+                    continue;
+                }
+            },
+        };
         let keyless = match acme
             .keyserver
             .as_deref()
@@ -142,6 +164,8 @@ pub(crate) fn prepare(
             waiting: false,
             ocsp,
             keyless,
+            fleet,
+            away: false,
         });
     }
     (!jobs.is_empty()).then_some((managed, jobs))
@@ -184,6 +208,22 @@ fn renew_at(config: &AcmeConfig, saved: &Stored) -> SystemTime {
         .unwrap_or(saved.not_before)
 }
 
+/// The order lock this node holds, if any.
+enum Held {
+    Folder(store::OrderLock),
+    Fleet(fleet::OrderLock),
+    None,
+}
+
+/// What the job does after its wait.
+enum Wake {
+    Stop,
+    /// The certificate is due.
+    Due,
+    /// A certificate may be in the fleet's store (a message, a (re)subscription, the poll).
+    Check,
+}
+
 /// Keeps the job's certificate ordered and fresh until `shutdown` (a thread of its own).
 pub(crate) fn run(mut job: Job, shutdown: watch::Receiver<bool>) {
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -197,41 +237,57 @@ pub(crate) fn run(mut job: Job, shutdown: watch::Receiver<bool>) {
         }
     };
     rt.block_on(async move {
+        let notify = job.fleet.as_ref().map(|f| {
+            let n = Arc::new(tokio::sync::Notify::new());
+            let (client, channel, timeout) = f.watch_args();
+            tokio::spawn(fleet::FleetStore::watch(client, channel, timeout, n.clone()));
+            n
+        });
         let mut backoff = job.config.retry_after;
         loop {
             if let Some(at) = job.due {
-                if !wait_until(at, shutdown.clone()).await {
-                    return;
+                match wait_until(at, shutdown.clone(), notify.as_deref()).await {
+                    Wake::Stop => return,
+                    Wake::Check => {
+                        job.pick_up(SystemTime::now()).await;
+                        continue;
+                    }
+                    Wake::Due => {}
                 }
             }
-            if job.pick_up(SystemTime::now()) {
+            if job.pick_up(SystemTime::now()).await {
                 continue;
             }
-            // one node of those sharing the state folder orders; the others pick it up
-            let lock = match job.store.lock(&job.names) {
-                Ok(Some(l)) => Some(l),
-                Ok(None) => {
-                    if !job.waiting {
-                        tracing::info!(names = ?job.names, "another node sharing the state folder is ordering this certificate; waiting for it");
-                        job.waiting = true;
-                    }
-                    job.due = Some(SystemTime::now() + LOCK_POLL);
-                    continue;
-                }
-                Err(e) => {
-                    tracing::warn!(names = ?job.names, "no order lock ({e}); ordering anyway");
-                    None
-                }
+            // one node of those sharing the state folder (or the fleet) orders; the others
+            // pick it up
+            let Some(held) = job.lock().await else {
+                job.due = Some(SystemTime::now() + LOCK_POLL);
+                continue;
             };
+            // read again under the fleet's lock: the node that held it may have written its
+            // certificate just before letting go
+            if matches!(held, Held::Fleet(_)) && job.pick_up(SystemTime::now()).await {
+                job.release(held).await;
+                continue;
+            }
             job.waiting = false;
             let mut stop = shutdown.clone();
+            let hold = async {
+                match (&job.fleet, &held) {
+                    (Some(f), Held::Fleet(l)) => f.hold(l, fleet::LOCK_RENEW, fleet::LOCK_TTL).await,
+                    _ => std::future::pending().await,
+                }
+            };
+            // `None`: told to stop
             let got = tokio::select! {
                 r = tokio::time::timeout(ORDER_TIMEOUT, order::order(&job)) => {
-                    r.unwrap_or_else(|_| Err(format!("no certificate within {ORDER_TIMEOUT:?}")))
+                    Some(r.unwrap_or_else(|_| Err(format!("no certificate within {ORDER_TIMEOUT:?}"))))
                 }
-                _ = stop.wait_for(|s| *s) => return,
+                why = hold => Some(Err(format!("the order lock was lost ({why}); another node may be ordering"))),
+                _ = stop.wait_for(|s| *s) => None,
             };
-            drop(lock);
+            job.release(held).await;
+            let Some(got) = got else { return };
             match got {
                 Ok(saved) => {
                     job.issued(&saved);
@@ -267,9 +323,64 @@ impl Job {
         self.due = Some(next.max(now + self.config.retry_after));
     }
 
-    /// Serves a certificate another node sharing the state folder saved since, when it is not
-    /// due itself; `true` then.
-    fn pick_up(&mut self, now: SystemTime) -> bool {
+    /// The order lock (`Held::None`: the state folder's could not be made, ordering
+    /// anyway); `None` while another node holds it, or while the fleet's store is away (no
+    /// order without its lock: every node would order).
+    async fn lock(&mut self) -> Option<Held> {
+        let Some(f) = &self.fleet else {
+            return match self.store.lock(&self.names) {
+                Ok(Some(l)) => Some(Held::Folder(l)),
+                Ok(None) => {
+                    self.wait_for_other("the state folder");
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!(names = ?self.names, "no order lock ({e}); ordering anyway");
+                    Some(Held::None)
+                }
+            };
+        };
+        match f.lock(&self.names, fleet::LOCK_TTL).await {
+            Ok(Some(l)) => {
+                self.away = false;
+                Some(Held::Fleet(l))
+            }
+            Ok(None) => {
+                self.away = false;
+                self.wait_for_other("the fleet's store");
+                None
+            }
+            Err(e) => {
+                if !self.away {
+                    tracing::warn!(names = ?self.names, "ACME: no order lock from the fleet's store ({e}); not ordering until it answers (the certificate saved here is served)");
+                    self.away = true;
+                }
+                None
+            }
+        }
+    }
+
+    fn wait_for_other(&mut self, shared: &str) {
+        if !self.waiting {
+            tracing::info!(names = ?self.names, "another node sharing {shared} is ordering this certificate; waiting for it");
+            self.waiting = true;
+        }
+    }
+
+    /// Lets go of `held`.
+    async fn release(&self, held: Held) {
+        match (held, &self.fleet) {
+            (Held::Fleet(l), Some(f)) => f.release(l).await,
+            // the lock file is removed when dropped
+            (Held::Folder(l), _) => drop(l),
+            (Held::Fleet(_) | Held::None, _) => {}
+        }
+    }
+
+    /// Serves a certificate another node sharing the state folder (or the fleet's store)
+    /// saved since, when it is not due itself; `true` then.
+    async fn pick_up(&mut self, now: SystemTime) -> bool {
+        self.sync_from_fleet().await;
         let keyless = self.keyless.as_ref().map(|k| &k.offload);
         let Ok(Some(saved)) = self.store.load(&self.names, keyless) else {
             return false;
@@ -282,27 +393,52 @@ impl Job {
         self.current = Some(saved.not_after);
         self.due = Some(next);
         self.waiting = false;
-        tracing::info!(
-            names = ?self.names,
-            valid_until = %httpdate::fmt_http_date(saved.not_after),
-            "ACME certificate picked up from the state folder (ordered by another node)"
-        );
+        let valid_until = httpdate::fmt_http_date(saved.not_after);
+        if self.fleet.is_some() {
+            tracing::info!(names = ?self.names, %valid_until, "ACME certificate picked up from the fleet's store (ordered by another node)");
+        } else {
+            tracing::info!(names = ?self.names, %valid_until, "ACME certificate picked up from the state folder (ordered by another node)");
+        }
         true
     }
 }
 
-/// Sleeps until `at` (wall clock, checked at least hourly); `false` when told to stop first.
-async fn wait_until(at: SystemTime, mut shutdown: watch::Receiver<bool>) -> bool {
+/// Sleeps until `at` (wall clock, checked at least hourly): [`Wake::Due`]; with the fleet's
+/// `notify`, [`Wake::Check`] first when it is woken or after [`fleet::POLL`].
+async fn wait_until(
+    at: SystemTime,
+    mut shutdown: watch::Receiver<bool>,
+    notify: Option<&tokio::sync::Notify>,
+) -> Wake {
     loop {
         let left = at
             .duration_since(SystemTime::now())
             .unwrap_or(Duration::ZERO);
         if left.is_zero() {
-            return !*shutdown.borrow();
+            return if *shutdown.borrow() {
+                Wake::Stop
+            } else {
+                Wake::Due
+            };
         }
+        let nap = match notify {
+            Some(_) => left.min(fleet::POLL),
+            None => left.min(Duration::from_secs(3600)),
+        };
+        let woken = async {
+            match notify {
+                Some(n) => n.notified().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            _ = tokio::time::sleep(left.min(Duration::from_secs(3600))) => {}
-            _ = shutdown.wait_for(|s| *s) => return false,
+            _ = tokio::time::sleep(nap) => {
+                if notify.is_some() && nap < left {
+                    return Wake::Check;
+                }
+            }
+            _ = woken => return Wake::Check,
+            _ = shutdown.wait_for(|s| *s) => return Wake::Stop,
         }
     }
 }

@@ -25,7 +25,7 @@ async fn account(job: &Job) -> Result<Account, String> {
     let http = || -> Result<Box<super::client::Client>, String> {
         Ok(Box::new(super::client::Client::new(roots.clone())?))
     };
-    if let Some(json) = job.store.account() {
+    if let Some(json) = job.account_json().await? {
         match serde_json::from_slice::<AccountCredentials>(&json) {
             Ok(creds) => {
                 return Account::builder_with_http(http()?)
@@ -51,8 +51,8 @@ async fn account(job: &Job) -> Result<Account, String> {
         .await
         .map_err(|e| format!("creating the ACME account at {}: {e}", job.config.directory))?;
     let json = serde_json::to_vec(&creds).map_err(|e| e.to_string())?;
-    job.store
-        .save_account(&json)
+    job.save_account_json(&json)
+        .await
         .map_err(|e| format!("saving the ACME account: {e}"))?;
     tracing::info!(directory = %job.config.directory, "ACME account created");
     Ok(account)
@@ -97,6 +97,7 @@ pub(super) async fn order(job: &Job) -> Result<Stored, String> {
     job.store
         .save(&job.names, &chain, key_pem.as_deref().map(|k| k.as_str()))
         .map_err(|e| format!("saving the certificate: {e}"))?;
+    job.share_saved().await;
     job.store
         .load(&job.names, job.keyless.as_ref().map(|k| &k.offload))?
         .ok_or_else(|| "the CA issued a certificate that does not cover every name".to_owned())

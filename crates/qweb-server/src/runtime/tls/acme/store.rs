@@ -16,6 +16,9 @@
 //! because the nodes must share the folder anyway to share the certificate; a lock older than
 //! an order can last ([`STALE_LOCK`]) was left by a node that died and is taken over.
 //!
+//! With `[fleet]` the nodes share through the fleet's store instead (`super::fleet`), and
+//! the folder is each node's own last copy: no lock file then.
+//!
 //! `DIR` names the CA (a hash of its directory URL), so that a certificate of a test CA is
 //! never served for a production one; `NAME` is the site's first server name.
 
@@ -24,6 +27,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use rustls::sign::CertifiedKey;
+use zeroize::Zeroizing;
 
 /// Where one CA's account and certificates are kept.
 #[derive(Debug, Clone)]
@@ -51,15 +55,20 @@ pub(crate) struct Stored {
     pub not_after: SystemTime,
 }
 
+/// `DIR`: the CA's name in the state folder and in the fleet's store (the first 8 bytes of
+/// the SHA-256 of its directory URL, in hex).
+pub(crate) fn ca_name(directory: &str) -> String {
+    let hash = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, directory.as_bytes());
+    hash.as_ref()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 impl Store {
     pub(crate) fn new(state_dir: &Path, directory: &str) -> Store {
-        let hash = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, directory.as_bytes());
-        let hex: String = hash.as_ref()[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
         Store {
-            dir: state_dir.join("acme").join(hex),
+            dir: state_dir.join("acme").join(ca_name(directory)),
         }
     }
 
@@ -133,20 +142,29 @@ impl Store {
         names: &[String],
         keyless: Option<&qweb_tls::KeyOffload>,
     ) -> Result<Option<Stored>, String> {
-        let file = self.file(names);
+        self.load_file(&self.file(names), names, keyless)
+    }
+
+    /// [`Store::load`] from `file`.
+    fn load_file(
+        &self,
+        file: &Path,
+        names: &[String],
+        keyless: Option<&qweb_tls::KeyOffload>,
+    ) -> Result<Option<Stored>, String> {
         if !file.exists() {
             return Ok(None);
         }
         let provider = qweb_tls::provider();
         let loaded = match keyless {
-            None => qweb_tls::load_certified_key(&file, &file, &provider),
+            None => qweb_tls::load_certified_key(file, file, &provider),
             Some(k) => {
                 // ordered with a key of qweb's own before `key = "keyserver:..."` was set:
                 // the key server does not have that key, so order anew
-                if qweb_tls::load_private_key(&file).is_ok() {
+                if qweb_tls::load_private_key(file).is_ok() {
                     return Ok(None);
                 }
-                qweb_tls::load_offloaded(&file, None, &provider, k)
+                qweb_tls::load_offloaded(file, None, &provider, k)
             }
         }
         .map_err(|e| e.to_string())?;
@@ -182,6 +200,47 @@ impl Store {
             qweb_tls::state_file::write_replacing(&self.file(names), &bytes, 0o600, |_| Ok(()));
         bytes.fill(0);
         file.map(drop)
+    }
+}
+
+impl Store {
+    /// The saved file of `names` as it is (chain and key), if any.
+    pub(crate) fn saved_bytes(&self, names: &[String]) -> Option<Zeroizing<Vec<u8>>> {
+        std::fs::read(self.file(names)).ok().map(Zeroizing::new)
+    }
+
+    /// Makes `bytes` (a saved file's, from the fleet's store) the saved file of `names` when
+    /// they load and are newer than the file saved here: then the certificate, else `None`
+    /// (the same, older, expired, not covering every name). What does not load is refused
+    /// and the file here stays.
+    pub(crate) fn adopt(
+        &self,
+        names: &[String],
+        bytes: &[u8],
+        keyless: Option<&qweb_tls::KeyOffload>,
+    ) -> Result<Option<Stored>, String> {
+        if self.saved_bytes(names).is_some_and(|b| b[..] == *bytes) {
+            return Ok(None);
+        }
+        Self::ensure(&self.dir).map_err(|e| e.to_string())?;
+        let file = self.file(names);
+        let candidate = file.with_extension("fleet");
+        qweb_tls::state_file::write_replacing(&candidate, bytes, 0o600, |_| Ok(()))
+            .map_err(|e| e.to_string())?;
+        let loaded = self.load_file(&candidate, names, keyless);
+        let newer = match &loaded {
+            Ok(Some(s)) => match self.load(names, keyless) {
+                Ok(Some(here)) => s.not_after > here.not_after,
+                _ => true,
+            },
+            _ => false,
+        };
+        if !newer {
+            let _ = std::fs::remove_file(&candidate);
+            return loaded.map(|_| None);
+        }
+        std::fs::rename(&candidate, &file).map_err(|e| e.to_string())?;
+        loaded
     }
 }
 
@@ -247,5 +306,35 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         // another name is not covered
         assert!(store.load(&["t.test".to_owned()], None).unwrap().is_none());
+    }
+    /// A file from the fleet's store replaces the one here only when it loads and is newer;
+    /// what does not load is refused and the file here stays.
+    #[test]
+    fn a_file_from_the_fleet_is_adopted_only_when_it_loads_and_is_newer() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::new(d.path(), "https://ca.test/directory");
+        let names = vec!["s.test".to_owned()];
+        let file = |year: i32| {
+            let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+            let mut p = rcgen::CertificateParams::new(names.clone()).unwrap();
+            p.not_after = rcgen::date_time_ymd(year, 1, 1);
+            let cert = p.self_signed(&kp).unwrap();
+            format!("{}\n{}", cert.pem(), kp.serialize_pem()).into_bytes()
+        };
+        let (old, new) = (file(2040), file(2045));
+        assert!(
+            store.adopt(&names, &old, None).unwrap().is_some(),
+            "none here"
+        );
+        assert_eq!(&store.saved_bytes(&names).unwrap()[..], &old[..]);
+        assert!(
+            store.adopt(&names, &old, None).unwrap().is_none(),
+            "the same"
+        );
+        assert!(store.adopt(&names, b"garbage", None).is_err());
+        assert!(store.adopt(&names, &new, None).unwrap().is_some(), "newer");
+        assert!(store.adopt(&names, &old, None).unwrap().is_none(), "older");
+        assert_eq!(&store.saved_bytes(&names).unwrap()[..], &new[..]);
+        assert!(!store.file(&names).with_extension("fleet").exists());
     }
 }
