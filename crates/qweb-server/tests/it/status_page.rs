@@ -413,9 +413,10 @@ fn status_page_renders_live_in_headless_chromium() {
     );
     assert!(dom_value(&second, "hs-full") > dom_value(&first, "hs-full"));
     // while load runs, the rates it computes from deltas are above zero
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let (stop, h) = {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let s = stop.clone();
+        let (s, d) = (stop.clone(), done.clone());
         let target = t.http();
         let h = std::thread::spawn(move || {
             let rt = tokio::runtime::Runtime::new().unwrap();
@@ -423,11 +424,20 @@ fn status_page_renders_live_in_headless_chromium() {
                 let c = common::plain_client();
                 while !s.load(std::sync::atomic::Ordering::Relaxed) {
                     let _ = c.get(format!("{target}/big.txt")).send().await;
+                    d.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
             })
         });
         (stop, h)
     };
+    // the load is under way before the page looks (on a busy machine the page's polls, in
+    // headless Chromium's virtual time, could otherwise all come before its first request)
+    let waited = std::time::Instant::now();
+    while done.load(std::sync::atomic::Ordering::Relaxed) < 5
+        && waited.elapsed() < std::time::Duration::from_secs(10)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let busy = browser.dump_dom(&url, Some(3000));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     h.join().unwrap();
