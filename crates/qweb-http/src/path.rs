@@ -111,21 +111,29 @@ pub enum Case {
     /// ASCII case folded: how a case-insensitive upstream (IIS, a Windows or macOS file
     /// system) reads the path; for checking that it would not land elsewhere.
     Folded,
-    /// As Windows reads a path: case folded, and each segment's trailing dots and spaces
+    /// As Windows reads a path: case folded, each segment from its first colon on ignored
+    /// (an NTFS stream: `/admin::$DATA` is `/admin`'s file), and its trailing dots and spaces
     /// (`%20`) ignored (`/admin.` and `/admin%20/x` are `/admin`'s to IIS or a Windows file
     /// system). For paths [`windows_trims`] finds something in.
     Windows,
 }
 
 /// Does a segment of `path` (a normalised one: spaces are `%20`) end with a dot or a space,
-/// which Windows drops? Then [`Case::Windows`] may read it as another route's.
+/// or name an NTFS stream (a colon, `%3A`), which Windows drops? Then [`Case::Windows`] may
+/// read it as another route's.
 pub fn windows_trims(path: &str) -> bool {
     path.split('/')
         .any(|seg| windows_name(segment_name(seg)).len() != segment_name(seg).len())
 }
 
-/// A segment's name as Windows reads it: without its trailing dots and spaces.
-fn windows_name(mut name: &str) -> &str {
+/// A segment's name as Windows reads it: without an NTFS stream (from the first colon) and
+/// without its trailing dots and spaces.
+fn windows_name(name: &str) -> &str {
+    let stream = [":", "%3A", "%3a"]
+        .iter()
+        .filter_map(|c| name.find(c))
+        .min();
+    let mut name = stream.map_or(name, |i| &name[..i]);
     loop {
         if let Some(n) = name.strip_suffix('.').or_else(|| name.strip_suffix(' ')) {
             name = n;
@@ -517,6 +525,10 @@ mod tests {
             ("/adminx.", true, false),
             ("/x/admin.", true, false),
             ("/admin.x", false, false),
+            ("/admin::$DATA", true, true),
+            ("/admin%3A%3A$DATA/x", true, true),
+            ("/admin:stream.", true, true),
+            ("/adminx::$DATA", true, false),
             ("/", false, false),
         ] {
             assert_eq!(windows_trims(path), trims, "{path}");

@@ -36,7 +36,7 @@ const LISTENERS: &str =
                          [[listener]]\naddress = \"[::]:0\"\n";
 
 /// Paths that mean `/admin...` to qweb or to an upstream behind it.
-const AROUND: [&str; 22] = [
+const AROUND: [&str; 24] = [
     "/admin",
     "/admin/",
     "/admin/x",
@@ -59,6 +59,8 @@ const AROUND: [&str; 22] = [
     "/admin%2E%2E/x",
     "/admin%20/x",
     "/ADMIN.;x",
+    "/admin::$DATA",
+    "/admin%3a%3a$DATA/x",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
