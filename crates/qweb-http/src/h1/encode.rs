@@ -173,9 +173,7 @@ pub fn head(
         field(dst, b"server", crate::response::SERVER.as_bytes());
     }
     if !date {
-        dst.extend_from_slice(b"date: ");
-        with_date(|d| dst.extend_from_slice(d));
-        dst.extend_from_slice(b"\r\n");
+        with_date(|d| field(dst, b"date", d));
     }
     dst.extend_from_slice(b"\r\n");
     Encoded {
@@ -296,40 +294,16 @@ pub fn refusal(status: StatusCode, dst: &mut Vec<u8>) {
     status_line(dst, status);
     dst.extend_from_slice(b"content-type: text/plain; charset=utf-8\r\n");
     length_field(dst, body.len() as u64);
-    dst.extend_from_slice(b"connection: close\r\nserver: qweb\r\ndate: ");
-    with_date(|d| dst.extend_from_slice(d));
-    dst.extend_from_slice(b"\r\n\r\n");
+    dst.extend_from_slice(b"connection: close\r\n");
+    field(dst, b"server", crate::response::SERVER.as_bytes());
+    with_date(|d| field(dst, b"date", d));
+    dst.extend_from_slice(b"\r\n");
     dst.extend_from_slice(&body);
 }
 
 thread_local! {
     /// The `Date` value of the current second (IMF-fixdate, 29 bytes), rendered once a second.
     static DATE: RefCell<(u64, [u8; 29])> = const { RefCell::new((u64::MAX, [0; 29])) };
-}
-
-thread_local! {
-    /// [`DATE`] as a header value (HTTP/2 responses), made once a second.
-    static DATE_VALUE: RefCell<(u64, Option<http::HeaderValue>)> = const { RefCell::new((u64::MAX, None)) };
-}
-
-/// The current `Date` value as a header value (shared: cloning it allocates nothing).
-pub fn date_value() -> http::HeaderValue {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    DATE_VALUE.with(|v| {
-        let mut v = v.borrow_mut();
-        match &v.1 {
-            Some(h) if v.0 == secs => h.clone(),
-            _ => {
-                let mut h = None;
-                with_date(|d| h = http::HeaderValue::from_bytes(d).ok());
-                let h = h.unwrap_or_else(|| http::HeaderValue::from_static(""));
-                *v = (secs, Some(h.clone()));
-                h
-            }
-        }
-    })
 }
 
 /// Calls `f` with the current `Date` value.
