@@ -16,6 +16,16 @@ fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     b
 }
 
+/// A whole GET of `/` on stream `id`: one HEADERS frame, no body.
+fn get_frame(id: u32) -> Vec<u8> {
+    frame(
+        kind::HEADERS,
+        flag::END_HEADERS | flag::END_STREAM,
+        id,
+        &get_block("/"),
+    )
+}
+
 /// A GET for `path` as an HPACK block (literal fields, no indexing, no Huffman).
 fn get_block(path: &str) -> Vec<u8> {
     let mut b = Vec::new();
@@ -125,12 +135,7 @@ fn a_request_comes_out_once_its_header_block_is_complete() {
 fn a_stream_reset_in_the_read_that_opened_it_starts_no_work() {
     let (mut c, mut input) = open();
     for id in (1..200).step_by(2) {
-        input.extend_from_slice(&frame(
-            kind::HEADERS,
-            flag::END_HEADERS | flag::END_STREAM,
-            id,
-            &get_block("/"),
-        ));
+        input.extend_from_slice(&get_frame(id));
         input.extend_from_slice(&frame(
             kind::RST_STREAM,
             0,
@@ -148,12 +153,7 @@ fn a_stream_reset_in_the_read_that_opened_it_starts_no_work() {
 fn streams_past_the_limit_are_refused() {
     let (mut c, mut input) = open();
     for id in (1..=11).step_by(2) {
-        input.extend_from_slice(&frame(
-            kind::HEADERS,
-            flag::END_HEADERS | flag::END_STREAM,
-            id,
-            &get_block("/"),
-        ));
+        input.extend_from_slice(&get_frame(id));
     }
     c.recv(&mut input).unwrap();
     let mut n = 0;
@@ -315,12 +315,7 @@ fn a_lowered_header_table_size_is_acknowledged_in_the_next_block() {
     settings.put_u32(0);
     input.extend_from_slice(&frame(kind::SETTINGS, 0, 0, &settings));
     for id in [1, 3] {
-        input.extend_from_slice(&frame(
-            kind::HEADERS,
-            flag::END_HEADERS | flag::END_STREAM,
-            id,
-            &get_block("/"),
-        ));
+        input.extend_from_slice(&get_frame(id));
     }
     c.recv(&mut input).unwrap();
     for id in [1, 3] {
